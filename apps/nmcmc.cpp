@@ -1,0 +1,362 @@
+// The `nmcmc` command line: parse, validate, call services, map errors to exit codes.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "nmcmc/core/blas_check.hpp"
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/services/sample.hpp"
+#include "nmcmc/targets/targets.hpp"
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string g_command_line;
+
+/// Options shared by every command that builds a target.
+struct TargetArgs {
+  std::string name = "funnel";
+  int64_t dim = 0;
+  double sigma = 0;
+  std::string dataset, file, spec_json;
+  int label_column = -1;
+  int64_t target_seed = -1;
+
+  void add(CLI::App* cmd) {
+    cmd->add_option("--target", name, "target name (see `nmcmc targets`)")->capture_default_str();
+    cmd->add_option("--dim", dim, "dimension (targets that take one)");
+    cmd->add_option("--sigma", sigma, "funnel: sd of x0");
+    cmd->add_option("--dataset", dataset, "logistic: german | australian | heart");
+    cmd->add_option("--data-file", file, "logistic: your own whitespace/comma-separated table");
+    cmd->add_option("--label-column", label_column, "logistic: label column of --data-file (negative from the end)");
+    cmd->add_option("--target-seed", target_seed, "rotated_icg: seed of its eigenvalues and rotation");
+    cmd->add_option("--target-json", spec_json, "the whole target spec as JSON, e.g. '{\"name\":\"funnel\",\"dim\":100,\"sigma\":1}'");
+  }
+
+  json spec() const {
+    if (!spec_json.empty()) {
+      try {
+        return json::parse(spec_json);
+      } catch (const std::exception& e) {
+        throw nmcmc::UsageError(std::string("--target-json is not valid JSON: ") + e.what());
+      }
+    }
+    json s = {{"name", name}};
+    if (dim > 0) s["dim"] = dim;
+    if (sigma > 0) s["sigma"] = sigma;
+    if (!dataset.empty()) s["dataset"] = dataset;
+    if (!file.empty()) {
+      s["file"] = file;
+      s["label_column"] = label_column;
+    }
+    if (target_seed >= 0) s["seed"] = target_seed;
+    return s;
+  }
+};
+
+/// Options shared by every command that computes.
+struct ComputeArgs {
+  std::string device = "cpu", dtype = "float32";
+  int threads = 0;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--device", device, "cpu | cuda | cuda:N")->capture_default_str();
+    cmd->add_option("--dtype", dtype, "float32 | float64")->capture_default_str();
+    cmd->add_option("--threads", threads, "intra-op threads (0: LibTorch's default)")->capture_default_str();
+  }
+  torch::TensorOptions options() const {
+    torch::ScalarType st;
+    if (dtype == "float32") st = torch::kFloat32;
+    else if (dtype == "float64") st = torch::kFloat64;
+    else throw nmcmc::UsageError("--dtype must be float32 or float64, got '" + dtype + "'");
+    torch::Device dev(torch::kCPU);
+    try {
+      dev = torch::Device(device);
+    } catch (const std::exception&) {
+      throw nmcmc::UsageError("--device must be cpu, cuda or cuda:N, got '" + device + "'");
+    }
+    if (dev.is_cuda() && !torch::cuda::is_available()) {
+      throw nmcmc::UsageError("--device " + device + ": this LibTorch build or machine has no CUDA device");
+    }
+    if (threads < 0) throw nmcmc::UsageError("--threads must be non-negative");
+    if (threads > 0) torch::set_num_threads(threads);
+    return torch::TensorOptions().dtype(st).device(dev);
+  }
+};
+
+void warn_blas() {
+  auto report = nmcmc::check_blas(false);
+  if (!report.ok) std::cerr << "\n" << report.message << "\n\n";
+}
+
+std::string format_seconds(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, (t / 60) % 60, t % 60);
+  return fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+/// A progress line on stderr: rewritten in place on a terminal, every ~10 % otherwise.
+nmcmc::ProgressFn progress_printer(bool quiet) {
+  if (quiet) return nullptr;
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto last_decile = std::make_shared<int64_t>(-1);
+  return [tty, last_decile](const nmcmc::Progress& p) {
+    const double rate = p.elapsed > 0 ? p.iteration / p.elapsed : 0;
+    const double eta = rate > 0 ? (p.total - p.iteration) / rate : NAN;
+    std::string msg = fmt::format("[{:>8}] {:>6}/{:<6} {:3.0f}%  accept {:.3f}  eps {:.4g}  {:.0f} it/s  ETA {}", p.phase,
+                                  p.iteration, p.total, 100.0 * p.iteration / std::max<int64_t>(1, p.total), p.accept,
+                                  p.step_size, rate, format_seconds(eta));
+    if (tty) {
+      std::cerr << "\r" << msg << "\033[K" << (p.iteration == p.total ? "\n" : "") << std::flush;
+    } else {
+      int64_t decile = p.iteration * 10 / std::max<int64_t>(1, p.total);
+      if (decile != *last_decile || p.iteration == p.total) {
+        if (p.iteration == p.total && decile == *last_decile) return;
+        *last_decile = decile;
+        std::cerr << msg << "\n";
+      }
+    }
+  };
+}
+
+// ------------------------------------------------------------------ targets
+int cmd_targets() {
+  for (const auto& t : nmcmc::target_catalogue()) {
+    std::cout << fmt::format("{:<12} {}\n", t.name, t.description);
+    for (const auto& [opt, meaning] : t.options) std::cout << fmt::format("{:<14} {:<14} {}\n", "", opt, meaning);
+  }
+  std::cout << "\nExamples:\n"
+               "  nmcmc sample --target funnel --dim 20 --sigma 3 --sampler hmc\n"
+               "  nmcmc sample --target logistic --dataset german --sampler hmc --adapt-mass\n"
+               "  nmcmc sample --target-json '{\"name\":\"gaussian\",\"scales\":[1,10]}'\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ sample
+struct SampleArgs {
+  TargetArgs target;
+  ComputeArgs compute;
+  std::string sampler = "hmc", output, init = "uniform";
+  double step_size = 0, target_accept = 0;
+  int64_t leapfrog = 10, chains = 4, warmup = 1000, draws = 1000;
+  uint64_t seed = 1;
+  bool adapt_mass = false, no_adapt = false, quiet = false;
+  int64_t rows = 8;
+};
+
+json run_config(const SampleArgs& a, const nmcmc::Target& t) {
+  return {{"command", g_command_line},
+          {"target", t.spec()},
+          {"sampler", a.sampler},
+          {"leapfrog", a.leapfrog},
+          {"chains", a.chains},
+          {"warmup", a.warmup},
+          {"draws", a.draws},
+          {"seed", a.seed},
+          {"init", a.init},
+          {"adapt_step", !a.no_adapt},
+          {"adapt_mass", a.adapt_mass},
+          {"dtype", a.compute.dtype},
+          {"device", a.compute.device},
+          {"threads", torch::get_num_threads()},
+          {"nmcmc_version", "0.1.0"}};
+}
+
+int cmd_sample(const SampleArgs& a) {
+  auto options = a.compute.options();
+  auto target = nmcmc::make_target(a.target.spec(), options);
+  if (!a.output.empty()) nmcmc::ensure_directory(a.output);  // fail before the run, not after
+  auto proposal = nmcmc::make_baseline_proposal(
+      nmcmc::ProposalOptions().set_sampler(a.sampler).set_step_size(a.step_size).set_leapfrog(a.leapfrog));
+  nmcmc::MetropolisHastings kernel(proposal);
+  nmcmc::RunOptions run;
+  run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(a.init).set_adapt_mass(a.adapt_mass);
+  run.set_adapt_step(!a.no_adapt && a.step_size == 0.0 ? true : !a.no_adapt);
+  run.set_target_accept(a.target_accept > 0 ? a.target_accept : nmcmc::default_target_accept(a.sampler));
+  if (a.no_adapt && a.step_size == 0.0) throw nmcmc::UsageError("--no-adapt needs --step-size");
+  warn_blas();
+  auto result = nmcmc::run_sampler(*target, kernel, run, a.seed, progress_printer(a.quiet));
+  json summary = nmcmc::summarise(result, *target);
+  std::cout << nmcmc::format_summary(summary, a.rows);
+  if (!a.output.empty()) {
+    nmcmc::write_run(a.output, run_config(a, *target), result, summary);
+    std::cout << "wrote " << a.chains << " Stan-CSV files and summary.json to " << a.output << "\n";
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------ reference
+struct ReferenceArgs {
+  std::string dataset, output;
+  int64_t chains = 64, warmup = 2000, draws = 10000, leapfrog = 16;
+  uint64_t seed = 20261122;
+  int threads = 0;
+};
+
+int cmd_reference(const ReferenceArgs& a) {
+  if (a.threads > 0) torch::set_num_threads(a.threads);
+  auto options = torch::TensorOptions().dtype(torch::kFloat64);
+  auto target = nmcmc::make_target({{"name", "logistic"}, {"dataset", a.dataset}}, options);
+  auto proposal = nmcmc::make_baseline_proposal(nmcmc::ProposalOptions().set_sampler("hmc").set_leapfrog(a.leapfrog));
+  nmcmc::MetropolisHastings kernel(proposal);
+  nmcmc::RunOptions run;
+  run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_adapt_mass(true).set_target_accept(0.8);
+  auto result = nmcmc::run_sampler(*target, kernel, run, a.seed, progress_printer(false));
+  json summary = nmcmc::summarise(result, *target);
+  std::cout << nmcmc::format_summary(summary, 6);
+  const double max_rhat = summary["max_rhat"].get<double>();
+  if (!(max_rhat < 1.01)) {
+    std::cerr << "nmcmc: reference run did not converge (max R-hat " << max_rhat << " >= 1.01); nothing written\n";
+    return nmcmc::kExitSoftware;
+  }
+  json out;
+  std::vector<double> mean, sd, mcse, ess;
+  for (const auto& p : summary["parameters"]) {
+    mean.push_back(p["mean"]);
+    sd.push_back(p["sd"]);
+    mcse.push_back(p["mcse_mean"]);
+    ess.push_back(p["ess_bulk"]);
+  }
+  out["dataset"] = a.dataset;
+  out["model"] = "logistic regression, N(0, 10^2) prior, standardised features (sample sd), intercept first";
+  out["mean"] = mean;
+  out["sd"] = sd;
+  out["mcse_mean"] = mcse;
+  out["ess_bulk"] = ess;
+  out["max_rhat"] = max_rhat;
+  out["min_ess_bulk"] = summary["min_ess_bulk"];
+  out["method"] = fmt::format("HMC, {} leapfrog steps, dual-averaged step size (target 0.8), windowed diagonal mass matrix; "
+                              "{} chains x {} draws after {} warm-up, float64",
+                              a.leapfrog, a.chains, a.draws, a.warmup);
+  out["command"] = g_command_line;
+  out["seed"] = a.seed;
+  std::string path = a.output.empty() ? (fs::path(nmcmc::data_directory()) / "reference" / (a.dataset + ".json")).string() : a.output;
+  nmcmc::ensure_directory(fs::path(path).parent_path().string().empty() ? "." : fs::path(path).parent_path().string());
+  nmcmc::write_atomically(path, [&](std::ostream& os) { os << out.dump(2) << "\n"; });
+  std::cout << "wrote " << path << "\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ info
+int cmd_info() {
+  auto report = nmcmc::check_blas(true);
+  std::cout << fmt::format("nmcmc 0.1.0\nLibTorch {}\nBLAS: {} ({:.1f} GFLOP/s on a 512x512 sgemm, {} threads)\n",
+                           TORCH_VERSION, report.library.empty() ? "unknown" : report.library, report.gflops,
+                           torch::get_num_threads());
+  std::cout << "CUDA available: " << (torch::cuda::is_available() ? "yes" : "no") << "\n";
+  std::cout << "data directory: " << nmcmc::data_directory() << "\n";
+  if (!report.ok) std::cerr << report.message << "\n";
+  return 0;
+}
+
+// ------------------------------------------------------------------ demo
+int cmd_demo(const std::string& output, bool quiet) {
+  std::cout << "== nmcmc demo: Funnel-3 (d = 20, sigma = 3) with HMC ==\n"
+               "(the learned sampler joins this demo when it lands)\n\n";
+  SampleArgs a;
+  a.target.name = "funnel";
+  a.target.dim = 20;
+  a.target.sigma = 3;
+  a.sampler = "hmc";
+  a.leapfrog = 10;
+  a.chains = 64;
+  a.warmup = 1000;
+  a.draws = 2000;
+  a.seed = 1;
+  a.output = output;
+  a.quiet = quiet;
+  return cmd_sample(a);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i) g_command_line += (i ? " " : "") + std::string(argv[i]);
+  CLI::App app{"nmcmc: neural-network MCMC that maximises proposal entropy (Li, Chen & Sommer 2021)"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every command");
+
+  auto* targets = app.add_subcommand("targets", "list the built-in targets and their options");
+
+  SampleArgs sample;
+  auto* sample_cmd = app.add_subcommand("sample", "sample a target with a baseline sampler; write Stan-CSV and a summary");
+  sample.target.add(sample_cmd);
+  sample.compute.add(sample_cmd);
+  sample_cmd->add_option("--sampler", sample.sampler, "rwm | mala | hmc")->capture_default_str();
+  sample_cmd->add_option("--step-size", sample.step_size, "initial step size (0: found automatically)");
+  sample_cmd->add_option("--leapfrog", sample.leapfrog, "HMC leapfrog steps")->capture_default_str();
+  sample_cmd->add_option("--chains", sample.chains, "number of chains")->capture_default_str();
+  sample_cmd->add_option("--warmup", sample.warmup, "warm-up (adaptation) steps")->capture_default_str();
+  sample_cmd->add_option("--draws", sample.draws, "draws kept per chain")->capture_default_str();
+  sample_cmd->add_option("--seed", sample.seed, "random seed")->capture_default_str();
+  sample_cmd->add_option("--target-accept", sample.target_accept, "accept-rate target of step-size adaptation (default: per sampler)");
+  sample_cmd->add_flag("--adapt-mass", sample.adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows");
+  sample_cmd->add_flag("--no-adapt", sample.no_adapt, "keep --step-size fixed during warm-up");
+  sample_cmd->add_option("--init", sample.init, "uniform (U(-2,2)) | exact | zero")->capture_default_str();
+  sample_cmd->add_option("--output,-o", sample.output, "directory for chain_N.csv and summary.json");
+  sample_cmd->add_option("--rows", sample.rows, "summary rows to show (first and worst)")->capture_default_str();
+  sample_cmd->add_flag("--quiet,-q", sample.quiet, "no progress line");
+
+  ReferenceArgs ref;
+  auto* ref_cmd = app.add_subcommand("reference", "compute reference posterior moments of a logistic-regression data set");
+  ref_cmd->add_option("--dataset", ref.dataset, "german | australian | heart")->required();
+  ref_cmd->add_option("--output,-o", ref.output, "output JSON (default: data/reference/DATASET.json)");
+  ref_cmd->add_option("--chains", ref.chains)->capture_default_str();
+  ref_cmd->add_option("--warmup", ref.warmup)->capture_default_str();
+  ref_cmd->add_option("--draws", ref.draws)->capture_default_str();
+  ref_cmd->add_option("--leapfrog", ref.leapfrog)->capture_default_str();
+  ref_cmd->add_option("--seed", ref.seed)->capture_default_str();
+  ref_cmd->add_option("--threads", ref.threads)->capture_default_str();
+
+  auto* info_cmd = app.add_subcommand("info", "versions, BLAS check, devices");
+
+  std::string demo_output = "demo_out";
+  bool demo_quiet = false;
+  auto* demo_cmd = app.add_subcommand("demo", "the README's main job");
+  demo_cmd->add_option("--output,-o", demo_output, "output directory")->capture_default_str();
+  demo_cmd->add_flag("--quiet,-q", demo_quiet, "no progress line");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n(run `nmcmc --help` or `nmcmc COMMAND --help`)\n";
+    return nmcmc::kExitUsage;
+  }
+
+  try {
+    if (*targets) return cmd_targets();
+    if (*sample_cmd) return cmd_sample(sample);
+    if (*ref_cmd) return cmd_reference(ref);
+    if (*info_cmd) return cmd_info();
+    if (*demo_cmd) return cmd_demo(demo_output, demo_quiet);
+  } catch (const nmcmc::UsageError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n";
+    return nmcmc::kExitUsage;
+  } catch (const nmcmc::DataError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n";
+    return nmcmc::kExitData;
+  } catch (const nmcmc::IoError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n";
+    return nmcmc::kExitIo;
+  } catch (const c10::Error& e) {
+    std::cerr << "nmcmc: internal error: " << e.what_without_backtrace() << "\n";
+    return nmcmc::kExitSoftware;
+  } catch (const std::exception& e) {
+    std::cerr << "nmcmc: internal error: " << e.what() << "\n";
+    return nmcmc::kExitSoftware;
+  }
+  return nmcmc::kExitUsage;
+}

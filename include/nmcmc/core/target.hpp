@@ -1,0 +1,80 @@
+#pragma once
+/// The Target interface: an unnormalised density p(x) = exp(-U(x)) / Z over a batch of chains.
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace nmcmc {
+
+/// Reference moments of a target, used by ESS computations. Both [D], float64, CPU.
+struct Moments {
+  torch::Tensor mean;
+  torch::Tensor sd;
+};
+
+/// Energy and gradient of a batch: energy [C], grad [C, D], in the target's dtype.
+struct EnergyGrad {
+  torch::Tensor energy;
+  torch::Tensor grad;
+};
+
+/// A target density, batched over chains (x is [C, D]).
+///
+/// Subclasses implement compute_energy (and may override compute_energy_and_grad with an
+/// analytic gradient). Every public evaluation is counted: energy_evals() and grad_evals()
+/// count evaluations per chain, so a call on a [C, D] batch counts once. That makes ESS per
+/// gradient exact: a kernel reports the difference of the counters over a step.
+class Target {
+ public:
+  explicit Target(torch::TensorOptions options) : options_(options) {}
+  virtual ~Target() = default;
+  Target(const Target&) = delete;
+  Target& operator=(const Target&) = delete;
+
+  /// Short name, e.g. "funnel".
+  virtual std::string name() const = 0;
+  /// Dimension D.
+  virtual int64_t dim() const = 0;
+  /// The specification that recreates this target through make_target().
+  virtual nlohmann::json spec() const = 0;
+
+  /// U(x) for x [C, D] -> [C]. Counts one energy evaluation.
+  torch::Tensor energy(const torch::Tensor& x);
+  /// U(x) and dU/dx. With create_graph the result stays differentiable (double backward).
+  /// Counts one energy and one gradient evaluation.
+  EnergyGrad energy_and_grad(const torch::Tensor& x, bool create_graph = false);
+
+  /// Whether sample() draws exact independent samples.
+  virtual bool has_sampler() const { return false; }
+  /// n exact draws [n, D] in the target's dtype and device. Throws if has_sampler() is false.
+  virtual torch::Tensor sample(int64_t n, at::Generator& gen) const;
+  /// True or reference mean and standard deviation, if known.
+  virtual std::optional<Moments> reference_moments() const { return std::nullopt; }
+
+  const torch::TensorOptions& options() const { return options_; }
+  int64_t energy_evals() const { return n_energy_; }
+  int64_t grad_evals() const { return n_grad_; }
+  void reset_counters() { n_energy_ = 0; n_grad_ = 0; }
+
+ protected:
+  /// U(x) for x [C, D] -> [C]; must be differentiable in x with torch ops.
+  virtual torch::Tensor compute_energy(const torch::Tensor& x) const = 0;
+  /// Default: autograd through compute_energy. Analytic overrides must stay differentiable
+  /// when create_graph is true (write them with torch ops on x).
+  virtual EnergyGrad compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const;
+
+  torch::TensorOptions options_;
+
+ private:
+  int64_t n_energy_ = 0;
+  int64_t n_grad_ = 0;
+};
+
+/// Autograd gradient of an energy function, shared by Target's default and tests.
+EnergyGrad autograd_energy_and_grad(const std::function<torch::Tensor(const torch::Tensor&)>& energy,
+                                    const torch::Tensor& x, bool create_graph);
+
+}  // namespace nmcmc

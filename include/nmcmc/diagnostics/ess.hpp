@@ -1,0 +1,40 @@
+#pragma once
+/// Effective sample size, R-hat and Monte Carlo standard error.
+//
+// Two conventions, both over draws shaped [S, C, D] (draws, chains, dimensions), float64:
+// - paper_ess_ratio: the L2HMC / A-NICE-MC convention that the paper's table uses. Per chain
+//   and dimension, autocorrelations are computed with the KNOWN mean and sd,
+//   rho_s = mean_t((x_t - mu)(x_{t+s} - mu)) / sd^2 over the S - s overlapping pairs, summed over
+//   lags s = 1, 2, ... up to (not including) the first lag where rho_s < cutoff (0.05);
+//   ESS/S = 1 / (1 + 2 sum rho), then averaged over chains.
+// - Stan / ArviZ (Vehtari, Gelman, Simpson, Carpenter, Buerkner 2021): rank-normalised split
+//   bulk-ESS, tail-ESS (min over the 5% and 95% quantile indicators), rank-normalised split
+//   R-hat (max of bulk and folded), and the MCSE of the mean from the plain split ESS.
+#include <torch/torch.h>
+
+namespace nmcmc {
+
+/// ESS / S per dimension [D] (paper convention, see above). mean, sd: [D].
+torch::Tensor paper_ess_ratio(const torch::Tensor& draws, const torch::Tensor& mean, const torch::Tensor& sd,
+                              double cutoff = 0.05);
+
+/// Per-dimension Stan-convention summary. All fields [D] float64.
+struct StanSummary {
+  torch::Tensor mean, sd, mcse_mean, ess_bulk, ess_tail, rhat, q05, q50, q95;
+};
+StanSummary stan_summary(const torch::Tensor& draws);
+
+/// Geyer initial-monotone-sequence ESS of one scalar quantity over chains (values [C, S]),
+/// as in Stan's / ArviZ's ess; no splitting or rank normalisation.
+double ess_geyer(const torch::Tensor& values);
+/// Split R-hat of values [C, S] (no rank normalisation).
+double split_rhat_plain(const torch::Tensor& values);
+/// Splits each chain in two halves: [C, S] -> [2C, floor(S/2)].
+torch::Tensor split_chains(const torch::Tensor& values);
+/// Rank-normalises all values jointly: Phi^{-1}((rank - 3/8) / (n + 1/4)), average ranks for ties.
+torch::Tensor rank_normalise(const torch::Tensor& values);
+
+/// Mean squared jump distance per step: mean over steps and chains of |x_{t+1} - x_t|^2.
+double mean_squared_jump(const torch::Tensor& draws);
+
+}  // namespace nmcmc

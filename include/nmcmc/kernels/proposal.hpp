@@ -1,0 +1,87 @@
+#pragma once
+/// Proposals and the one Metropolis-Hastings kernel that makes any of them exact.
+//
+// Note [Uncalibrated proposals]
+// A Proposal returns the proposed state and its log correction
+//   log_q_ratio = log q(x | x') - log q(x' | x)        (float64, [C]).
+// For HMC the correction is the kinetic-energy difference K(p) - K(p') (momentum flip
+// implied). MetropolisHastings then accepts with
+//   log a = U(x) - U(x') + log_q_ratio,
+// computed in float64. The acceptance formula is written once, here, and tested once.
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "nmcmc/core/target.hpp"
+
+namespace nmcmc {
+
+/// Carried from step to step. x [C, D] in the target's dtype; energy [C] float64;
+/// grad [C, D] (undefined for proposals that do not use the gradient).
+struct ChainState {
+  torch::Tensor x;
+  torch::Tensor energy;
+  torch::Tensor grad;
+};
+
+/// What a proposal returns: the proposed state and log q(x|x') - log q(x'|x) [C] float64.
+/// `extra` may carry proposal-specific per-chain statistics (e.g. the flow's log-det).
+struct ProposalResult {
+  ChainState proposed;
+  torch::Tensor log_q_ratio;
+};
+
+/// Reported by a step, never fed back. Tensors are [C].
+struct StepInfo {
+  torch::Tensor accept_prob;  // float64, min(1, a); 0 for divergent proposals
+  torch::Tensor accepted;     // bool
+  torch::Tensor divergent;    // bool: non-finite energy/ratio, or log a < -1000
+  int64_t n_grad = 0;         // target gradient evaluations per chain spent in this step
+  int64_t n_energy = 0;       // target energy evaluations per chain spent in this step
+};
+
+/// An uncalibrated proposal (see Note [Uncalibrated proposals]).
+class Proposal {
+ public:
+  virtual ~Proposal() = default;
+  virtual std::string name() const = 0;
+  /// Whether the chain state must carry the gradient.
+  virtual bool uses_grad() const = 0;
+  virtual ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) = 0;
+  /// The global step size, if the proposal has one that adaptation may tune.
+  virtual double step_size() const { return 0.0; }
+  virtual void set_step_size(double /*eps*/) {}
+  /// Sets a diagonal inverse mass matrix [D] (target dtype/device); false if unsupported.
+  virtual bool set_inv_mass(torch::Tensor /*inv_mass*/) { return false; }
+  /// Called after each MH step with its outcome (for proposals with internal state).
+  virtual void observe(const StepInfo& /*info*/) {}
+};
+
+/// Log acceptance below this counts as divergent (Stan's energy-error threshold).
+constexpr double kDivergenceThreshold = -1000.0;
+
+/// The Metropolis-Hastings kernel over a batch of chains.
+class MetropolisHastings {
+ public:
+  explicit MetropolisHastings(std::shared_ptr<Proposal> proposal);
+
+  /// Evaluates U (and dU if needed) at x [C, D] to start chains there.
+  ChainState init(Target& target, const torch::Tensor& x) const;
+  /// One MH step for every chain. The returned state never contains NaN from a proposal.
+  std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen);
+
+  Proposal& proposal() { return *proposal_; }
+  const Proposal& proposal() const { return *proposal_; }
+  std::shared_ptr<Proposal> proposal_ptr() const { return proposal_; }
+
+ private:
+  std::shared_ptr<Proposal> proposal_;
+};
+
+/// Accept/reject given the current and proposed states and the log q ratio. Shared by the
+/// kernel and by tests that need the decision for hand-made proposals.
+std::pair<ChainState, StepInfo> mh_accept(const ChainState& current, const ProposalResult& proposal,
+                                          at::Generator& gen);
+
+}  // namespace nmcmc

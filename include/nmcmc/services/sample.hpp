@@ -1,0 +1,96 @@
+#pragma once
+/// The sampling service: what `nmcmc sample`, the benchmarks and the examples call.
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "nmcmc/kernels/proposal.hpp"
+#include "nmcmc/targets/targets.hpp"
+
+namespace nmcmc {
+
+/// How to build a baseline proposal.
+struct ProposalOptions {
+  std::string sampler = "hmc";  // rwm | mala | hmc
+  double step_size = 0.0;       // 0: find a reasonable one (Stan's heuristic)
+  int64_t leapfrog = 10;
+  ProposalOptions& set_sampler(std::string s) { sampler = std::move(s); return *this; }
+  ProposalOptions& set_step_size(double e) { step_size = e; return *this; }
+  ProposalOptions& set_leapfrog(int64_t l) { leapfrog = l; return *this; }
+};
+/// Builds rwm / mala / hmc; throws UsageError for anything else.
+std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& options);
+/// The default accept-rate target of a sampler (rwm 0.234, mala 0.574, hmc 0.8, others 0.8).
+double default_target_accept(const std::string& sampler);
+
+/// Run settings.
+struct RunOptions {
+  int64_t chains = 4;
+  int64_t warmup = 1000;
+  int64_t draws = 1000;
+  bool adapt_step = true;
+  double target_accept = 0.8;
+  bool adapt_mass = false;     // diagonal mass matrix over Stan's windows (HMC, MALA, RWM)
+  bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
+  std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
+  RunOptions& set_chains(int64_t c) { chains = c; return *this; }
+  RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
+  RunOptions& set_draws(int64_t d) { draws = d; return *this; }
+  RunOptions& set_target_accept(double a) { target_accept = a; return *this; }
+  RunOptions& set_adapt_step(bool b) { adapt_step = b; return *this; }
+  RunOptions& set_adapt_mass(bool b) { adapt_mass = b; return *this; }
+  RunOptions& set_keep_draws(bool b) { keep_draws = b; return *this; }
+  RunOptions& set_init(std::string s) { init = std::move(s); return *this; }
+};
+
+/// Reported to the progress callback about every 0.25 s and at phase ends.
+struct Progress {
+  std::string phase;  // "warmup" | "sampling"
+  int64_t iteration = 0, total = 0;
+  double accept = 0, step_size = 0, elapsed = 0;
+};
+using ProgressFn = std::function<void(const Progress&)>;
+
+/// A finished run. Tensors are CPU; draws-shaped ones are [S, C, ...].
+struct SampleResult {
+  torch::Tensor draws;        // [S, C, D] float64 (undefined unless keep_draws)
+  torch::Tensor lp;           // [S, C] float64 (-U)
+  torch::Tensor accept_stat;  // [S, C] float64
+  torch::Tensor divergent;    // [S, C] bool
+  torch::Tensor n_grad;       // [S] int64, gradient evaluations per chain per step
+  double step_size = 0;
+  torch::Tensor inv_mass;     // [D] or undefined
+  int64_t grads_warmup = 0, grads_sampling = 0;      // per chain
+  int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
+  double seconds_warmup = 0, seconds_sampling = 0;
+  uint64_t seed = 0;
+};
+
+/// Initial positions [C, D] by the named scheme.
+torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen);
+/// Stan's heuristic: doubles or halves eps until the mean accept probability crosses 0.5.
+double find_reasonable_step_size(Target& target, MetropolisHastings& kernel, const ChainState& state,
+                                 at::Generator& gen, double start);
+
+/// Warm-up (adaptation) then sampling with `kernel` on `target`.
+SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOptions& options, uint64_t seed,
+                         const ProgressFn& progress = nullptr);
+
+/// Summary statistics of a run: per-parameter Stan summary, ESS per step/gradient/second,
+/// accept rate, divergences, MSJD, and (when the target has reference moments) the paper's ESS.
+nlohmann::json summarise(const SampleResult& result, Target& target);
+
+/// Writes one Stan CSV per chain (chain_1.csv ...) and summary.json into `directory`.
+void write_run(const std::string& directory, const nlohmann::json& config, const SampleResult& result,
+               const nlohmann::json& summary);
+
+}  // namespace nmcmc
+
+namespace nmcmc {
+/// A human-readable summary table of `summarise()`'s output: the first `rows` parameters and,
+/// for larger D, the worst `rows` by bulk ESS; then the efficiency lines.
+std::string format_summary(const nlohmann::json& summary, int64_t rows = 8);
+}  // namespace nmcmc

@@ -1,0 +1,137 @@
+#pragma once
+/// The built-in targets: the paper's Gaussians, funnels, the 2-d "moon" illustration and
+/// Bayesian logistic regression, plus a registry that builds any of them from a JSON spec.
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nmcmc/core/target.hpp"
+
+namespace nmcmc {
+
+/// Gaussian N(mean, Sigma) given by a covariance's eigen-decomposition Sigma = Q diag(var) Q^T.
+/// Q undefined means axis-aligned. Analytic energy and gradient; exact sampler; true moments.
+class GaussianTarget : public Target {
+ public:
+  /// variances [D] (float64), rotation [D, D] orthogonal or undefined, mean [D] or undefined.
+  GaussianTarget(std::string name, nlohmann::json spec, torch::Tensor variances, torch::Tensor rotation,
+                 torch::Tensor mean, torch::TensorOptions options);
+  std::string name() const override { return name_; }
+  int64_t dim() const override { return dim_; }
+  nlohmann::json spec() const override { return spec_; }
+  bool has_sampler() const override { return true; }
+  torch::Tensor sample(int64_t n, at::Generator& gen) const override;
+  std::optional<Moments> reference_moments() const override;
+  /// Covariance [D, D] float64 (for tests).
+  torch::Tensor covariance() const;
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override;
+  EnergyGrad compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const override;
+
+ private:
+  torch::Tensor whiten(const torch::Tensor& x) const;  // (x - mean) Q / sd
+
+  std::string name_;
+  nlohmann::json spec_;
+  int64_t dim_;
+  torch::Tensor var64_, rot64_, mean64_;     // float64 CPU copies
+  torch::Tensor inv_sd_, rot_, rot_t_, mean_, sd_;  // in the target's options
+};
+
+/// Neal's funnel: x0 ~ N(0, sigma^2), x_i | x0 ~ N(0, exp(-x0)), i = 1..d-1.
+/// U(x) = x0^2 / (2 sigma^2) + exp(x0) sum_i x_i^2 / 2 - (d - 1) x0 / 2.
+class FunnelTarget : public Target {
+ public:
+  FunnelTarget(int64_t dim, double sigma, torch::TensorOptions options);
+  std::string name() const override { return "funnel"; }
+  int64_t dim() const override { return dim_; }
+  nlohmann::json spec() const override;
+  bool has_sampler() const override { return true; }
+  torch::Tensor sample(int64_t n, at::Generator& gen) const override;
+  /// Analytic: x0 has sd sigma; x_i has mean 0 and sd exp(sigma^2 / 4).
+  std::optional<Moments> reference_moments() const override;
+  /// exp(x0) is evaluated at min(x0, kExpCap): beyond it the density is ~0 for any sigma <= 10.
+  static constexpr double kExpCap = 80.0;
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override;
+  EnergyGrad compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const override;
+
+ private:
+  int64_t dim_;
+  double sigma_;
+};
+
+/// The paper's 2-d illustration: U(x) = x0^2 / 2 + (x1 - x0^2 + 4)^2 / 2.
+class MoonTarget : public Target {
+ public:
+  explicit MoonTarget(torch::TensorOptions options) : Target(options) {}
+  std::string name() const override { return "moon"; }
+  int64_t dim() const override { return 2; }
+  nlohmann::json spec() const override { return {{"name", "moon"}}; }
+  bool has_sampler() const override { return true; }
+  torch::Tensor sample(int64_t n, at::Generator& gen) const override;
+  std::optional<Moments> reference_moments() const override;
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override;
+};
+
+/// A binary classification data set: features [N, F] float64 and labels in {-1, +1} [N].
+struct LabelledData {
+  torch::Tensor features;
+  torch::Tensor labels;
+  std::string source;
+};
+
+/// Reads a whitespace- or comma-separated numeric table; `label_column` (negative counts from
+/// the end) holds exactly two distinct values, mapped smaller -> -1, larger -> +1.
+/// Throws DataError with the file, line and column of the first problem.
+LabelledData load_labelled_table(const std::string& path, int label_column = -1);
+
+/// Bayesian logistic regression with an N(0, prior_sd^2) prior on an intercept and one weight
+/// per standardised feature: U(b) = |b|^2 / (2 prior_sd^2) - sum_n log sigmoid(y_n (b0 + x_n . b)).
+/// log sigmoid is computed stably as -softplus(-t).
+class LogisticTarget : public Target {
+ public:
+  LogisticTarget(const LabelledData& data, nlohmann::json spec, double prior_sd,
+                 std::optional<Moments> reference, torch::TensorOptions options);
+  std::string name() const override { return "logistic"; }
+  int64_t dim() const override { return dim_; }
+  nlohmann::json spec() const override { return spec_; }
+  std::optional<Moments> reference_moments() const override { return reference_; }
+  int64_t num_observations() const { return design_.size(0); }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override;
+  EnergyGrad compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const override;
+
+ private:
+  nlohmann::json spec_;
+  int64_t dim_;
+  double prior_var_;
+  torch::Tensor design_;   // [N, D]: a ones column then standardised features, times y_n
+  std::optional<Moments> reference_;
+};
+
+/// Describes a target and its options, for `nmcmc targets`.
+struct TargetInfo {
+  std::string name;
+  std::string description;
+  std::vector<std::pair<std::string, std::string>> options;  // option, meaning/default
+};
+/// All built-in targets.
+const std::vector<TargetInfo>& target_catalogue();
+
+/// Builds a target from a spec such as {"name": "funnel", "dim": 20, "sigma": 3}.
+/// Missing options take their defaults; the returned target's spec() is complete.
+/// Throws UsageError for unknown names or bad option values, DataError for bad data files.
+std::unique_ptr<Target> make_target(const nlohmann::json& spec, torch::TensorOptions options);
+
+/// Where shipped data live: $NMCMC_DATA_DIR, else the source tree's data/, else the installed share/nmcmc/data.
+std::string data_directory();
+
+}  // namespace nmcmc

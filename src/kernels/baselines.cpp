@@ -1,0 +1,85 @@
+#include "nmcmc/kernels/baselines.hpp"
+
+#include "nmcmc/core/random.hpp"
+
+namespace nmcmc {
+
+namespace {
+torch::Tensor as64(const torch::Tensor& t) { return t.to(torch::kFloat64); }
+}  // namespace
+
+ProposalResult RandomWalk::propose(Target& target, const ChainState& state, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor z = randn(state.x.sizes(), gen, state.x.options());  // [C, D]
+  if (inv_mass_.defined()) z = z * inv_mass_.sqrt();
+  ProposalResult r;
+  r.proposed.x = state.x + eps_ * z;
+  r.proposed.energy = as64(target.energy(r.proposed.x));
+  r.log_q_ratio = torch::zeros({state.x.size(0)}, state.energy.options());
+  return r;
+}
+
+ProposalResult Mala::propose(Target& target, const ChainState& state, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  const double half_eps2 = 0.5 * eps_ * eps_;
+  torch::Tensor z = randn(state.x.sizes(), gen, state.x.options());  // [C, D]
+  torch::Tensor scale = inv_mass_.defined() ? inv_mass_ : torch::ones({1}, state.x.options());
+  ProposalResult r;
+  r.proposed.x = state.x - half_eps2 * scale * state.grad + eps_ * scale.sqrt() * z;
+  auto eg = target.energy_and_grad(r.proposed.x);
+  r.proposed.energy = as64(eg.energy);
+  r.proposed.grad = eg.grad;
+  if (drop_q_ratio_) {
+    r.log_q_ratio = torch::zeros({state.x.size(0)}, state.energy.options());
+    return r;
+  }
+  // log q(x|x') - log q(x'|x) with q(y|x) = N(y; x - (eps^2/2) M^-1 dU(x), eps^2 M^-1).
+  torch::Tensor s64 = as64(scale);
+  torch::Tensor back = as64(state.x) - as64(r.proposed.x) + half_eps2 * s64 * as64(eg.grad);  // [C, D]
+  torch::Tensor log_q_rev = -(back * back / s64).sum(1) / (2.0 * eps_ * eps_);
+  torch::Tensor z64 = as64(z);
+  torch::Tensor log_q_fwd = -0.5 * (z64 * z64).sum(1);
+  r.log_q_ratio = log_q_rev - log_q_fwd;
+  return r;
+}
+
+Hmc::Hmc(double step_size, int64_t leapfrog_steps, HmcDefect defect)
+    : eps_(step_size), leapfrog_(leapfrog_steps), defect_(defect) {
+  TORCH_CHECK(leapfrog_steps >= 1, "HMC needs at least one leapfrog step, got ", leapfrog_steps);
+}
+
+torch::Tensor Hmc::kinetic(const torch::Tensor& p) const {
+  torch::Tensor p64 = as64(p);
+  if (inv_mass_.defined()) return 0.5 * (p64 * p64 * as64(inv_mass_)).sum(1);
+  return 0.5 * (p64 * p64).sum(1);
+}
+
+std::pair<ChainState, torch::Tensor> Hmc::leapfrog(Target& target, const ChainState& start,
+                                                   const torch::Tensor& p0) const {
+  const double sign = defect_ == HmcDefect::kWrongGradientSign ? -1.0 : 1.0;
+  torch::Tensor x = start.x;
+  torch::Tensor p = p0 - sign * 0.5 * eps_ * start.grad;
+  EnergyGrad eg;
+  for (int64_t l = 0; l < leapfrog_; ++l) {
+    x = inv_mass_.defined() ? x + eps_ * inv_mass_ * p : x + eps_ * p;
+    eg = target.energy_and_grad(x);
+    const bool last = l + 1 == leapfrog_;
+    const double kick = (last && defect_ != HmcDefect::kNoFinalHalfStep) ? 0.5 * eps_ : eps_;
+    p = p - sign * kick * eg.grad;
+  }
+  ChainState end{x, as64(eg.energy), eg.grad};
+  return {end, p};
+}
+
+ProposalResult Hmc::propose(Target& target, const ChainState& state, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor p0 = randn(state.x.sizes(), gen, state.x.options());  // [C, D], p ~ N(0, M)
+  if (inv_mass_.defined()) p0 = p0 / inv_mass_.sqrt();
+  auto [end, pL] = leapfrog(target, state, p0);
+  ProposalResult r;
+  r.proposed = end;
+  r.log_q_ratio = kinetic(p0) - kinetic(pL);
+  return r;
+}
+
+}  // namespace nmcmc

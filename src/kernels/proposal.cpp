@@ -1,0 +1,63 @@
+#include "nmcmc/kernels/proposal.hpp"
+
+#include <limits>
+
+#include "nmcmc/core/random.hpp"
+
+namespace nmcmc {
+
+MetropolisHastings::MetropolisHastings(std::shared_ptr<Proposal> proposal) : proposal_(std::move(proposal)) {
+  TORCH_CHECK(proposal_, "MetropolisHastings needs a proposal");
+}
+
+ChainState MetropolisHastings::init(Target& target, const torch::Tensor& x) const {
+  torch::NoGradGuard no_grad;
+  ChainState s;
+  s.x = x.to(target.options()).contiguous();
+  if (proposal_->uses_grad()) {
+    auto eg = target.energy_and_grad(s.x);
+    s.energy = eg.energy.to(torch::kFloat64);
+    s.grad = eg.grad;
+  } else {
+    s.energy = target.energy(s.x).to(torch::kFloat64);
+  }
+  return s;
+}
+
+std::pair<ChainState, StepInfo> mh_accept(const ChainState& current, const ProposalResult& proposal,
+                                          at::Generator& gen) {
+  const ChainState& prop = proposal.proposed;
+  const auto f64 = current.energy.options().dtype(torch::kFloat64);
+  // log a = U(x) - U(x') + log q(x|x') - log q(x'|x), in float64 (Note [Uncalibrated proposals]).
+  torch::Tensor log_a = current.energy.to(torch::kFloat64) - prop.energy.to(torch::kFloat64) +
+                        proposal.log_q_ratio.to(torch::kFloat64);  // [C]
+  torch::Tensor finite = torch::isfinite(log_a) & torch::isfinite(prop.x).all(1);
+  if (prop.grad.defined()) finite = finite & torch::isfinite(prop.grad).all(1);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  log_a = torch::where(finite, log_a, torch::full_like(log_a, neg_inf));
+  StepInfo info;
+  info.accept_prob = torch::exp(torch::clamp_max(log_a, 0.0));
+  torch::Tensor u = rand({log_a.size(0)}, gen, f64);
+  info.accepted = torch::log(u) < log_a;
+  info.divergent = torch::logical_not(finite) | (log_a < kDivergenceThreshold);
+
+  ChainState next;
+  torch::Tensor acc_col = info.accepted.unsqueeze(1);  // [C, 1]
+  next.x = torch::where(acc_col, prop.x, current.x);
+  next.energy = torch::where(info.accepted, prop.energy.to(torch::kFloat64), current.energy);
+  if (current.grad.defined() && prop.grad.defined()) next.grad = torch::where(acc_col, prop.grad, current.grad);
+  return {next, info};
+}
+
+std::pair<ChainState, StepInfo> MetropolisHastings::step(Target& target, const ChainState& state,
+                                                         at::Generator& gen) {
+  const int64_t g0 = target.grad_evals(), e0 = target.energy_evals();
+  ProposalResult r = proposal_->propose(target, state, gen);
+  auto out = mh_accept(state, r, gen);
+  out.second.n_grad = target.grad_evals() - g0;
+  out.second.n_energy = target.energy_evals() - e0;
+  proposal_->observe(out.second);
+  return out;
+}
+
+}  // namespace nmcmc

@@ -1,0 +1,306 @@
+#include "nmcmc/services/sample.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/diagnostics/ess.hpp"
+#include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/stan_csv.hpp"
+#include "nmcmc/kernels/adaptation.hpp"
+#include "nmcmc/kernels/baselines.hpp"
+
+namespace nmcmc {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& o) {
+  if (o.step_size < 0 || !std::isfinite(o.step_size)) throw UsageError("--step-size must be positive");
+  if (o.sampler == "rwm") return std::make_shared<RandomWalk>(o.step_size);
+  if (o.sampler == "mala") return std::make_shared<Mala>(o.step_size);
+  if (o.sampler == "hmc") {
+    if (o.leapfrog < 1) throw UsageError("--leapfrog must be at least 1");
+    return std::make_shared<Hmc>(o.step_size, o.leapfrog);
+  }
+  throw UsageError("unknown sampler '" + o.sampler + "' (rwm, mala, hmc, learned)");
+}
+
+double default_target_accept(const std::string& sampler) {
+  if (sampler == "rwm") return 0.234;
+  if (sampler == "mala") return 0.574;
+  return 0.8;
+}
+
+torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen) {
+  const auto& opts = target.options();
+  if (scheme == "uniform") return rand({chains, target.dim()}, gen, opts) * 4.0 - 2.0;
+  if (scheme == "zero") return torch::zeros({chains, target.dim()}, opts);
+  if (scheme == "exact") {
+    if (!target.has_sampler()) throw UsageError("--init exact: target '" + target.name() + "' has no exact sampler");
+    return target.sample(chains, gen);
+  }
+  throw UsageError("unknown --init '" + scheme + "' (uniform, exact, zero)");
+}
+
+double find_reasonable_step_size(Target& target, MetropolisHastings& kernel, const ChainState& state,
+                                 at::Generator& gen, double start) {
+  Proposal& prop = kernel.proposal();
+  double eps = start > 0 ? start : 1.0;
+  auto mean_accept = [&](double e) {
+    prop.set_step_size(e);
+    ProposalResult r = prop.propose(target, state, gen);
+    auto [unused, info] = mh_accept(state, r, gen);
+    return info.accept_prob.mean().item<double>();
+  };
+  double a = mean_accept(eps);
+  const int direction = a > 0.5 ? 1 : -1;
+  for (int i = 0; i < 60; ++i) {
+    const double next = direction > 0 ? eps * 2.0 : eps * 0.5;
+    const double an = mean_accept(next);
+    if ((direction > 0 && an < 0.5) || (direction < 0 && an > 0.5)) {
+      eps = direction > 0 ? eps : next;
+      break;
+    }
+    eps = next;
+    if (eps > 1e7 || eps < 1e-10) break;
+  }
+  prop.set_step_size(eps);
+  return eps;
+}
+
+SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOptions& o, uint64_t seed,
+                         const ProgressFn& progress) {
+  if (o.chains < 1) throw UsageError("--chains must be at least 1");
+  if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
+  if (o.draws < 1) throw UsageError("--draws must be at least 1");
+  if (!(o.target_accept > 0 && o.target_accept < 1)) throw UsageError("--target-accept must be in (0, 1)");
+  torch::NoGradGuard no_grad;
+  const auto device = target.options().device();
+  at::Generator gen = make_generator(seed, device);
+  Proposal& prop = kernel.proposal();
+  SampleResult res;
+  res.seed = seed;
+
+  ChainState state = kernel.init(target, initial_positions(target, o.init, o.chains, gen));
+  const int64_t g_start = target.grad_evals(), e_start = target.energy_evals();
+  auto t0 = Clock::now();
+  auto last_report = t0;
+  auto report = [&](const char* phase, int64_t i, int64_t total, const torch::Tensor& acc_sum, int64_t n, bool force) {
+    if (!progress) return;
+    auto now = Clock::now();
+    if (!force && std::chrono::duration<double>(now - last_report).count() < 0.25) return;
+    last_report = now;
+    Progress p;
+    p.phase = phase;
+    p.iteration = i;
+    p.total = total;
+    p.accept = n > 0 ? acc_sum.item<double>() / static_cast<double>(n * o.chains) : 0.0;
+    p.step_size = prop.step_size();
+    p.elapsed = std::chrono::duration<double>(now - t0).count();
+    progress(p);
+  };
+
+  // ---- warm-up: dual averaging of the step size, optional windowed diagonal metric ----
+  const bool tune = o.adapt_step && o.warmup > 0;
+  if (prop.step_size() <= 0 || (tune && prop.step_size() <= 0)) find_reasonable_step_size(target, kernel, state, gen, 1.0);
+  if (tune) find_reasonable_step_size(target, kernel, state, gen, prop.step_size());
+  DualAveraging da(prop.step_size(), o.target_accept);
+  WarmupSchedule schedule(o.warmup);
+  VarianceEstimator variance;
+  torch::Tensor acc_sum = torch::zeros({}, state.energy.options());
+  for (int64_t i = 0; i < o.warmup; ++i) {
+    auto [next, info] = kernel.step(target, state, gen);
+    state = std::move(next);
+    acc_sum += info.accept_prob.sum();
+    if (tune) prop.set_step_size(da.update(info.accept_prob.mean().item<double>()));
+    if (o.adapt_mass && schedule.in_slow_window(i)) variance.add(state.x);
+    if (o.adapt_mass && schedule.ends_window(i) && variance.count() > 1) {
+      torch::Tensor inv_mass = variance.regularised_variance().to(target.options());
+      if (!prop.set_inv_mass(inv_mass)) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
+      res.inv_mass = inv_mass.to(torch::kCPU, torch::kFloat64);
+      variance.reset();
+      if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));
+    }
+    report("warmup", i + 1, o.warmup, acc_sum, i + 1, i + 1 == o.warmup);
+  }
+  if (tune) prop.set_step_size(da.final_step());
+  res.step_size = prop.step_size();
+  auto t1 = Clock::now();
+  res.seconds_warmup = std::chrono::duration<double>(t1 - t0).count();
+  res.grads_warmup = target.grad_evals() - g_start;
+  res.energies_warmup = target.energy_evals() - e_start;
+
+  // ---- sampling: the kernel is frozen ----
+  const int64_t s_count = o.draws, c = o.chains, d = target.dim();
+  if (o.keep_draws) res.draws = torch::empty({s_count, c, d}, torch::kFloat64);
+  res.lp = torch::empty({s_count, c}, torch::kFloat64);
+  res.accept_stat = torch::empty({s_count, c}, torch::kFloat64);
+  res.divergent = torch::empty({s_count, c}, torch::kBool);
+  res.n_grad = torch::empty({s_count}, torch::kInt64);
+  auto n_grad = res.n_grad.accessor<int64_t, 1>();
+  const int64_t g_mid = target.grad_evals(), e_mid = target.energy_evals();
+  acc_sum.zero_();
+  t0 = Clock::now();
+  for (int64_t i = 0; i < s_count; ++i) {
+    auto [next, info] = kernel.step(target, state, gen);
+    state = std::move(next);
+    if (o.keep_draws) res.draws[i].copy_(state.x);
+    res.lp[i].copy_(-state.energy);
+    res.accept_stat[i].copy_(info.accept_prob);
+    res.divergent[i].copy_(info.divergent);
+    n_grad[i] = info.n_grad;
+    acc_sum += info.accept_prob.sum();
+    report("sampling", i + 1, s_count, acc_sum, i + 1, i + 1 == s_count);
+  }
+  res.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.grads_sampling = target.grad_evals() - g_mid;
+  res.energies_sampling = target.energy_evals() - e_mid;
+  return res;
+}
+
+namespace {
+double finite_min(const torch::Tensor& t) {
+  torch::Tensor f = t.masked_select(torch::isfinite(t));
+  return f.numel() ? f.min().item<double>() : std::nan("");
+}
+}  // namespace
+
+json summarise(const SampleResult& r, Target& target) {
+  TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
+  const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
+  const double steps = static_cast<double>(s * c);
+  const double grads_per_step = static_cast<double>(r.grads_sampling) / static_cast<double>(s);
+  StanSummary st = stan_summary(r.draws);
+  json j;
+  j["target"] = target.spec();
+  j["chains"] = c;
+  j["draws"] = s;
+  j["dim"] = d;
+  j["seed"] = r.seed;
+  j["step_size"] = r.step_size;
+  j["accept_rate"] = r.accept_stat.mean().item<double>();
+  j["divergences"] = r.divergent.sum().item<int64_t>();
+  j["grads_per_step"] = grads_per_step;
+  j["energies_per_step"] = static_cast<double>(r.energies_sampling) / static_cast<double>(s);
+  j["grads_warmup_per_chain"] = r.grads_warmup;
+  j["seconds_warmup"] = r.seconds_warmup;
+  j["seconds_sampling"] = r.seconds_sampling;
+  j["msjd"] = mean_squared_jump(r.draws);
+  json params = json::array();
+  for (int64_t k = 0; k < d; ++k) {
+    params.push_back({{"name", "x." + std::to_string(k + 1)},
+                      {"mean", st.mean[k].item<double>()},
+                      {"sd", st.sd[k].item<double>()},
+                      {"mcse_mean", st.mcse_mean[k].item<double>()},
+                      {"q05", st.q05[k].item<double>()},
+                      {"q50", st.q50[k].item<double>()},
+                      {"q95", st.q95[k].item<double>()},
+                      {"ess_bulk", st.ess_bulk[k].item<double>()},
+                      {"ess_tail", st.ess_tail[k].item<double>()},
+                      {"rhat", st.rhat[k].item<double>()}});
+  }
+  j["parameters"] = params;
+  const double min_bulk = finite_min(st.ess_bulk), min_tail = finite_min(st.ess_tail);
+  j["min_ess_bulk"] = min_bulk;
+  j["min_ess_tail"] = min_tail;
+  j["max_rhat"] = st.rhat.masked_select(torch::isfinite(st.rhat)).numel() ? st.rhat.nan_to_num(0).max().item<double>() : std::nan("");
+  j["ess_bulk_per_step"] = min_bulk / steps;
+  j["ess_bulk_per_grad"] = grads_per_step > 0 ? min_bulk / (steps * grads_per_step) : std::nan("");
+  j["ess_bulk_per_second"] = min_bulk / r.seconds_sampling;
+  if (auto m = target.reference_moments()) {
+    torch::Tensor ratio = paper_ess_ratio(r.draws, m->mean, m->sd);  // ESS / S per dimension
+    json p;
+    p["convention"] = "L2HMC/A-NICE-MC: known moments, cutoff 0.05, averaged over chains";
+    p["ess_per_step_min"] = ratio.min().item<double>();
+    p["ess_per_step_mean"] = ratio.mean().item<double>();
+    p["ess_per_step_x1"] = ratio[0].item<double>();
+    if (d > 1) p["ess_per_step_rest_min"] = ratio.narrow(0, 1, d - 1).min().item<double>();
+    if (grads_per_step > 0) {
+      p["ess_per_grad_min"] = ratio.min().item<double>() / grads_per_step;
+      p["ess_per_grad_x1"] = ratio[0].item<double>() / grads_per_step;
+      if (d > 1) p["ess_per_grad_rest_min"] = ratio.narrow(0, 1, d - 1).min().item<double>() / grads_per_step;
+    }
+    const double seconds_per_step = r.seconds_sampling / static_cast<double>(s);
+    p["ess_per_second_min"] = ratio.min().item<double>() * static_cast<double>(c) / seconds_per_step;
+    p["per_dim"] = std::vector<double>(ratio.data_ptr<double>(), ratio.data_ptr<double>() + d);
+    j["paper_ess"] = p;
+  }
+  return j;
+}
+
+std::string format_summary(const json& j, int64_t rows) {
+  std::string out;
+  auto line = [&](const std::string& s) { out += s + "\n"; };
+  const auto& params = j.at("parameters");
+  const int64_t d = static_cast<int64_t>(params.size());
+  line(fmt::format("{:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>7}", "param", "mean", "sd", "mcse", "ess_bulk", "ess_tail",
+                   "rhat"));
+  auto row = [&](const json& p) {
+    line(fmt::format("{:>10} {:>11.4g} {:>10.4g} {:>9.3g} {:>9.0f} {:>9.0f} {:>7.3f}", p["name"].get<std::string>(),
+                     p["mean"].get<double>(), p["sd"].get<double>(), p["mcse_mean"].get<double>(),
+                     p["ess_bulk"].get<double>(), p["ess_tail"].get<double>(), p["rhat"].get<double>()));
+  };
+  std::vector<int64_t> order(d);
+  for (int64_t k = 0; k < d; ++k) order[k] = k;
+  if (d <= 2 * rows) {
+    for (auto& p : params) row(p);
+  } else {
+    for (int64_t k = 0; k < rows; ++k) row(params[k]);
+    line(fmt::format("{:>10}", "..."));
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return params[a]["ess_bulk"].get<double>() < params[b]["ess_bulk"].get<double>();
+    });
+    line(fmt::format("worst {} by bulk ESS:", rows));
+    for (int64_t k = 0; k < rows; ++k) row(params[order[k]]);
+  }
+  const double steps = j["draws"].get<double>() * j["chains"].get<double>();
+  line("");
+  line(fmt::format("chains {}  draws/chain {}  accept {:.3f}  step size {:.4g}  divergences {}  grads/step {:.1f}",
+                   j["chains"].get<int64_t>(), j["draws"].get<int64_t>(), j["accept_rate"].get<double>(),
+                   j["step_size"].get<double>(), j["divergences"].get<int64_t>(), j["grads_per_step"].get<double>()));
+  line(fmt::format("min bulk-ESS {:.0f} of {:.0f} draws ({:.4f}/MH step, {:.4g}/grad, {:.1f}/s)  min tail-ESS {:.0f}  max R-hat {:.3f}",
+                   j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
+                   j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
+                   j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
+  if (j.contains("paper_ess")) {
+    const auto& p = j["paper_ess"];
+    std::string s = fmt::format("paper ESS (true moments): min {:.4f}/MH step", p["ess_per_step_min"].get<double>());
+    if (p.contains("ess_per_grad_min")) s += fmt::format(", {:.4g}/grad", p["ess_per_grad_min"].get<double>());
+    s += fmt::format("; x.1 {:.4f}/step", p["ess_per_step_x1"].get<double>());
+    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; x.2.. min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
+    line(s);
+  }
+  line(fmt::format("time: warm-up {:.2f} s, sampling {:.2f} s;  mean squared jump {:.4g}", j["seconds_warmup"].get<double>(),
+                   j["seconds_sampling"].get<double>(), j["msjd"].get<double>()));
+  return out;
+}
+
+void write_run(const std::string& directory, const json& config, const SampleResult& r, const json& summary) {
+  ensure_directory(directory);
+  const int64_t c = r.draws.size(1);
+  for (int64_t k = 0; k < c; ++k) {
+    ChainDraws cd;
+    cd.x = r.draws.select(1, k);
+    cd.lp = r.lp.select(1, k);
+    cd.accept_stat = r.accept_stat.select(1, k);
+    cd.n_grad = r.n_grad;
+    cd.divergent = r.divergent.select(1, k);
+    cd.step_size = r.step_size;
+    cd.inv_mass = r.inv_mass;
+    json cfg = config;
+    cfg["chain_id"] = k + 1;
+    write_stan_csv((std::filesystem::path(directory) / fmt::format("chain_{}.csv", k + 1)).string(), cfg, cd,
+                   r.seconds_warmup, r.seconds_sampling);
+  }
+  json out = summary;
+  out["config"] = config;
+  write_atomically((std::filesystem::path(directory) / "summary.json").string(),
+                   [&](std::ostream& os) { os << out.dump(2) << "\n"; });
+}
+
+}  // namespace nmcmc
