@@ -325,6 +325,14 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--output,-o", demo_output, "output directory")->capture_default_str();
   demo_cmd->add_flag("--quiet,-q", demo_quiet, "no progress line");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string command = argv[1];
+    auto subs = app.get_subcommands([](CLI::App*) { return true; });
+    if (std::none_of(subs.begin(), subs.end(), [&](CLI::App* s) { return s->get_name() == command; })) {
+      std::cerr << "nmcmc: unknown command '" << command << "' (run `nmcmc --help`)\n";
+      return nmcmc::kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

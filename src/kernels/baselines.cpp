@@ -56,16 +56,15 @@ torch::Tensor Hmc::kinetic(const torch::Tensor& p) const {
 
 std::pair<ChainState, torch::Tensor> Hmc::leapfrog(Target& target, const ChainState& start,
                                                    const torch::Tensor& p0) const {
-  const double sign = defect_ == HmcDefect::kWrongGradientSign ? -1.0 : 1.0;
   torch::Tensor x = start.x;
-  torch::Tensor p = p0 - sign * 0.5 * eps_ * start.grad;
+  torch::Tensor p = p0 - 0.5 * eps_ * start.grad;
   EnergyGrad eg;
   for (int64_t l = 0; l < leapfrog_; ++l) {
     x = inv_mass_.defined() ? x + eps_ * inv_mass_ * p : x + eps_ * p;
     eg = target.energy_and_grad(x);
     const bool last = l + 1 == leapfrog_;
     const double kick = (last && defect_ != HmcDefect::kNoFinalHalfStep) ? 0.5 * eps_ : eps_;
-    p = p - sign * kick * eg.grad;
+    p = p - kick * eg.grad;
   }
   ChainState end{x, as64(eg.energy), eg.grad};
   return {end, p};
@@ -79,6 +78,7 @@ ProposalResult Hmc::propose(Target& target, const ChainState& state, at::Generat
   ProposalResult r;
   r.proposed = end;
   r.log_q_ratio = kinetic(p0) - kinetic(pL);
+  if (defect_ == HmcDefect::kWrongKineticSign) r.log_q_ratio = -r.log_q_ratio;
   return r;
 }
 

@@ -46,7 +46,11 @@ class Mala : public Proposal {
 };
 
 /// Deliberate errors for power tests of the statistical suite. Never used outside tests.
-enum class HmcDefect { kNone, kWrongGradientSign, kNoFinalHalfStep };
+/// kWrongKineticSign: log q ratio K(pL) - K(p0) instead of K(p0) - K(pL).
+/// kNoFinalHalfStep: the last momentum kick is a full step, so the integrator is not reversible.
+/// (Dropping the momentum flip is NOT a defect here: with full momentum refresh and
+/// K(p) = K(-p) the flip changes neither the accept ratio nor the next state.)
+enum class HmcDefect { kNone, kWrongKineticSign, kNoFinalHalfStep };
 
 /// Hamiltonian Monte Carlo with L leapfrog steps and a diagonal (or identity) mass matrix.
 /// Momentum p ~ N(0, M); K(p) = p^T M^{-1} p / 2; log q ratio = K(p0) - K(pL).

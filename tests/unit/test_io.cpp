@@ -1,0 +1,64 @@
+// Output files: Stan-CSV round trip, atomic writes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/stan_csv.hpp"
+
+using namespace nmcmc;
+namespace fs = std::filesystem;
+
+TEST(StanCsv, RoundTrip) {
+  ChainDraws d;
+  d.x = torch::tensor({1.5, -2.25, 3.0, 1e-7}, torch::kFloat64).reshape({2, 2});
+  d.lp = torch::tensor({-1.0, -2.0}, torch::kFloat64);
+  d.accept_stat = torch::tensor({0.5, 1.0}, torch::kFloat64);
+  d.n_grad = torch::tensor({10, 10}, torch::kInt64);
+  d.divergent = torch::tensor({0, 1}, torch::kInt64);
+  d.step_size = 0.125;
+  d.inv_mass = torch::tensor({1.0, 2.0}, torch::kFloat64);
+  std::string path = ::testing::TempDir() + "chain.csv";
+  write_stan_csv(path, {{"seed", 42}, {"target", {{"name", "moon"}}}}, d, 1.0, 2.0);
+  StanCsv csv = read_stan_csv(path);
+  std::vector<std::string> expected = {"lp__", "accept_stat__", "stepsize__", "n_grad__", "divergent__", "x.1", "x.2"};
+  EXPECT_EQ(csv.columns, expected);
+  ASSERT_EQ(csv.values.size(0), 2);
+  EXPECT_DOUBLE_EQ(csv.values[0][5].item<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(csv.values[1][6].item<double>(), 1e-7);
+  EXPECT_DOUBLE_EQ(csv.values[1][4].item<double>(), 1.0);
+  bool has_seed = false, has_target = false;
+  for (auto& c : csv.comments) {
+    has_seed |= c == "# seed = 42";
+    has_target |= c == "# target.name = moon";
+  }
+  EXPECT_TRUE(has_seed);
+  EXPECT_TRUE(has_target);
+}
+
+TEST(StanCsv, MalformedFilesFailCleanly) {
+  std::string path = ::testing::TempDir() + "bad.csv";
+  std::ofstream(path) << "a,b\n1,2\n3\n";
+  EXPECT_THROW(read_stan_csv(path), DataError);
+  std::ofstream(path) << "a,b\n1,x\n";
+  EXPECT_THROW(read_stan_csv(path), DataError);
+  EXPECT_THROW(read_stan_csv(::testing::TempDir() + "nope.csv"), DataError);
+}
+
+TEST(AtomicFile, FailedWriteKeepsTheOldFile) {
+  std::string path = ::testing::TempDir() + "atomic.txt";
+  write_atomically(path, [](std::ostream& os) { os << "old"; });
+  EXPECT_THROW(write_atomically(path,
+                                [](std::ostream& os) {
+                                  os << "half";
+                                  throw IoError("interrupted");
+                                }),
+               IoError);
+  EXPECT_EQ(read_file(path), "old");
+  for (auto& entry : fs::directory_iterator(::testing::TempDir())) {
+    EXPECT_EQ(entry.path().string().find("atomic.txt.tmp"), std::string::npos);
+  }
+  EXPECT_THROW(write_atomically("/nonexistent-dir/x.txt", [](std::ostream& os) { os << "x"; }), IoError);
+}

@@ -1,0 +1,178 @@
+// Targets: gradients against finite differences (float64), analytic against autograd,
+// exact samplers against true moments, numerical guards, data loading.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/targets/targets.hpp"
+#include "stats.hpp"
+
+using namespace nmcmc;
+using json = nlohmann::json;
+
+namespace {
+const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+
+struct GradCase {
+  json spec;
+  double spread;  // scale of the random test points
+};
+
+std::vector<GradCase> grad_cases() {
+  return {
+      {{{"name", "icg"}, {"dim", 10}}, 1.0},
+      {{{"name", "scg"}}, 3.0},
+      {{{"name", "rotated_icg"}, {"dim", 8}, {"seed", 3}}, 1.0},
+      {{{"name", "funnel"}, {"dim", 20}, {"sigma", 3}}, 1.0},
+      {{{"name", "funnel"}, {"dim", 100}, {"sigma", 1}}, 0.5},
+      {{{"name", "moon"}}, 2.0},
+      {{{"name", "logistic"}, {"dataset", "german"}}, 0.5},
+      {{{"name", "logistic"}, {"dataset", "australian"}}, 0.5},
+      {{{"name", "logistic"}, {"dataset", "heart"}}, 0.5},
+      {{{"name", "gaussian"}, {"scales", {0.5, 2.0, 7.0}}}, 1.0},
+  };
+}
+}  // namespace
+
+TEST(Targets, GradientsMatchFiniteDifferences) {
+  at::Generator gen = make_generator(11);
+  for (const auto& c : grad_cases()) {
+    auto t = make_target(c.spec, kF64);
+    torch::Tensor x = torch::randn({5, t->dim()}, gen, kF64) * c.spread;
+    auto eg = t->energy_and_grad(x);
+    torch::Tensor fd = test_support::finite_difference_grad(*t, x);
+    const double scale = 1.0 + eg.grad.abs().max().item<double>();
+    EXPECT_LT((eg.grad - fd).abs().max().item<double>() / scale, 1e-6) << c.spec.dump();
+    // Analytic gradients (where implemented) agree with autograd.
+    auto ag = autograd_energy_and_grad([&](const torch::Tensor& y) { return t->energy(y); }, x, false);
+    EXPECT_LT((eg.grad - ag.grad).abs().max().item<double>() / scale, 1e-10) << c.spec.dump();
+    EXPECT_LT((eg.energy - ag.energy).abs().max().item<double>(), 1e-9) << c.spec.dump();
+  }
+}
+
+TEST(Targets, FunnelNeckAndSaturatedLogisticGradients) {
+  auto funnel = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 3}}, kF64);
+  // Deep in the neck (x0 = 7: conditional sd exp(-3.5) ~ 0.03) and high in the base (x0 = -6).
+  torch::Tensor x = torch::tensor({{7.0, 0.01, -0.02, 0.03, 0.0}, {-6.0, 15.0, -8.0, 3.0, 20.0}}, kF64);
+  auto eg = funnel->energy_and_grad(x);
+  torch::Tensor fd = test_support::finite_difference_grad(*funnel, x, 1e-7);
+  EXPECT_LT(((eg.grad - fd).abs() / (1 + eg.grad.abs())).max().item<double>(), 1e-5);
+
+  // Saturated logistic regression: |b| = 30 makes every sigmoid 0 or 1 to machine precision.
+  auto logistic = make_target({{"name", "logistic"}, {"dataset", "australian"}}, kF64);
+  at::Generator gen = make_generator(5);
+  torch::Tensor b = torch::randn({3, logistic->dim()}, gen, kF64) * 30.0;
+  auto lg = logistic->energy_and_grad(b);
+  EXPECT_TRUE(torch::isfinite(lg.energy).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(lg.grad).all().item<bool>());
+  torch::Tensor lfd = test_support::finite_difference_grad(*logistic, b, 1e-5);
+  EXPECT_LT(((lg.grad - lfd).abs() / (1 + lg.grad.abs())).max().item<double>(), 1e-5);
+  // In float32 too: stable log-sigmoid never produces NaN or inf.
+  auto l32 = make_target({{"name", "logistic"}, {"dataset", "australian"}}, torch::kFloat32);
+  auto lg32 = l32->energy_and_grad(b.to(torch::kFloat32) * 10);
+  EXPECT_TRUE(torch::isfinite(lg32.energy).all().item<bool>());
+  EXPECT_TRUE(torch::isfinite(lg32.grad).all().item<bool>());
+}
+
+TEST(Targets, FunnelOverflowGuard) {
+  auto f = make_target({{"name", "funnel"}, {"dim", 4}, {"sigma", 3}}, torch::kFloat32);
+  torch::Tensor x = torch::tensor({{500.0f, 0.0f, 0.0f, 0.0f}, {500.0f, 1.0f, 1.0f, 1.0f}, {-500.0f, 1.0f, 2.0f, 3.0f}});
+  auto eg = f->energy_and_grad(x);
+  EXPECT_FALSE(torch::isnan(eg.energy).any().item<bool>());
+  EXPECT_FALSE(torch::isnan(eg.grad).any().item<bool>());
+  // Where it matters the density is untouched: at x0 = 3 the float32 energy matches float64.
+  auto f64 = make_target({{"name", "funnel"}, {"dim", 4}, {"sigma", 3}}, kF64);
+  torch::Tensor y = torch::tensor({{3.0, 0.1, -0.2, 0.05}}, kF64);
+  EXPECT_NEAR(f->energy(y.to(torch::kFloat32)).item<double>(), f64->energy(y).item<double>(), 1e-5);
+}
+
+TEST(Targets, ExactSamplersMatchTrueMoments) {
+  at::Generator gen = make_generator(7);
+  for (json spec : {json{{"name", "icg"}}, json{{"name", "scg"}}, json{{"name", "rotated_icg"}},
+                    json{{"name", "funnel"}, {"dim", 20}, {"sigma", 1}}, json{{"name", "moon"}}}) {
+    auto t = make_target(spec, kF64);
+    const int64_t n = 400000;
+    torch::Tensor x = t->sample(n, gen);
+    auto m = t->reference_moments();
+    ASSERT_TRUE(m.has_value());
+    // Standard errors: sd/sqrt(n) for the mean, ~ sd*sqrt(kurtosis-ish/n) for the sd; 6 sigma.
+    torch::Tensor se = m->sd / std::sqrt(static_cast<double>(n));
+    EXPECT_LT(((x.mean(0) - m->mean).abs() / se).max().item<double>(), 6.0) << spec.dump();
+    EXPECT_LT(((x.std(0) / m->sd) - 1).abs().max().item<double>(), 0.03) << spec.dump();
+  }
+}
+
+TEST(Targets, PaperGeometry) {
+  auto scg = dynamic_cast<GaussianTarget*>(make_target({{"name", "scg"}}, kF64).release());
+  torch::Tensor cov = scg->covariance();
+  EXPECT_NEAR(cov[0][0].item<double>(), 50.05, 1e-10);
+  EXPECT_NEAR(cov[0][1].item<double>(), -49.95, 1e-10);
+  EXPECT_NEAR(cov[1][1].item<double>(), 50.05, 1e-10);
+  delete scg;
+  auto icg = make_target({{"name", "icg"}}, kF64);
+  EXPECT_EQ(icg->dim(), 50);
+  auto m = icg->reference_moments();
+  EXPECT_NEAR(m->sd[0].item<double>(), 0.1, 1e-12);
+  EXPECT_NEAR(m->sd[49].item<double>(), 10.0, 1e-10);
+  auto f1 = make_target({{"name", "funnel"}, {"dim", 100}, {"sigma", 1}}, kF64);
+  EXPECT_NEAR(f1->reference_moments()->sd[1].item<double>(), std::exp(0.25), 1e-12);
+  auto r1 = make_target({{"name", "rotated_icg"}, {"seed", 4}}, kF64);
+  auto r2 = make_target({{"name", "rotated_icg"}, {"seed", 4}}, kF64);
+  torch::Tensor x = torch::ones({1, 100}, kF64);
+  EXPECT_EQ(r1->energy(x).item<double>(), r2->energy(x).item<double>());  // same seed, same target
+  EXPECT_EQ(r1->spec()["dim"], 100);
+}
+
+TEST(Targets, CountsEvaluations) {
+  auto t = make_target({{"name", "moon"}}, kF64);
+  torch::Tensor x = torch::zeros({7, 2}, kF64);
+  t->energy(x);
+  t->energy_and_grad(x);
+  t->energy_and_grad(x);
+  EXPECT_EQ(t->energy_evals(), 3);
+  EXPECT_EQ(t->grad_evals(), 2);
+}
+
+TEST(Targets, RegistryRejectsBadSpecs) {
+  EXPECT_THROW(make_target({{"name", "nope"}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "funnel"}, {"dim", 1}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "funnel"}, {"sigma", -1}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "funnel"}, {"colour", 3}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "logistic"}, {"dataset", "mnist"}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "logistic"}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "gaussian"}, {"scales", {1.0, -2.0}}}, kF64), UsageError);
+  EXPECT_THROW(make_target(json::array(), kF64), UsageError);
+}
+
+namespace {
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+}  // namespace
+
+TEST(Targets, LogisticDatasetsAndUserFiles) {
+  auto german = make_target({{"name", "logistic"}, {"dataset", "german"}}, kF64);
+  EXPECT_EQ(german->dim(), 25);
+  EXPECT_EQ(make_target({{"name", "logistic"}, {"dataset", "australian"}}, kF64)->dim(), 15);
+  EXPECT_EQ(make_target({{"name", "logistic"}, {"dataset", "heart"}}, kF64)->dim(), 14);
+
+  // A comma-separated user file with the label in the first column.
+  std::string path = write_temp("user.csv", "# a comment\n0,1.5,2\n1,0.5,3\n0,2.5,1\n1,1.0,0.5\n");
+  auto user = make_target({{"name", "logistic"}, {"file", path}, {"label_column", 0}}, kF64);
+  EXPECT_EQ(user->dim(), 3);
+  // By hand: the energy at b = 0 is N log 2.
+  EXPECT_NEAR(user->energy(torch::zeros({1, 3}, kF64)).item<double>(), 4 * std::log(2.0), 1e-12);
+
+  EXPECT_THROW(load_labelled_table(write_temp("ragged.txt", "1 2 3\n4 5\n"), -1), DataError);
+  EXPECT_THROW(load_labelled_table(write_temp("text.txt", "1 2 1\n4 x 2\n"), -1), DataError);
+  EXPECT_THROW(load_labelled_table(write_temp("nan.txt", "1 2 1\n4 nan 2\n"), -1), DataError);
+  EXPECT_THROW(load_labelled_table(write_temp("labels.txt", "1 2 1\n4 5 2\n4 6 3\n"), -1), DataError);
+  EXPECT_THROW(load_labelled_table(write_temp("one.txt", "1 2 1\n"), -1), DataError);
+  EXPECT_THROW(load_labelled_table(::testing::TempDir() + "missing.txt", -1), DataError);
+  EXPECT_THROW(make_target({{"name", "logistic"}, {"file", write_temp("const.txt", "1 2 1\n1 5 2\n")}}, kF64),
+               DataError);
+}
