@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -13,6 +15,8 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/services/sample.hpp"
+#include "nmcmc/services/train.hpp"
+#include "nmcmc/flows/learned.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 using json = nlohmann::json;
@@ -145,8 +149,8 @@ int cmd_targets() {
 struct SampleArgs {
   TargetArgs target;
   ComputeArgs compute;
-  std::string sampler = "hmc", output, init = "uniform";
-  double step_size = 0, target_accept = 0;
+  std::string sampler = "hmc", output, init = "uniform", model;
+  double step_size = 0, target_accept = 0, jitter = 0;
   int64_t leapfrog = 10, chains = 4, warmup = 1000, draws = 1000;
   uint64_t seed = 1;
   bool adapt_mass = false, no_adapt = false, quiet = false;
@@ -171,16 +175,47 @@ json run_config(const SampleArgs& a, const nmcmc::Target& t) {
           {"nmcmc_version", "0.1.0"}};
 }
 
-int cmd_sample(const SampleArgs& a) {
+int cmd_sample(const SampleArgs& a, const std::vector<std::string>& given) {
   auto options = a.compute.options();
-  auto target = nmcmc::make_target(a.target.spec(), options);
+  std::shared_ptr<nmcmc::Proposal> proposal;
+  json target_spec = a.target.spec();
+  json model_meta;
+  const bool learned = a.sampler == "learned";
+  if (learned) {
+    if (a.model.empty()) throw nmcmc::UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
+    auto [sampler, meta] = nmcmc::load_model(a.model);
+    model_meta = meta;
+    const bool target_given = std::any_of(given.begin(), given.end(), [](const std::string& o) {
+      return o == "target" || o == "dim" || o == "sigma" || o == "dataset" || o == "data-file" || o == "target-json" ||
+             o == "target-seed";
+    });
+    json trained_on = meta.at("target");
+    if (target_given) {
+      auto probe = nmcmc::make_target(target_spec, options);
+      if (probe->spec() != trained_on) {
+        throw nmcmc::UsageError("model '" + a.model + "' was trained on target " + trained_on.dump() + ", not " +
+                                probe->spec().dump());
+      }
+    }
+    target_spec = trained_on;
+    if (std::find(given.begin(), given.end(), "dtype") == given.end()) {
+      options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
+    }
+    sampler->to(options.device(), options.dtype().toScalarType());
+    sampler->eval();
+    proposal = std::make_shared<nmcmc::LearnedProposal>(sampler);
+  } else {
+    if (!a.model.empty()) throw nmcmc::UsageError("--model goes with --sampler learned");
+    proposal = nmcmc::make_baseline_proposal(
+        nmcmc::ProposalOptions().set_sampler(a.sampler).set_step_size(a.step_size).set_leapfrog(a.leapfrog).set_jitter(a.jitter));
+  }
+  auto target = nmcmc::make_target(target_spec, options);
   if (!a.output.empty()) nmcmc::ensure_directory(a.output);  // fail before the run, not after
-  auto proposal = nmcmc::make_baseline_proposal(
-      nmcmc::ProposalOptions().set_sampler(a.sampler).set_step_size(a.step_size).set_leapfrog(a.leapfrog));
   nmcmc::MetropolisHastings kernel(proposal);
   nmcmc::RunOptions run;
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(a.init).set_adapt_mass(a.adapt_mass);
-  run.set_adapt_step(!a.no_adapt && a.step_size == 0.0 ? true : !a.no_adapt);
+  // The learned sampler's step size is learned: warm-up is burn-in only.
+  run.set_adapt_step(learned ? false : !a.no_adapt);
   run.set_target_accept(a.target_accept > 0 ? a.target_accept : nmcmc::default_target_accept(a.sampler));
   if (a.no_adapt && a.step_size == 0.0) throw nmcmc::UsageError("--no-adapt needs --step-size");
   warn_blas();
@@ -188,9 +223,75 @@ int cmd_sample(const SampleArgs& a) {
   json summary = nmcmc::summarise(result, *target);
   std::cout << nmcmc::format_summary(summary, a.rows);
   if (!a.output.empty()) {
-    nmcmc::write_run(a.output, run_config(a, *target), result, summary);
+    json config = run_config(a, *target);
+    if (learned) config["model"] = {{"file", a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
+    nmcmc::write_run(a.output, config, result, summary);
     std::cout << "wrote " << a.chains << " Stan-CSV files and summary.json to " << a.output << "\n";
   }
+  return 0;
+}
+
+// ------------------------------------------------------------------ train
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop = true; }
+
+struct TrainArgs {
+  std::string config, output, log;
+  std::vector<std::string> sets;
+  int64_t steps = -1, batch = -1;
+  double lr = -1, min_lr = -1;
+  int64_t seed = -1;
+  bool resume = false, quiet = false;
+  std::string device = "cpu", dtype;
+  int threads = 0;
+};
+
+int cmd_train(const TrainArgs& a) {
+  json cfg = nmcmc::read_config_file(a.config);
+  if (a.steps >= 0) cfg["train"]["steps"] = a.steps;
+  if (a.batch > 0) cfg["train"]["batch"] = a.batch;
+  if (a.lr > 0) cfg["train"]["lr"] = a.lr;
+  if (a.min_lr >= 0) cfg["train"]["min_lr"] = a.min_lr;
+  if (a.seed >= 0) cfg["train"]["seed"] = a.seed;
+  if (!a.dtype.empty()) cfg["dtype"] = a.dtype;
+  for (const auto& s : a.sets) nmcmc::apply_override(cfg, s);
+  nmcmc::TrainConfig config = nmcmc::parse_train_config(cfg);
+  ComputeArgs compute;
+  compute.device = a.device;
+  compute.dtype = config.dtype;
+  compute.threads = a.threads;
+  auto options = compute.options();
+  const std::string out_dir = fs::path(a.output).parent_path().string();
+  if (!out_dir.empty()) nmcmc::ensure_directory(out_dir);
+  std::string log_path = a.log;
+  if (log_path.empty()) log_path = (fs::path(a.output).replace_extension("").string()) + ".log.csv";
+  warn_blas();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto last_print = std::make_shared<double>(-1e9);
+  auto progress = [&, tty, last_print](const nmcmc::TrainProgress& p) {
+    if (a.quiet) return;
+    const auto& s = p.stats;
+    const double rate = p.elapsed > 0 ? s.step / p.elapsed : 0;
+    std::string msg = fmt::format("[train] step {:>6}/{:<6} accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  lr {:.2e}  {:.2f} steps/s  ETA {}",
+                                  s.step, p.total, s.accept, s.beta, s.entropy, s.eps, s.lr, rate,
+                                  format_seconds(rate > 0 ? (p.total - s.step) / rate : NAN));
+    if (tty) {
+      std::cerr << "\r" << msg << "\033[K" << (s.step == p.total ? "\n" : "") << std::flush;
+    } else if (p.elapsed - *last_print > 10 || s.step == p.total) {
+      *last_print = p.elapsed;
+      std::cerr << msg << "\n";
+    }
+  };
+  auto result = nmcmc::train(config, options.device(), a.output, log_path, a.resume, progress, [] { return g_stop.load(); });
+  if (result.interrupted) {
+    std::cerr << "\nnmcmc: interrupted at step " << result.steps << "; checkpoint saved to " << a.output
+              << " (continue with --resume)\n";
+    return 130;
+  }
+  std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row); model: {}; log: {}\n",
+                           result.steps, result.seconds, result.grads, a.output, log_path);
   return 0;
 }
 
@@ -198,6 +299,7 @@ int cmd_sample(const SampleArgs& a) {
 struct ReferenceArgs {
   std::string dataset, output;
   int64_t chains = 64, warmup = 2000, draws = 10000, leapfrog = 16;
+  double jitter = 0.5;
   uint64_t seed = 20261122;
   int threads = 0;
 };
@@ -206,7 +308,8 @@ int cmd_reference(const ReferenceArgs& a) {
   if (a.threads > 0) torch::set_num_threads(a.threads);
   auto options = torch::TensorOptions().dtype(torch::kFloat64);
   auto target = nmcmc::make_target({{"name", "logistic"}, {"dataset", a.dataset}}, options);
-  auto proposal = nmcmc::make_baseline_proposal(nmcmc::ProposalOptions().set_sampler("hmc").set_leapfrog(a.leapfrog));
+  auto proposal = nmcmc::make_baseline_proposal(
+      nmcmc::ProposalOptions().set_sampler("hmc").set_leapfrog(a.leapfrog).set_jitter(a.jitter));
   nmcmc::MetropolisHastings kernel(proposal);
   nmcmc::RunOptions run;
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_adapt_mass(true).set_target_accept(0.8);
@@ -234,7 +337,7 @@ int cmd_reference(const ReferenceArgs& a) {
   out["ess_bulk"] = ess;
   out["max_rhat"] = max_rhat;
   out["min_ess_bulk"] = summary["min_ess_bulk"];
-  out["method"] = fmt::format("HMC, {} leapfrog steps, dual-averaged step size (target 0.8), windowed diagonal mass matrix; "
+  out["method"] = fmt::format("HMC, {} leapfrog steps, step-size jitter " + fmt::format("{}", a.jitter) + ", dual-averaged step size (target 0.8), windowed diagonal mass matrix; "
                               "{} chains x {} draws after {} warm-up, float64",
                               a.leapfrog, a.chains, a.draws, a.warmup);
   out["command"] = g_command_line;
@@ -274,7 +377,7 @@ int cmd_demo(const std::string& output, bool quiet) {
   a.seed = 1;
   a.output = output;
   a.quiet = quiet;
-  return cmd_sample(a);
+  return cmd_sample(a, {});
 }
 
 }  // namespace
@@ -291,9 +394,11 @@ int main(int argc, char** argv) {
   auto* sample_cmd = app.add_subcommand("sample", "sample a target with a baseline sampler; write Stan-CSV and a summary");
   sample.target.add(sample_cmd);
   sample.compute.add(sample_cmd);
-  sample_cmd->add_option("--sampler", sample.sampler, "rwm | mala | hmc")->capture_default_str();
+  sample_cmd->add_option("--sampler", sample.sampler, "rwm | mala | hmc | learned")->capture_default_str();
+  sample_cmd->add_option("--model", sample.model, "checkpoint of a trained sampler (with --sampler learned)");
   sample_cmd->add_option("--step-size", sample.step_size, "initial step size (0: found automatically)");
   sample_cmd->add_option("--leapfrog", sample.leapfrog, "HMC leapfrog steps")->capture_default_str();
+  sample_cmd->add_option("--jitter", sample.jitter, "HMC: per-chain step-size jitter j, eps * (1 + j U(-1,1))")->capture_default_str();
   sample_cmd->add_option("--chains", sample.chains, "number of chains")->capture_default_str();
   sample_cmd->add_option("--warmup", sample.warmup, "warm-up (adaptation) steps")->capture_default_str();
   sample_cmd->add_option("--draws", sample.draws, "draws kept per chain")->capture_default_str();
@@ -306,6 +411,23 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--rows", sample.rows, "summary rows to show (first and worst)")->capture_default_str();
   sample_cmd->add_flag("--quiet,-q", sample.quiet, "no progress line");
 
+  TrainArgs train;
+  auto* train_cmd = app.add_subcommand("train", "train the learned sampler (resumable; checkpoints written atomically)");
+  train_cmd->add_option("--config,-c", train.config, "configuration JSON (see configs/)")->required();
+  train_cmd->add_option("--output,-o", train.output, "checkpoint file to write")->required();
+  train_cmd->add_option("--log", train.log, "training log CSV (default: OUTPUT without extension + .log.csv)");
+  train_cmd->add_option("--steps", train.steps, "override train.steps");
+  train_cmd->add_option("--batch", train.batch, "override train.batch");
+  train_cmd->add_option("--lr", train.lr, "override train.lr");
+  train_cmd->add_option("--min-lr", train.min_lr, "override train.min_lr");
+  train_cmd->add_option("--seed", train.seed, "override train.seed");
+  train_cmd->add_option("--set", train.sets, "override any value: section.key=value (e.g. model.hidden=64)");
+  train_cmd->add_flag("--resume", train.resume, "continue from OUTPUT if it exists");
+  train_cmd->add_option("--device", train.device, "cpu | cuda | cuda:N")->capture_default_str();
+  train_cmd->add_option("--dtype", train.dtype, "float32 | float64 (default: the config's)");
+  train_cmd->add_option("--threads", train.threads, "intra-op threads (0: LibTorch's default)");
+  train_cmd->add_flag("--quiet,-q", train.quiet, "no progress line");
+
   ReferenceArgs ref;
   auto* ref_cmd = app.add_subcommand("reference", "compute reference posterior moments of a logistic-regression data set");
   ref_cmd->add_option("--dataset", ref.dataset, "german | australian | heart")->required();
@@ -315,6 +437,7 @@ int main(int argc, char** argv) {
   ref_cmd->add_option("--draws", ref.draws)->capture_default_str();
   ref_cmd->add_option("--leapfrog", ref.leapfrog)->capture_default_str();
   ref_cmd->add_option("--seed", ref.seed)->capture_default_str();
+  ref_cmd->add_option("--jitter", ref.jitter, "HMC step-size jitter")->capture_default_str();
   ref_cmd->add_option("--threads", ref.threads)->capture_default_str();
 
   auto* info_cmd = app.add_subcommand("info", "versions, BLAS check, devices");
@@ -346,7 +469,15 @@ int main(int argc, char** argv) {
 
   try {
     if (*targets) return cmd_targets();
-    if (*sample_cmd) return cmd_sample(sample);
+    if (*sample_cmd) {
+      std::vector<std::string> given;
+      for (auto* opt : sample_cmd->get_options()) {
+        if (opt->count() > 0) given.push_back(opt->get_name(false, true));
+      }
+      for (auto& g : given) g.erase(0, g.find_first_not_of('-'));
+      return cmd_sample(sample, given);
+    }
+    if (*train_cmd) return cmd_train(train);
     if (*ref_cmd) return cmd_reference(ref);
     if (*info_cmd) return cmd_info();
     if (*demo_cmd) return cmd_demo(demo_output, demo_quiet);

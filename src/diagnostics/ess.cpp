@@ -35,12 +35,13 @@ torch::Tensor paper_ess_ratio(const torch::Tensor& draws, const torch::Tensor& m
                         .permute({1, 2, 0})
                         .contiguous();  // [C, D, S]
   torch::Tensor pairs = torch::arange(s, 0, -1, torch::kFloat64);        // S - lag
-  torch::Tensor rho = lagged_products(y) / pairs;                          // [C, D, S]
+  // Autocorrelation with the known moments, averaged over the S - s pairs and over chains.
+  torch::Tensor rho = (lagged_products(y) / pairs).mean(0);               // [D, S]
   torch::Tensor lagged = rho.narrow(-1, 1, s - 1);                         // lags 1..S-1
   // Keep lags before the first one below the cutoff.
   torch::Tensor keep = (lagged >= cutoff).to(torch::kFloat64).cumprod(-1);
-  torch::Tensor tau = 1.0 + 2.0 * (lagged * keep).sum(-1);                 // [C, D]
-  return (1.0 / tau).mean(0);                                              // [D]
+  torch::Tensor tau = 1.0 + 2.0 * (lagged * keep).sum(-1);                 // [D]
+  return 1.0 / tau;
 }
 
 torch::Tensor split_chains(const torch::Tensor& values) {

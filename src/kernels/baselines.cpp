@@ -55,16 +55,17 @@ torch::Tensor Hmc::kinetic(const torch::Tensor& p) const {
 }
 
 std::pair<ChainState, torch::Tensor> Hmc::leapfrog(Target& target, const ChainState& start,
-                                                   const torch::Tensor& p0) const {
+                                                   const torch::Tensor& p0, torch::Tensor eps) const {
+  if (!eps.defined()) eps = torch::full({1, 1}, eps_, p0.options());
+  const torch::Tensor half_eps = 0.5 * eps;
   torch::Tensor x = start.x;
-  torch::Tensor p = p0 - 0.5 * eps_ * start.grad;
+  torch::Tensor p = p0 - half_eps * start.grad;
   EnergyGrad eg;
   for (int64_t l = 0; l < leapfrog_; ++l) {
-    x = inv_mass_.defined() ? x + eps_ * inv_mass_ * p : x + eps_ * p;
+    x = inv_mass_.defined() ? x + eps * inv_mass_ * p : x + eps * p;
     eg = target.energy_and_grad(x);
     const bool last = l + 1 == leapfrog_;
-    const double kick = (last && defect_ != HmcDefect::kNoFinalHalfStep) ? 0.5 * eps_ : eps_;
-    p = p - kick * eg.grad;
+    p = p - ((last && defect_ != HmcDefect::kNoFinalHalfStep) ? half_eps : eps) * eg.grad;
   }
   ChainState end{x, as64(eg.energy), eg.grad};
   return {end, p};
@@ -74,7 +75,12 @@ ProposalResult Hmc::propose(Target& target, const ChainState& state, at::Generat
   torch::NoGradGuard no_grad;
   torch::Tensor p0 = randn(state.x.sizes(), gen, state.x.options());  // [C, D], p ~ N(0, M)
   if (inv_mass_.defined()) p0 = p0 / inv_mass_.sqrt();
-  auto [end, pL] = leapfrog(target, state, p0);
+  torch::Tensor eps;
+  if (jitter_ > 0) {
+    torch::Tensor u = rand({p0.size(0), 1}, gen, p0.options());
+    eps = eps_ * (1.0 + jitter_ * (2.0 * u - 1.0));  // [C, 1]
+  }
+  auto [end, pL] = leapfrog(target, state, p0, eps);
   ProposalResult r;
   r.proposed = end;
   r.log_q_ratio = kinetic(p0) - kinetic(pL);

@@ -25,7 +25,10 @@ std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& o) {
   if (o.sampler == "mala") return std::make_shared<Mala>(o.step_size);
   if (o.sampler == "hmc") {
     if (o.leapfrog < 1) throw UsageError("--leapfrog must be at least 1");
-    return std::make_shared<Hmc>(o.step_size, o.leapfrog);
+    auto hmc = std::make_shared<Hmc>(o.step_size, o.leapfrog);
+    if (!(o.jitter >= 0 && o.jitter < 1)) throw UsageError("--jitter must be in [0, 1)");
+    hmc->set_jitter(o.jitter);
+    return hmc;
   }
   throw UsageError("unknown sampler '" + o.sampler + "' (rwm, mala, hmc, learned)");
 }

@@ -2,11 +2,13 @@
 /// Effective sample size, R-hat and Monte Carlo standard error.
 //
 // Two conventions, both over draws shaped [S, C, D] (draws, chains, dimensions), float64:
-// - paper_ess_ratio: the L2HMC / A-NICE-MC convention that the paper's table uses. Per chain
-//   and dimension, autocorrelations are computed with the KNOWN mean and sd,
-//   rho_s = mean_t((x_t - mu)(x_{t+s} - mu)) / sd^2 over the S - s overlapping pairs, summed over
-//   lags s = 1, 2, ... up to (not including) the first lag where rho_s < cutoff (0.05);
-//   ESS/S = 1 / (1 + 2 sum rho), then averaged over chains.
+// - paper_ess_ratio: the L2HMC / A-NICE-MC convention that the paper's table uses. Per
+//   dimension, autocorrelations are computed with the KNOWN mean and sd,
+//   rho_s = mean over chains and over the S - s overlapping pairs of (x_t - mu)(x_{t+s} - mu) / sd^2,
+//   summed over lags s = 1, 2, ... up to (not including) the first lag where rho_s < cutoff (0.05);
+//   ESS/S = 1 / (1 + 2 sum rho). The autocorrelation is averaged over chains BEFORE the sum
+//   (as A-NICE-MC's code does): a per-chain estimate is badly biased for chains that barely move
+//   (a chain stuck near the mean shows no correlation at all).
 // - Stan / ArviZ (Vehtari, Gelman, Simpson, Carpenter, Buerkner 2021): rank-normalised split
 //   bulk-ESS, tail-ESS (min over the 5% and 95% quantile indicators), rank-normalised split
 //   R-hat (max of bulk and folded), and the MCSE of the mean from the plain split ESS.

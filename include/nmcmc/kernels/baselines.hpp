@@ -63,6 +63,12 @@ class Hmc : public Proposal {
   double step_size() const override { return eps_; }
   void set_step_size(double eps) override { eps_ = eps; }
   int64_t leapfrog_steps() const { return leapfrog_; }
+  /// Per-chain step-size jitter: each MH step uses eps * (1 + j * U(-1, 1)) (0 <= j < 1).
+  /// Breaks the resonances of a fixed trajectory length (slow mixing on near-Gaussian targets).
+  void set_jitter(double jitter) {
+    TORCH_CHECK(jitter >= 0 && jitter < 1, "HMC jitter must be in [0, 1), got ", jitter);
+    jitter_ = jitter;
+  }
   /// Inverse mass diagonal [D] (a variance estimate); undefined means identity.
   bool set_inv_mass(torch::Tensor inv_mass) override {
     inv_mass_ = std::move(inv_mass);
@@ -72,8 +78,9 @@ class Hmc : public Proposal {
 
   /// Runs the leapfrog integrator from (x, p) with the state's gradient; returns (x, p, end state).
   /// Exposed for the integrator tests (energy error, reversibility, volume).
+  /// `eps` overrides the step size (a scalar or a per-chain [C, 1] tensor).
   std::pair<ChainState, torch::Tensor> leapfrog(Target& target, const ChainState& start,
-                                                const torch::Tensor& p0) const;
+                                                const torch::Tensor& p0, torch::Tensor eps = {}) const;
   /// K(p) [C] float64.
   torch::Tensor kinetic(const torch::Tensor& p) const;
 
@@ -81,6 +88,7 @@ class Hmc : public Proposal {
   double eps_;
   int64_t leapfrog_;
   HmcDefect defect_;
+  double jitter_ = 0.0;
   torch::Tensor inv_mass_;
 };
 

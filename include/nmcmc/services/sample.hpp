@@ -17,6 +17,8 @@ struct ProposalOptions {
   std::string sampler = "hmc";  // rwm | mala | hmc
   double step_size = 0.0;       // 0: find a reasonable one (Stan's heuristic)
   int64_t leapfrog = 10;
+  double jitter = 0.0;  // HMC per-chain step-size jitter
+  ProposalOptions& set_jitter(double j) { jitter = j; return *this; }
   ProposalOptions& set_sampler(std::string s) { sampler = std::move(s); return *this; }
   ProposalOptions& set_step_size(double e) { step_size = e; return *this; }
   ProposalOptions& set_leapfrog(int64_t l) { leapfrog = l; return *this; }

@@ -1,0 +1,46 @@
+# nmcmc: the README's commands. `make demo` and `make test` install what is missing first.
+BUILD ?= build
+JOBS ?= 2
+export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
+export CCACHE_MAXSIZE := 5G
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+
+.PHONY: all deps configure build test demo bench example reference clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The whole suite: unit, statistical and CLI tests, then the installed-package example.
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	$(MAKE) --no-print-directory example
+
+# Installs the library into $(BUILD)/install, builds examples/custom_target against it, runs it.
+example: build
+	cmake --install $(BUILD) --prefix $(abspath $(BUILD))/install > /dev/null
+	cmake -S examples/custom_target -B $(BUILD)/example -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/install -DCMAKE_BUILD_TYPE=Release > /dev/null
+	cmake --build $(BUILD)/example -j$(JOBS)
+	$(BUILD)/example/custom_target
+
+demo: build
+	$(BUILD)/nmcmc demo --output demo_out
+
+bench: build
+	bash bench/run_baselines.sh
+
+# Regenerates data/reference/*.json (long HMC runs; about 10 minutes in all).
+reference: build
+	for d in german australian heart; do $(BUILD)/nmcmc reference --dataset $$d; done
+
+clean:
+	rm -rf $(BUILD)

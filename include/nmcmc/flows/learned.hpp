@@ -1,0 +1,163 @@
+#pragma once
+/// The learned proposal of Li, Chen & Sommer (2021), section 3 and appendix.
+//
+// Note [Learned proposal]
+// x' = x + eps * z with z = f(z0; x, U), z0 ~ N(0, I) (paper eq. 1). f has N update steps;
+// step n owns a random half-half mask m_n (images: a checkerboard) and applies two coupling
+// sub-steps, first to the coordinates outside m_n (conditioned on m_n * z), then to those
+// in m_n. On the updated half u, given the conditioning half c (paper eq. 2):
+//   R        = NN_R(x, z_c)                           (where to take the gradient)
+//   g        = dU(x + R)                              (one target gradient per sub-step)
+//   S, Q, T  = NN_SQT(x, z_c, g)                      (restricted to u)
+//   z_u     <- z_u * exp(S) - eps' * (g_u * exp(Q) + T),     eps' = eps / (2N).
+// log|dz/dz0| is the sum of S over all sub-steps. The inverse runs the sub-steps backwards:
+// z_u = (z_u' + eps' (g_u exp(Q) + T)) * exp(-S), with the same S, Q, T, R (they depend only
+// on x and z_c, which the sub-step leaves unchanged).
+//   log q(x'|x) = log N(z0) - log|dz/dz0| - D log eps,
+//   log q(x|x') = log N(z0') - log|dz/dz0|(z0'; x') - D log eps,  z0' = f^{-1}(-z; x').
+// All output layers start at zero: then S = Q = T = R = 0 and x' = x + eps z0 - eps^2/2 dU(x),
+// which is MALA with step eps, exactly.
+//
+// Variants (appendix): kNoGrad drops the gradient term and R (a conditional RealNVP,
+// z_u <- z_u exp(S) - eps' T); kLangevin uses x' = x + eps z - (eps^2/2) dU(x) exp(S_d(x)) + T_d(x)
+// with z = f(z0; x) a gradient-free conditional RealNVP, so each MH step needs dU(x) (carried
+// in the chain state) and dU(x') (for the reverse density).
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "nmcmc/kernels/proposal.hpp"
+
+namespace nmcmc {
+
+enum class Variant { kFull, kNoGrad, kLangevin };
+Variant parse_variant(const std::string& name);
+std::string variant_name(Variant v);
+
+/// Model hyper-parameters (the paper's "hidden width / steps N", plus the rest).
+struct LearnedOptions {
+  int64_t dim = 2;
+  Variant variant = Variant::kFull;
+  int64_t hidden = 256;        // MLP width
+  int64_t steps = 1;           // N update steps (2N coupling sub-steps)
+  int64_t shared_layers = 2;   // hidden-to-hidden layers shared across sub-steps
+  std::string activation = "elu";  // elu | relu | tanh | softplus | silu
+  double eps = 0.1;            // initial step size (learned, stored as log eps)
+  uint64_t mask_seed = 0;      // seed of the random half-half masks
+  LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
+  LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
+  LearnedOptions& set_hidden(int64_t h) { hidden = h; return *this; }
+  LearnedOptions& set_steps(int64_t n) { steps = n; return *this; }
+  LearnedOptions& set_shared_layers(int64_t n) { shared_layers = n; return *this; }
+  LearnedOptions& set_activation(std::string a) { activation = std::move(a); return *this; }
+  LearnedOptions& set_eps(double e) { eps = e; return *this; }
+  LearnedOptions& set_mask_seed(uint64_t s) { mask_seed = s; return *this; }
+  nlohmann::json to_json() const;
+  static LearnedOptions from_json(const nlohmann::json& j);  // throws UsageError
+};
+
+/// An MLP whose first and last layers have separate weights per sub-step k and whose middle
+/// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden
+/// activation is tanh (the S/Q/T network).
+class StepMLPImpl : public torch::nn::Module {
+ public:
+  StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
+              std::string activation, bool tanh_last);
+  /// input [C, in] -> [C, out] for sub-step k.
+  torch::Tensor forward(int64_t k, const torch::Tensor& input);
+  /// Flops (multiply-adds x 2) per row of one forward call.
+  int64_t flops_per_row() const;
+
+ private:
+  torch::Tensor activate(const torch::Tensor& h, bool last) const;
+  torch::Tensor w_in_, b_in_, w_out_, b_out_;  // [K, in, H], [K, H], [K, H, out], [K, out]
+  std::vector<torch::nn::Linear> shared_;
+  std::string activation_;
+  bool tanh_last_;
+  int64_t in_, hidden_, out_;
+};
+TORCH_MODULE(StepMLP);
+
+/// Result of a pass through the flow. z [C, D]; log_det [C] (sum of S terms).
+struct FlowPass {
+  torch::Tensor z;
+  torch::Tensor log_det;
+};
+
+/// The learned sampler's networks and masks. Call forward/inverse for the flow, or wrap it in
+/// LearnedProposal for MH sampling.
+class LearnedSamplerImpl : public torch::nn::Module {
+ public:
+  explicit LearnedSamplerImpl(const LearnedOptions& options);
+
+  const LearnedOptions& options() const { return options_; }
+  /// Learned step size eps = exp(log_eps).
+  torch::Tensor eps() const { return log_eps_.exp(); }
+  torch::Tensor log_eps() const { return log_eps_; }
+  /// Number of coupling sub-steps 2N.
+  int64_t substeps() const { return 2 * options_.steps; }
+
+  /// z = f(z0; x). With create_graph, target gradients stay differentiable (training).
+  FlowPass forward_flow(Target& target, const torch::Tensor& x, const torch::Tensor& z0, bool create_graph);
+  /// z0 = f^{-1}(z; x); log_det is log|dz/dz0| at that z0.
+  FlowPass inverse_flow(Target& target, const torch::Tensor& x, const torch::Tensor& z, bool create_graph);
+
+  /// Langevin variant: the drift mu(x) = -(eps^2/2) dU(x) exp(S_d(x)) + T_d(x), given dU(x).
+  torch::Tensor langevin_drift(const torch::Tensor& x, const torch::Tensor& grad);
+
+  /// Everything one proposal produces, for sampling and training alike.
+  struct Proposed {
+    torch::Tensor x_new;        // [C, D]
+    torch::Tensor energy_new;   // [C] (target dtype; differentiable when training)
+    torch::Tensor grad_new;     // [C, D] for the Langevin variant, else undefined
+    torch::Tensor log_q_fwd;    // [C] log q(x'|x), without the common -D/2 log(2 pi)
+    torch::Tensor log_q_rev;    // [C] log q(x|x')
+    torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass
+  };
+  /// Draws z0 from gen and builds x' with both densities. `grad` is dU(x) (Langevin only).
+  Proposed propose(Target& target, const torch::Tensor& x, const torch::Tensor& grad, at::Generator& gen,
+                   bool create_graph);
+
+  /// Target gradient evaluations per MH step (per chain): 4N (full), 0 (no-grad), 1 (langevin,
+  /// with dU(x) carried in the chain state).
+  int64_t grads_per_step() const;
+  /// Approximate network flops per chain for one MH step (forward and reverse pass).
+  int64_t flops_per_step() const;
+  /// The masks as a [N, D] 0/1 tensor (1 = in m_n).
+  torch::Tensor masks() const { return masks_; }
+
+ private:
+  torch::Tensor substep_input(const torch::Tensor& x, const torch::Tensor& zc, const torch::Tensor& g) const;
+  /// Coupling parameters of sub-step k at (x, z): returns (S, Q, T, g_u) restricted to the
+  /// updated half; Q and g_u undefined for gradient-free variants.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> coupling(Target& target, int64_t k,
+                                                                                  const torch::Tensor& x,
+                                                                                  const torch::Tensor& z,
+                                                                                  bool create_graph);
+
+  LearnedOptions options_;
+  torch::Tensor log_eps_;                   // scalar parameter
+  torch::Tensor masks_;                     // [N, D] buffer
+  std::vector<torch::Tensor> upd_idx_, cond_idx_;  // per sub-step index sets (int64)
+  StepMLP net_sqt_{nullptr}, net_r_{nullptr}, net_drift_{nullptr};
+};
+TORCH_MODULE(LearnedSampler);
+
+/// The learned sampler as an uncalibrated proposal for MetropolisHastings (sampling only:
+/// runs without autograd graphs beyond the target gradients it needs).
+class LearnedProposal : public Proposal {
+ public:
+  explicit LearnedProposal(LearnedSampler sampler) : sampler_(std::move(sampler)) {}
+  std::string name() const override { return "learned"; }
+  bool uses_grad() const override;
+  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
+  double step_size() const override;
+  LearnedSampler& sampler() { return sampler_; }
+
+ private:
+  LearnedSampler sampler_;
+};
+
+}  // namespace nmcmc

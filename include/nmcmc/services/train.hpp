@@ -1,0 +1,50 @@
+#pragma once
+/// The training service: what `nmcmc train` and `nmcmc reproduce` call.
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+
+#include "nmcmc/training/trainer.hpp"
+
+namespace nmcmc {
+
+/// A training configuration: configs/*.json hold {"name", "target", "model", "train", "dtype"}.
+struct TrainConfig {
+  std::string name;
+  nlohmann::json target;
+  LearnedOptions model;
+  TrainOptions train;
+  std::string dtype = "float32";
+  nlohmann::json to_json() const;
+};
+/// Parses and validates a configuration (UsageError on bad values).
+TrainConfig parse_train_config(const nlohmann::json& j);
+/// Reads a configuration file (DataError if it is not valid JSON).
+nlohmann::json read_config_file(const std::string& path);
+/// Applies an override "section.key=value" (value parsed as JSON, else taken as a string).
+void apply_override(nlohmann::json& config, const std::string& assignment);
+
+struct TrainProgress {
+  TrainStats stats;
+  int64_t total = 0;
+  double elapsed = 0;
+};
+using TrainProgressFn = std::function<void(const TrainProgress&)>;
+
+struct TrainResult {
+  int64_t steps = 0;
+  double seconds = 0;        // wall time of this invocation
+  int64_t grads = 0;         // target gradient evaluations per batch row, whole run
+  bool interrupted = false;
+  std::vector<TrainStats> log;
+};
+
+/// Trains (or, with resume and an existing checkpoint, continues) and writes the checkpoint
+/// at `output` every checkpoint_every steps and at the end, with the log CSV at `log_path`.
+/// `should_stop` is polled between steps: a stop saves a checkpoint first.
+TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
+                  const std::string& log_path, bool resume, const TrainProgressFn& progress = nullptr,
+                  const std::function<bool()>& should_stop = nullptr);
+
+}  // namespace nmcmc

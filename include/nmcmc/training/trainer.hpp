@@ -1,0 +1,104 @@
+#pragma once
+/// Training the learned sampler by maximising E[min(0, log a)] + beta * proposal entropy
+/// (paper section 3.3 and appendix), with beta adapted to hold a target accept rate.
+//
+// Note [Entropy objective]
+// Per x: L(x) = min(0, log a(x, x')) + beta * (log|dz/dz0| + D log eps), one z0 per x,
+// averaged over the batch; we minimise -L. log|dz/dz0| + D log eps is the proposal entropy up to
+// a constant (H[q(.|x)] = E[-log N(z0)] + E log|dz/dz0| + D log eps). Gradients flow through
+// dU(x + R) (double backward, create_graph) unless stop_grad is set. After each step
+//   beta <- clip(beta * (1 + rho * (mean accept - target)), beta_min, beta_max).
+// Adam (0.9, 0.999), cosine annealing from lr to min_lr after a linear warm-up, gradient
+// clipping at L2 norm `clip`. Data: exact samples when the target has a sampler, else a
+// buffer of persistent chains advanced with MH by the current sampler (the training step's own
+// proposals, accepted or rejected with their detached log a).
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "nmcmc/flows/learned.hpp"
+
+namespace nmcmc {
+
+struct TrainOptions {
+  double accept_target = 0.7;
+  double lr = 1e-3, min_lr = 1e-5;
+  int64_t batch = 8192, steps = 5000, warmup_steps = -1;  // -1: 2 % of steps (at most 200)
+  double beta = 1e-3, beta_min = 1e-3, beta_max = 1e3, rho = 0.03;
+  double clip = 10.0;
+  bool amsgrad = false;
+  std::string data = "auto";  // auto | exact | buffer
+  int64_t buffer_size = 0;    // 0: equal to the batch
+  double buffer_init_scale = 1.0;  // buffer chains start at N(0, scale^2 I)
+  bool stop_grad = false;     // stop the gradient at dU (for comparison)
+  uint64_t seed = 1;
+  int64_t checkpoint_every = 500;
+  int64_t log_every = 10;
+  nlohmann::json to_json() const;
+  static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
+};
+
+/// One logged training step.
+struct TrainStats {
+  int64_t step = 0;
+  double loss = 0, accept = 0, beta = 0, entropy = 0, eps = 0, lr = 0;
+  double seconds = 0;       // wall time of this step
+  int64_t grads = 0;        // target gradient evaluations (per batch row) spent so far
+};
+
+/// Owns the optimiser, the beta controller, the learning-rate schedule and the data source.
+class Trainer {
+ public:
+  /// A fresh run.
+  Trainer(Target& target, LearnedSampler sampler, TrainOptions options);
+
+  /// One optimisation step on one batch.
+  TrainStats step();
+  int64_t current_step() const { return step_; }
+  double beta() const { return beta_; }
+  const TrainOptions& options() const { return options_; }
+  LearnedSampler& sampler() { return sampler_; }
+  /// Learning rate at step t (warm-up, then cosine).
+  double learning_rate(int64_t t) const;
+  /// All logged rows so far.
+  const std::vector<TrainStats>& log() const { return log_; }
+  bool uses_buffer() const { return use_buffer_; }
+
+  /// Writes everything needed to resume bit for bit (atomically). `extra` is stored as-is.
+  void save(const std::string& path, const nlohmann::json& extra) const;
+  /// Restores a state written by save() into this trainer (same model shape and target).
+  /// Throws DataError for a truncated, corrupt or mismatched file.
+  nlohmann::json load(const std::string& path);
+
+ private:
+  torch::Tensor next_batch();
+  Target& target_;
+  LearnedSampler sampler_;
+  TrainOptions options_;
+  std::unique_ptr<torch::optim::Adam> optimizer_;
+  at::Generator gen_;
+  bool use_buffer_ = false;
+  torch::Tensor buffer_;       // [B, D]
+  torch::Tensor batch_index_;  // rows of the buffer in the current batch
+  double beta_;
+  int64_t step_ = 0;
+  int64_t grads_ = 0;
+  std::vector<TrainStats> log_;
+};
+
+/// What a checkpoint holds besides the trainer state.
+struct CheckpointInfo {
+  nlohmann::json meta;  // format, target spec, model and train options, step, log
+};
+
+/// Loads only the model of a checkpoint (for sampling): returns the sampler and the metadata.
+/// Throws DataError for a truncated or corrupt file.
+std::pair<LearnedSampler, nlohmann::json> load_model(const std::string& path);
+
+/// Writes the training log (CSV) atomically.
+void write_training_log(const std::string& path, const std::vector<TrainStats>& rows);
+
+}  // namespace nmcmc

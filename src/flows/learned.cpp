@@ -1,0 +1,268 @@
+#include "nmcmc/flows/learned.hpp"
+
+#include <cmath>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+
+namespace nmcmc {
+
+Variant parse_variant(const std::string& name) {
+  if (name == "full") return Variant::kFull;
+  if (name == "no-grad") return Variant::kNoGrad;
+  if (name == "langevin") return Variant::kLangevin;
+  throw UsageError("unknown variant '" + name + "' (full, no-grad, langevin)");
+}
+
+std::string variant_name(Variant v) {
+  switch (v) {
+    case Variant::kFull: return "full";
+    case Variant::kNoGrad: return "no-grad";
+    case Variant::kLangevin: return "langevin";
+  }
+  return "full";
+}
+
+nlohmann::json LearnedOptions::to_json() const {
+  return {{"dim", dim},          {"variant", variant_name(variant)}, {"hidden", hidden},
+          {"steps", steps},      {"shared_layers", shared_layers},   {"activation", activation},
+          {"eps", eps},          {"mask_seed", mask_seed}};
+}
+
+LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
+  LearnedOptions o;
+  static const std::vector<std::string> known = {"dim", "variant", "hidden", "steps", "shared_layers", "activation", "eps", "mask_seed"};
+  for (auto& [key, value] : j.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) throw UsageError("model option '" + key + "' is unknown");
+  }
+  try {
+    o.dim = j.value("dim", o.dim);
+    o.variant = parse_variant(j.value("variant", std::string("full")));
+    o.hidden = j.value("hidden", o.hidden);
+    o.steps = j.value("steps", o.steps);
+    o.shared_layers = j.value("shared_layers", o.shared_layers);
+    o.activation = j.value("activation", o.activation);
+    o.eps = j.value("eps", o.eps);
+    o.mask_seed = j.value("mask_seed", o.mask_seed);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(std::string("model options: ") + e.what());
+  }
+  if (o.dim < 2) throw UsageError("model: dim must be at least 2");
+  if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
+  if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");
+  static const std::vector<std::string> acts = {"elu", "relu", "tanh", "softplus", "silu"};
+  if (std::find(acts.begin(), acts.end(), o.activation) == acts.end()) {
+    throw UsageError("model: activation must be elu, relu, tanh, softplus or silu");
+  }
+  return o;
+}
+
+// ------------------------------------------------------------------ StepMLP
+
+StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
+                         std::string activation, bool tanh_last)
+    : activation_(std::move(activation)), tanh_last_(tanh_last), in_(in), hidden_(hidden), out_(out) {
+  // Initialised like torch.nn.Linear (uniform +-1/sqrt(fan_in)) from a fixed generator, so that a
+  // model is a deterministic function of its options; output layers start at zero.
+  at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
+  const double b_in = 1.0 / std::sqrt(static_cast<double>(in));
+  w_in_ = register_parameter("w_in", torch::empty({substeps, in, hidden}).uniform_(-b_in, b_in, gen));
+  b_in_ = register_parameter("b_in", torch::empty({substeps, hidden}).uniform_(-b_in, b_in, gen));
+  const double b_h = 1.0 / std::sqrt(static_cast<double>(hidden));
+  for (int64_t i = 0; i < shared_layers; ++i) {
+    auto layer = register_module("shared" + std::to_string(i), torch::nn::Linear(hidden, hidden));
+    {
+      torch::NoGradGuard no_grad;
+      layer->weight.uniform_(-b_h, b_h, gen);
+      layer->bias.uniform_(-b_h, b_h, gen);
+    }
+    shared_.push_back(layer);
+  }
+  w_out_ = register_parameter("w_out", torch::zeros({substeps, hidden, out}));
+  b_out_ = register_parameter("b_out", torch::zeros({substeps, out}));
+}
+
+torch::Tensor StepMLPImpl::activate(const torch::Tensor& h, bool last) const {
+  if (last && tanh_last_) return torch::tanh(h);
+  if (activation_ == "elu") return torch::elu(h);
+  if (activation_ == "relu") return torch::relu(h);
+  if (activation_ == "tanh") return torch::tanh(h);
+  if (activation_ == "softplus") return torch::softplus(h);
+  return torch::silu(h);
+}
+
+torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
+  torch::Tensor h = activate(torch::addmm(b_in_[k], input, w_in_[k]), shared_.empty());
+  for (size_t i = 0; i < shared_.size(); ++i) h = activate(shared_[i]->forward(h), i + 1 == shared_.size());
+  return torch::addmm(b_out_[k], h, w_out_[k]);
+}
+
+int64_t StepMLPImpl::flops_per_row() const {
+  return 2 * (in_ * hidden_ + static_cast<int64_t>(shared_.size()) * hidden_ * hidden_ + hidden_ * out_);
+}
+
+// ------------------------------------------------------------------ LearnedSampler
+
+LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
+  TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
+  const int64_t d = o.dim, k = 2 * o.steps;
+  const int64_t half_max = (d + 1) / 2;
+  log_eps_ = register_parameter("log_eps", torch::tensor(std::log(o.eps)));
+  // Random half-half masks, one per update step, from mask_seed (saved with the model).
+  at::Generator gen = make_generator(o.mask_seed);
+  torch::Tensor masks = torch::zeros({o.steps, d});
+  for (int64_t n = 0; n < o.steps; ++n) {
+    torch::Tensor perm = torch::randperm(d, gen, torch::kInt64);
+    masks[n].index_fill_(0, perm.narrow(0, 0, d / 2), 1.0);
+  }
+  masks_ = register_buffer("masks", masks);
+  for (int64_t n = 0; n < o.steps; ++n) {
+    torch::Tensor in_m = masks[n].nonzero().squeeze(1), out_m = (masks[n] == 0).nonzero().squeeze(1);
+    upd_idx_.push_back(out_m);  // first sub-step: update the complement of m, conditioned on m
+    cond_idx_.push_back(in_m);
+    upd_idx_.push_back(in_m);  // second sub-step: update m, conditioned on the rest
+    cond_idx_.push_back(out_m);
+  }
+  const bool grad = o.variant == Variant::kFull;
+  const int64_t in = d + half_max + (grad ? d : 0);
+  net_sqt_ = register_module("net_sqt", StepMLP(k, in, o.hidden, (grad ? 3 : 2) * half_max, o.shared_layers,
+                                                 o.activation, /*tanh_last=*/true));
+  if (grad) {
+    net_r_ = register_module("net_r", StepMLP(k, d + half_max, o.hidden, d, o.shared_layers, o.activation, false));
+  }
+  if (o.variant == Variant::kLangevin) {
+    net_drift_ = register_module("net_drift", StepMLP(1, d, o.hidden, 2 * d, o.shared_layers, o.activation, true));
+  }
+}
+
+namespace {
+/// z[:, idx], padded with zero columns to `width`.
+torch::Tensor gather_padded(const torch::Tensor& z, const torch::Tensor& idx, int64_t width) {
+  torch::Tensor g = z.index_select(1, idx);
+  if (g.size(1) < width) g = torch::cat({g, torch::zeros({z.size(0), width - g.size(1)}, z.options())}, 1);
+  return g;
+}
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> LearnedSamplerImpl::coupling(
+    Target& target, int64_t k, const torch::Tensor& x, const torch::Tensor& z, bool create_graph) {
+  const int64_t d = options_.dim, half_max = (d + 1) / 2;
+  const torch::Tensor& upd = upd_idx_[k];
+  const int64_t nu = upd.size(0);
+  if (upd.device() != x.device()) {
+    upd_idx_[k] = upd_idx_[k].to(x.device());
+    cond_idx_[k] = cond_idx_[k].to(x.device());
+  }
+  torch::Tensor zc = gather_padded(z, cond_idx_[k], half_max);  // [C, half_max]
+  if (options_.variant == Variant::kFull) {
+    torch::Tensor r = net_r_->forward(k, torch::cat({x, zc}, 1));  // [C, D]
+    torch::Tensor g = target.energy_and_grad(x + r, create_graph).grad;  // dU(x + R)
+    torch::Tensor out = net_sqt_->forward(k, torch::cat({x, zc, g}, 1));  // [C, 3 half_max]
+    return {out.narrow(1, 0, nu), out.narrow(1, half_max, nu), out.narrow(1, 2 * half_max, nu),
+            g.index_select(1, upd_idx_[k])};
+  }
+  torch::Tensor out = net_sqt_->forward(k, torch::cat({x, zc}, 1));  // [C, 2 half_max]
+  return {out.narrow(1, 0, nu), torch::Tensor(), out.narrow(1, half_max, nu), torch::Tensor()};
+}
+
+FlowPass LearnedSamplerImpl::forward_flow(Target& target, const torch::Tensor& x, const torch::Tensor& z0,
+                                          bool create_graph) {
+  const torch::Tensor eps_sub = log_eps_.exp() / static_cast<double>(substeps());  // eps' = eps / (2N)
+  torch::Tensor z = z0;
+  torch::Tensor log_det = torch::zeros({x.size(0)}, x.options().dtype(torch::kFloat64));
+  for (int64_t k = 0; k < substeps(); ++k) {
+    auto [s, q, t, gu] = coupling(target, k, x, z, create_graph);
+    torch::Tensor zu = z.index_select(1, upd_idx_[k]);
+    torch::Tensor shift = gu.defined() ? gu * torch::exp(q) + t : t;
+    z = z.index_copy(1, upd_idx_[k], zu * torch::exp(s) - eps_sub * shift);
+    log_det = log_det + s.sum(1).to(torch::kFloat64);
+  }
+  return {z, log_det};
+}
+
+FlowPass LearnedSamplerImpl::inverse_flow(Target& target, const torch::Tensor& x, const torch::Tensor& z_in,
+                                          bool create_graph) {
+  const torch::Tensor eps_sub = log_eps_.exp() / static_cast<double>(substeps());
+  torch::Tensor z = z_in;
+  torch::Tensor log_det = torch::zeros({x.size(0)}, x.options().dtype(torch::kFloat64));
+  for (int64_t k = substeps() - 1; k >= 0; --k) {
+    auto [s, q, t, gu] = coupling(target, k, x, z, create_graph);
+    torch::Tensor zu = z.index_select(1, upd_idx_[k]);
+    torch::Tensor shift = gu.defined() ? gu * torch::exp(q) + t : t;
+    z = z.index_copy(1, upd_idx_[k], (zu + eps_sub * shift) * torch::exp(-s));
+    log_det = log_det + s.sum(1).to(torch::kFloat64);
+  }
+  return {z, log_det};
+}
+
+torch::Tensor LearnedSamplerImpl::langevin_drift(const torch::Tensor& x, const torch::Tensor& grad) {
+  const int64_t d = options_.dim;
+  torch::Tensor out = net_drift_->forward(0, x);  // [C, 2D]
+  torch::Tensor eps = log_eps_.exp();
+  return -0.5 * eps * eps * grad * torch::exp(out.narrow(1, 0, d)) + out.narrow(1, d, d);
+}
+
+LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const torch::Tensor& x,
+                                                         const torch::Tensor& grad, at::Generator& gen,
+                                                         bool create_graph) {
+  const int64_t d = options_.dim;
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == d, "learned sampler: expected x [C, ", d, "], got ", x.sizes());
+  torch::Tensor z0 = randn(x.sizes(), gen, x.options());
+  torch::Tensor eps = log_eps_.exp();
+  const torch::Tensor d_log_eps = static_cast<double>(d) * log_eps_.to(torch::kFloat64);
+  Proposed p;
+  FlowPass fwd = forward_flow(target, x, z0, create_graph);
+  torch::Tensor z_rev_target;
+  if (options_.variant == Variant::kLangevin) {
+    TORCH_CHECK(grad.defined(), "the langevin variant needs dU(x)");
+    p.x_new = x + eps * fwd.z + langevin_drift(x, grad);
+    auto eg = target.energy_and_grad(p.x_new, create_graph);
+    p.energy_new = eg.energy;
+    p.grad_new = eg.grad;
+    z_rev_target = (x - p.x_new - langevin_drift(p.x_new, eg.grad)) / eps;
+  } else {
+    p.x_new = x + eps * fwd.z;
+    p.energy_new = target.energy(p.x_new);
+    z_rev_target = -fwd.z;
+  }
+  FlowPass rev = inverse_flow(target, p.x_new, z_rev_target, create_graph);
+  p.log_det = fwd.log_det;
+  p.log_q_fwd = -0.5 * z0.to(torch::kFloat64).pow(2).sum(1) - fwd.log_det - d_log_eps;
+  p.log_q_rev = -0.5 * rev.z.to(torch::kFloat64).pow(2).sum(1) - rev.log_det - d_log_eps;
+  return p;
+}
+
+int64_t LearnedSamplerImpl::grads_per_step() const {
+  switch (options_.variant) {
+    case Variant::kFull: return 4 * options_.steps;
+    case Variant::kNoGrad: return 0;
+    case Variant::kLangevin: return 1;
+  }
+  return 0;
+}
+
+int64_t LearnedSamplerImpl::flops_per_step() const {
+  int64_t per_substep = net_sqt_->flops_per_row() + (net_r_ ? net_r_->flops_per_row() : 0);
+  int64_t total = 2 * substeps() * per_substep;
+  if (net_drift_) total += 2 * net_drift_->flops_per_row();
+  return total;
+}
+
+// ------------------------------------------------------------------ LearnedProposal
+
+bool LearnedProposal::uses_grad() const { return sampler_->options().variant == Variant::kLangevin; }
+
+double LearnedProposal::step_size() const { return sampler_->eps().item<double>(); }
+
+ProposalResult LearnedProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  auto p = sampler_->propose(target, state.x, state.grad, gen, /*create_graph=*/false);
+  ProposalResult r;
+  r.proposed.x = p.x_new;
+  r.proposed.energy = p.energy_new.to(torch::kFloat64);
+  r.proposed.grad = p.grad_new;
+  r.log_q_ratio = p.log_q_rev - p.log_q_fwd;
+  return r;
+}
+
+}  // namespace nmcmc

@@ -1,0 +1,318 @@
+#include "nmcmc/training/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/io/atomic_file.hpp"
+
+namespace nmcmc {
+
+using json = nlohmann::json;
+
+json TrainOptions::to_json() const {
+  return {{"accept_target", accept_target}, {"lr", lr}, {"min_lr", min_lr}, {"batch", batch}, {"steps", steps},
+          {"warmup_steps", warmup_steps}, {"beta", beta}, {"beta_min", beta_min}, {"beta_max", beta_max},
+          {"rho", rho}, {"clip", clip}, {"amsgrad", amsgrad}, {"data", data}, {"buffer_size", buffer_size},
+          {"buffer_init_scale", buffer_init_scale}, {"stop_grad", stop_grad}, {"seed", seed},
+          {"checkpoint_every", checkpoint_every}, {"log_every", log_every}};
+}
+
+TrainOptions TrainOptions::from_json(const json& j) {
+  TrainOptions o;
+  const json known = o.to_json();
+  for (auto& [key, value] : j.items()) {
+    if (!known.contains(key)) throw UsageError("train option '" + key + "' is unknown");
+  }
+  try {
+    o.accept_target = j.value("accept_target", o.accept_target);
+    o.lr = j.value("lr", o.lr);
+    o.min_lr = j.value("min_lr", o.min_lr);
+    o.batch = j.value("batch", o.batch);
+    o.steps = j.value("steps", o.steps);
+    o.warmup_steps = j.value("warmup_steps", o.warmup_steps);
+    o.beta = j.value("beta", o.beta);
+    o.beta_min = j.value("beta_min", o.beta_min);
+    o.beta_max = j.value("beta_max", o.beta_max);
+    o.rho = j.value("rho", o.rho);
+    o.clip = j.value("clip", o.clip);
+    o.amsgrad = j.value("amsgrad", o.amsgrad);
+    o.data = j.value("data", o.data);
+    o.buffer_size = j.value("buffer_size", o.buffer_size);
+    o.buffer_init_scale = j.value("buffer_init_scale", o.buffer_init_scale);
+    o.stop_grad = j.value("stop_grad", o.stop_grad);
+    o.seed = j.value("seed", o.seed);
+    o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
+    o.log_every = j.value("log_every", o.log_every);
+  } catch (const json::exception& e) {
+    throw UsageError(std::string("train options: ") + e.what());
+  }
+  if (!(o.accept_target > 0 && o.accept_target < 1)) throw UsageError("train: accept_target must be in (0, 1)");
+  if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr) throw UsageError("train: need lr > 0 and 0 <= min_lr <= lr");
+  if (o.batch < 1 || o.steps < 0) throw UsageError("train: batch must be positive and steps non-negative");
+  if (!(o.beta_min > 0) || o.beta_max < o.beta_min || o.beta < o.beta_min || o.beta > o.beta_max) {
+    throw UsageError("train: need 0 < beta_min <= beta <= beta_max");
+  }
+  if (o.data != "auto" && o.data != "exact" && o.data != "buffer") throw UsageError("train: data must be auto, exact or buffer");
+  if (o.buffer_size != 0 && o.buffer_size < o.batch) throw UsageError("train: buffer_size must be at least the batch");
+  if (o.checkpoint_every < 1 || o.log_every < 1) throw UsageError("train: checkpoint_every and log_every must be positive");
+  return o;
+}
+
+Trainer::Trainer(Target& target, LearnedSampler sampler, TrainOptions options)
+    : target_(target), sampler_(std::move(sampler)), options_(std::move(options)),
+      gen_(make_generator(options_.seed, target.options().device())), beta_(options_.beta) {
+  TORCH_CHECK(sampler_->options().dim == target.dim(), "model dimension ", sampler_->options().dim,
+              " does not match the target's ", target.dim());
+  sampler_->to(target.options().device(), target.options().dtype().toScalarType());
+  if (options_.warmup_steps < 0) options_.warmup_steps = std::min<int64_t>(200, options_.steps / 50);
+  use_buffer_ = options_.data == "buffer" || (options_.data == "auto" && !target.has_sampler());
+  if (options_.data == "exact" && !target.has_sampler()) {
+    throw UsageError("train: target '" + target.name() + "' has no exact sampler; use data = buffer");
+  }
+  if (use_buffer_) {
+    const int64_t size = options_.buffer_size > 0 ? options_.buffer_size : options_.batch;
+    buffer_ = randn({size, target.dim()}, gen_, target.options()) * options_.buffer_init_scale;
+  }
+  optimizer_ = std::make_unique<torch::optim::Adam>(
+      sampler_->parameters(),
+      torch::optim::AdamOptions(options_.lr).betas({0.9, 0.999}).amsgrad(options_.amsgrad));
+}
+
+double Trainer::learning_rate(int64_t t) const {
+  const double pi = std::acos(-1.0);
+  if (t < options_.warmup_steps) return options_.lr * static_cast<double>(t + 1) / static_cast<double>(options_.warmup_steps);
+  const double span = std::max<int64_t>(1, options_.steps - options_.warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(t - options_.warmup_steps) / span);
+  return options_.min_lr + 0.5 * (options_.lr - options_.min_lr) * (1.0 + std::cos(pi * progress));
+}
+
+torch::Tensor Trainer::next_batch() {
+  torch::NoGradGuard no_grad;
+  if (!use_buffer_) return target_.sample(options_.batch, gen_);
+  const int64_t size = buffer_.size(0);
+  if (size == options_.batch) {
+    batch_index_ = torch::Tensor();
+    return buffer_;
+  }
+  batch_index_ = torch::randperm(size, gen_, torch::TensorOptions().dtype(torch::kInt64).device(buffer_.device()))
+                     .narrow(0, 0, options_.batch);
+  return buffer_.index_select(0, batch_index_);
+}
+
+TrainStats Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  const int64_t g0 = target_.grad_evals();
+  const double lr = learning_rate(step_);
+  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
+
+  torch::Tensor x = next_batch();  // [B, D]
+  torch::Tensor u_x, grad_x;
+  {
+    torch::NoGradGuard no_grad;
+    if (sampler_->options().variant == Variant::kLangevin) {
+      auto eg = target_.energy_and_grad(x);
+      u_x = eg.energy;
+      grad_x = eg.grad;
+    } else {
+      u_x = target_.energy(x);
+    }
+  }
+  sampler_->train();
+  optimizer_->zero_grad();
+  auto p = sampler_->propose(target_, x, grad_x, gen_, /*create_graph=*/!options_.stop_grad);
+  torch::Tensor log_a = u_x.to(torch::kFloat64) - p.energy_new.to(torch::kFloat64) + p.log_q_rev - p.log_q_fwd;  // [B]
+  torch::Tensor finite = torch::isfinite(log_a.detach());
+  const double d = static_cast<double>(target_.dim());
+  torch::Tensor entropy = p.log_det + d * sampler_->log_eps().to(torch::kFloat64);  // [B]
+  torch::Tensor per_x = torch::clamp_max(log_a, 0.0) + beta_ * entropy;
+  torch::Tensor n_finite = finite.sum().clamp_min(1).to(torch::kFloat64);
+  torch::Tensor objective = torch::where(finite, per_x, torch::zeros_like(per_x)).sum() / n_finite;
+  torch::Tensor loss = -objective;
+  const double loss_value = loss.item<double>();
+  if (std::isfinite(loss_value)) {
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(sampler_->parameters(), options_.clip);
+    optimizer_->step();
+  }
+  optimizer_->zero_grad();
+
+  torch::NoGradGuard no_grad;
+  torch::Tensor la = torch::where(finite, log_a.detach(), torch::full_like(log_a, -INFINITY));
+  torch::Tensor accept_prob = torch::exp(torch::clamp_max(la, 0.0));
+  const double accept = accept_prob.mean().item<double>();
+  beta_ = std::clamp(beta_ * (1.0 + options_.rho * (accept - options_.accept_target)), options_.beta_min, options_.beta_max);
+  if (use_buffer_) {
+    // The buffer chains take an MH step with this step's proposals.
+    torch::Tensor u = rand({x.size(0)}, gen_, la.options());
+    torch::Tensor acc = (torch::log(u) < la).unsqueeze(1);
+    torch::Tensor moved = torch::where(acc, p.x_new.detach(), x);
+    if (batch_index_.defined()) buffer_.index_copy_(0, batch_index_, moved);
+    else buffer_ = moved;
+  }
+  grads_ += target_.grad_evals() - g0;
+  ++step_;
+  TrainStats s;
+  s.step = step_;
+  s.loss = loss_value;
+  s.accept = accept;
+  s.beta = beta_;
+  s.entropy = entropy.detach().mean().item<double>();
+  s.eps = sampler_->eps().item<double>();
+  s.lr = lr;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.grads = grads_;
+  if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.steps) log_.push_back(s);
+  return s;
+}
+
+namespace {
+json stats_to_json(const TrainStats& s) {
+  return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads};
+}
+TrainStats stats_from_json(const json& j) {
+  TrainStats s;
+  s.step = j.at(0);
+  s.loss = j.at(1).is_number() ? j.at(1).get<double>() : NAN;
+  s.accept = j.at(2);
+  s.beta = j.at(3);
+  s.entropy = j.at(4).is_number() ? j.at(4).get<double>() : NAN;
+  s.eps = j.at(5);
+  s.lr = j.at(6);
+  s.seconds = j.at(7);
+  s.grads = j.at(8);
+  return s;
+}
+
+torch::serialize::InputArchive open_archive(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw DataError("checkpoint '" + path + "' does not exist");
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(path);
+  } catch (const std::exception& e) {
+    throw DataError("checkpoint '" + path + "' is truncated or corrupt (cannot be read as an nmcmc checkpoint)");
+  }
+  return ar;
+}
+
+json read_meta(torch::serialize::InputArchive& ar, const std::string& path) {
+  c10::IValue meta;
+  if (!ar.try_read("meta", meta) || !meta.isString()) throw DataError("'" + path + "' is not an nmcmc checkpoint (no metadata)");
+  json j;
+  try {
+    j = json::parse(meta.toStringRef());
+  } catch (const std::exception&) {
+    throw DataError("checkpoint '" + path + "' has corrupt metadata");
+  }
+  if (j.value("format", "") != "nmcmc-checkpoint") throw DataError("'" + path + "' is not an nmcmc checkpoint");
+  return j;
+}
+}  // namespace
+
+void Trainer::save(const std::string& path, const json& extra) const {
+  torch::serialize::OutputArchive ar, model_ar, optim_ar;
+  sampler_->save(model_ar);
+  optimizer_->save(optim_ar);
+  ar.write("model", model_ar);
+  ar.write("optimizer", optim_ar);
+  ar.write("rng", gen_.get_state());
+  if (use_buffer_) ar.write("buffer", buffer_.to(torch::kCPU));
+  json meta = extra;
+  meta["format"] = "nmcmc-checkpoint";
+  meta["version"] = 1;
+  meta["target"] = target_.spec();
+  meta["model"] = sampler_->options().to_json();
+  meta["train"] = options_.to_json();
+  meta["dtype"] = target_.options().dtype() == caffe2::TypeMeta::Make<double>() ? "float64" : "float32";
+  meta["step"] = step_;
+  meta["beta"] = beta_;
+  meta["grads"] = grads_;
+  json rows = json::array();
+  for (const auto& s : log_) rows.push_back(stats_to_json(s));
+  meta["log"] = rows;
+  ar.write("meta", c10::IValue(meta.dump()));
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    ar.save_to(tmp);
+  } catch (const std::exception& e) {
+    std::remove(tmp.c_str());
+    throw IoError("cannot write checkpoint '" + tmp + "'");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+}
+
+json Trainer::load(const std::string& path) {
+  auto ar = open_archive(path);
+  json meta = read_meta(ar, path);
+  if (meta["target"] != target_.spec()) {
+    throw DataError("checkpoint '" + path + "' was trained on target " + meta["target"].dump() + ", not " +
+                    target_.spec().dump());
+  }
+  if (meta["model"] != sampler_->options().to_json()) {
+    throw DataError("checkpoint '" + path + "' holds a different model: " + meta["model"].dump());
+  }
+  try {
+    torch::serialize::InputArchive model_ar, optim_ar;
+    ar.read("model", model_ar);
+    sampler_->load(model_ar);
+    ar.read("optimizer", optim_ar);
+    optimizer_->load(optim_ar);
+    torch::Tensor state;
+    ar.read("rng", state);
+    gen_.set_state(state);
+    if (use_buffer_) {
+      torch::Tensor b;
+      ar.read("buffer", b);
+      buffer_ = b.to(target_.options());
+    }
+  } catch (const c10::Error& e) {
+    throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
+  }
+  step_ = meta.at("step");
+  beta_ = meta.at("beta");
+  grads_ = meta.at("grads");
+  log_.clear();
+  for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));
+  return meta;
+}
+
+std::pair<LearnedSampler, json> load_model(const std::string& path) {
+  auto ar = open_archive(path);
+  json meta = read_meta(ar, path);
+  LearnedOptions options;
+  try {
+    options = LearnedOptions::from_json(meta.at("model"));
+  } catch (const std::exception& e) {
+    throw DataError("checkpoint '" + path + "' has invalid model options: " + e.what());
+  }
+  LearnedSampler sampler(options);
+  try {
+    torch::serialize::InputArchive model_ar;
+    ar.read("model", model_ar);
+    sampler->load(model_ar);
+  } catch (const c10::Error& e) {
+    throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
+  }
+  if (meta.value("dtype", "float32") == "float64") sampler->to(torch::kFloat64);
+  return {sampler, meta};
+}
+
+void write_training_log(const std::string& path, const std::vector<TrainStats>& rows) {
+  write_atomically(path, [&](std::ostream& os) {
+    os << "step,loss,accept,beta,entropy,eps,lr,seconds,grads\n";
+    for (const auto& s : rows) {
+      os << fmt::format("{},{:.8g},{:.6g},{:.6g},{:.8g},{:.8g},{:.6g},{:.6g},{}\n", s.step, s.loss, s.accept, s.beta,
+                        s.entropy, s.eps, s.lr, s.seconds, s.grads);
+    }
+  });
+}
+
+}  // namespace nmcmc
