@@ -66,11 +66,14 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
   // model is a deterministic function of its options; output layers start at zero.
   at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
   const double b_in = 1.0 / std::sqrt(static_cast<double>(in));
-  w_in_ = register_parameter("w_in", torch::empty({substeps, in, hidden}).uniform_(-b_in, b_in, gen));
-  b_in_ = register_parameter("b_in", torch::empty({substeps, hidden}).uniform_(-b_in, b_in, gen));
+  // Parameters are created in float64 (exact in either precision); owners move them with to().
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  w_in_ = register_parameter("w_in", torch::empty({substeps, in, hidden}, f64).uniform_(-b_in, b_in, gen));
+  b_in_ = register_parameter("b_in", torch::empty({substeps, hidden}, f64).uniform_(-b_in, b_in, gen));
   const double b_h = 1.0 / std::sqrt(static_cast<double>(hidden));
   for (int64_t i = 0; i < shared_layers; ++i) {
     auto layer = register_module("shared" + std::to_string(i), torch::nn::Linear(hidden, hidden));
+    layer->to(torch::kFloat64);
     {
       torch::NoGradGuard no_grad;
       layer->weight.uniform_(-b_h, b_h, gen);
@@ -78,8 +81,8 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
     }
     shared_.push_back(layer);
   }
-  w_out_ = register_parameter("w_out", torch::zeros({substeps, hidden, out}));
-  b_out_ = register_parameter("b_out", torch::zeros({substeps, out}));
+  w_out_ = register_parameter("w_out", torch::zeros({substeps, hidden, out}, f64));
+  b_out_ = register_parameter("b_out", torch::zeros({substeps, out}, f64));
 }
 
 torch::Tensor StepMLPImpl::activate(const torch::Tensor& h, bool last) const {
@@ -107,10 +110,10 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
   const int64_t d = o.dim, k = 2 * o.steps;
   const int64_t half_max = (d + 1) / 2;
-  log_eps_ = register_parameter("log_eps", torch::tensor(std::log(o.eps)));
+  log_eps_ = register_parameter("log_eps", torch::tensor(std::log(o.eps), torch::kFloat64));
   // Random half-half masks, one per update step, from mask_seed (saved with the model).
   at::Generator gen = make_generator(o.mask_seed);
-  torch::Tensor masks = torch::zeros({o.steps, d});
+  torch::Tensor masks = torch::zeros({o.steps, d}, torch::kFloat64);
   for (int64_t n = 0; n < o.steps; ++n) {
     torch::Tensor perm = torch::randperm(d, gen, torch::kInt64);
     masks[n].index_fill_(0, perm.narrow(0, 0, d / 2), 1.0);
@@ -227,9 +230,20 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
   }
   FlowPass rev = inverse_flow(target, p.x_new, z_rev_target, create_graph);
   p.log_det = fwd.log_det;
-  p.log_q_fwd = -0.5 * z0.to(torch::kFloat64).pow(2).sum(1) - fwd.log_det - d_log_eps;
-  p.log_q_rev = -0.5 * rev.z.to(torch::kFloat64).pow(2).sum(1) - rev.log_det - d_log_eps;
+  const bool keep_det = defect_ != LearnedDefect::kDropLogDet;
+  p.log_q_fwd = -0.5 * z0.to(torch::kFloat64).pow(2).sum(1) - (keep_det ? fwd.log_det : torch::zeros_like(fwd.log_det)) - d_log_eps;
+  p.log_q_rev = -0.5 * rev.z.to(torch::kFloat64).pow(2).sum(1) - (keep_det ? rev.log_det : torch::zeros_like(rev.log_det)) - d_log_eps;
+  if (defect_ == LearnedDefect::kDropReverse) p.log_q_rev = p.log_q_fwd;
   return p;
+}
+
+torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
+                                              const torch::Tensor& x_to) {
+  torch::Tensor eps = log_eps_.exp();
+  torch::Tensor drift = options_.variant == Variant::kLangevin ? langevin_drift(x_from, grad_from) : torch::zeros_like(x_from);
+  FlowPass inv = inverse_flow(target, x_from, (x_to - x_from - drift) / eps, /*create_graph=*/false);
+  return -0.5 * inv.z.to(torch::kFloat64).pow(2).sum(1) - inv.log_det -
+         static_cast<double>(options_.dim) * log_eps_.to(torch::kFloat64);
 }
 
 int64_t LearnedSamplerImpl::grads_per_step() const {

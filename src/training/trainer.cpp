@@ -294,6 +294,8 @@ std::pair<LearnedSampler, json> load_model(const std::string& path) {
     throw DataError("checkpoint '" + path + "' has invalid model options: " + e.what());
   }
   LearnedSampler sampler(options);
+  // Match the stored dtype before loading: Module::load does not convert.
+  sampler->to(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
   try {
     torch::serialize::InputArchive model_ar;
     ar.read("model", model_ar);
@@ -301,7 +303,6 @@ std::pair<LearnedSampler, json> load_model(const std::string& path) {
   } catch (const c10::Error& e) {
     throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
   }
-  if (meta.value("dtype", "float32") == "float64") sampler->to(torch::kFloat64);
   return {sampler, meta};
 }
 

@@ -33,6 +33,8 @@
 namespace nmcmc {
 
 enum class Variant { kFull, kNoGrad, kLangevin };
+/// Deliberate errors for the power of the statistical tests; never used outside tests.
+enum class LearnedDefect { kNone, kDropLogDet, kDropReverse };
 Variant parse_variant(const std::string& name);
 std::string variant_name(Variant v);
 
@@ -86,7 +88,8 @@ struct FlowPass {
   torch::Tensor log_det;
 };
 
-/// The learned sampler's networks and masks. Call forward/inverse for the flow, or wrap it in
+/// The learned sampler's networks and masks. Parameters are created in float64; move the module
+/// to the target's dtype and device with to() before use (Trainer and load_model do). Call forward/inverse for the flow, or wrap it in
 /// LearnedProposal for MH sampling.
 class LearnedSamplerImpl : public torch::nn::Module {
  public:
@@ -120,6 +123,13 @@ class LearnedSamplerImpl : public torch::nn::Module {
   Proposed propose(Target& target, const torch::Tensor& x, const torch::Tensor& grad, at::Generator& gen,
                    bool create_graph);
 
+  /// log q(x_to | x_from) by the inverse pass (an independent route to the same density the
+  /// forward pass gives). For the Langevin variant `grad_from` is dU(x_from).
+  torch::Tensor log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
+                            const torch::Tensor& x_to);
+  /// Test-only: makes the proposal's density wrong in a known way.
+  void set_defect_for_testing(LearnedDefect defect) { defect_ = defect; }
+
   /// Target gradient evaluations per MH step (per chain): 4N (full), 0 (no-grad), 1 (langevin,
   /// with dU(x) carried in the chain state).
   int64_t grads_per_step() const;
@@ -138,6 +148,7 @@ class LearnedSamplerImpl : public torch::nn::Module {
                                                                                   bool create_graph);
 
   LearnedOptions options_;
+  LearnedDefect defect_ = LearnedDefect::kNone;
   torch::Tensor log_eps_;                   // scalar parameter
   torch::Tensor masks_;                     // [N, D] buffer
   std::vector<torch::Tensor> upd_idx_, cond_idx_;  // per sub-step index sets (int64)
