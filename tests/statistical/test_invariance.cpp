@@ -91,3 +91,63 @@ TEST(InvariancePower, HmcWithIrreversibleIntegratorFails) {
     EXPECT_FALSE(r.passes()) << spec.dump() << ": " << r.describe();
   }
 }
+
+// ---- the learned sampler: random non-zero networks, all variants; broken variants fail ----
+
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/flows/learned.hpp"
+#include "nmcmc/training/trainer.hpp"
+
+namespace {
+LearnedSampler perturbed_sampler(int64_t dim, Variant variant, double eps, uint64_t seed) {
+  LearnedSampler s(LearnedOptions().set_dim(dim).set_variant(variant).set_hidden(32).set_steps(2).set_eps(eps));
+  s->to(torch::kFloat64);
+  at::Generator gen = make_generator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : s->parameters()) {
+    if (p.dim() == 0) continue;
+    p.add_(torch::randn(p.sizes(), gen, kF64) * 0.3 / std::sqrt(static_cast<double>(p.size(-1))));
+  }
+  return s;
+}
+const json kGauss6 = {{"name", "gaussian"}, {"scales", {0.3, 0.5, 1.0, 1.0, 2.0, 3.0}}};
+}  // namespace
+
+TEST(Invariance, LearnedVariantsWithRandomNetworks) {
+  for (Variant v : {Variant::kFull, Variant::kNoGrad, Variant::kLangevin}) {
+    for (auto [spec, eps] : {std::pair{kGauss6, 0.4}, std::pair{kFunnel3, 0.2}}) {
+      auto s = perturbed_sampler(spec["name"] == "funnel" ? 20 : 6, v, eps, 7);
+      auto r = invariance(spec, std::make_shared<LearnedProposal>(s), 105);
+      std::cout << "  " << variant_name(v) << " " << spec.dump() << ": " << r.describe() << "\n";
+      EXPECT_TRUE(r.passes()) << variant_name(v) << " " << spec.dump() << ": " << r.describe();
+    }
+  }
+}
+
+TEST(Invariance, LearnedAfterShortTraining) {
+  auto target = make_target(kGauss6, kF64);
+  TrainOptions o;
+  o.batch = 512;
+  o.steps = 150;
+  o.accept_target = 0.6;
+  o.lr = 3e-3;
+  o.seed = 4;
+  Trainer tr(*target, LearnedSampler(LearnedOptions().set_dim(6).set_hidden(32).set_steps(2).set_eps(0.3)), o);
+  for (int i = 0; i < 150; ++i) tr.step();
+  tr.sampler()->eval();
+  auto r = invariance(kGauss6, std::make_shared<LearnedProposal>(tr.sampler()), 106);
+  std::cout << "  trained: " << r.describe() << "\n";
+  EXPECT_TRUE(r.passes()) << r.describe();
+}
+
+TEST(InvariancePower, LearnedWithoutLogDetOrReverseFails) {
+  for (LearnedDefect defect : {LearnedDefect::kDropLogDet, LearnedDefect::kDropReverse}) {
+    for (Variant v : {Variant::kFull, Variant::kNoGrad, Variant::kLangevin}) {
+      auto s = perturbed_sampler(6, v, 0.4, 7);
+      s->set_defect_for_testing(defect);
+      auto r = invariance(kGauss6, std::make_shared<LearnedProposal>(s), 105);
+      std::cout << "  defect " << static_cast<int>(defect) << " " << variant_name(v) << ": " << r.describe() << "\n";
+      EXPECT_FALSE(r.passes()) << variant_name(v) << ": " << r.describe();
+    }
+  }
+}
