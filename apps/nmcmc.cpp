@@ -16,6 +16,8 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
+#include "nmcmc/services/figures.hpp"
+#include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -70,11 +72,11 @@ struct TargetArgs {
 /// Options shared by every command that computes.
 struct ComputeArgs {
   std::string device = "cpu", dtype = "float32";
-  int threads = 0;
+  int threads = 1;
   void add(CLI::App* cmd) {
     cmd->add_option("--device", device, "cpu | cuda | cuda:N")->capture_default_str();
     cmd->add_option("--dtype", dtype, "float32 | float64")->capture_default_str();
-    cmd->add_option("--threads", threads, "intra-op threads (0: LibTorch's default)")->capture_default_str();
+    cmd->add_option("--threads", threads, "intra-op threads (0: LibTorch's default; 1 is fastest on 2 vCPUs, see BENCHMARKS.md)")->capture_default_str();
   }
   torch::TensorOptions options() const {
     torch::ScalarType st;
@@ -243,7 +245,7 @@ struct TrainArgs {
   int64_t seed = -1;
   bool resume = false, quiet = false;
   std::string device = "cpu", dtype;
-  int threads = 0;
+  int threads = 1;
 };
 
 int cmd_train(const TrainArgs& a) {
@@ -301,7 +303,7 @@ struct ReferenceArgs {
   int64_t chains = 64, warmup = 2000, draws = 10000, leapfrog = 16;
   double jitter = 0.5;
   uint64_t seed = 20261122;
-  int threads = 0;
+  int threads = 1;
 };
 
 int cmd_reference(const ReferenceArgs& a) {
@@ -362,24 +364,74 @@ int cmd_info() {
 }
 
 // ------------------------------------------------------------------ demo
-int cmd_demo(const std::string& output, bool quiet) {
-  std::cout << "== nmcmc demo: Funnel-3 (d = 20, sigma = 3) with HMC ==\n"
-               "(the learned sampler joins this demo when it lands)\n\n";
-  SampleArgs a;
-  a.target.name = "funnel";
-  a.target.dim = 20;
-  a.target.sigma = 3;
-  a.sampler = "hmc";
-  a.leapfrog = 10;
-  a.chains = 64;
-  a.warmup = 1000;
-  a.draws = 2000;
-  a.seed = 1;
-  a.output = output;
-  a.quiet = quiet;
-  return cmd_sample(a, {});
+double paper_value(const json& summary, const char* key) {
+  return summary.contains("paper_ess") && summary["paper_ess"].contains(key) ? summary["paper_ess"][key].get<double>() : NAN;
 }
 
+int cmd_demo(const std::string& output, bool quiet) {
+  nmcmc::ensure_directory(output);
+  const std::string config_path = (fs::path(nmcmc::data_directory()).parent_path() / "configs" / "demo_funnel3.json").string();
+  json cfg = nmcmc::read_config_file(fs::exists(config_path) ? config_path : "configs/demo_funnel3.json");
+  nmcmc::TrainConfig config = nmcmc::parse_train_config(cfg);
+  std::cout << "== nmcmc demo: Funnel-3 (d = 20, sigma = 3), the learned sampler against HMC ==\n\n"
+            << "1. Train the learned sampler (" << config.train.steps << " steps, batch " << config.train.batch
+            << ", width " << config.model.hidden << ", N = " << config.model.steps << "); resumable.\n";
+  torch::set_num_threads(1);
+  const std::string model = output + "/model.pt", log = output + "/training_log.csv";
+  auto progress = [quiet](const nmcmc::TrainProgress& p) {
+    if (quiet) return;
+    const double rate = p.elapsed > 0 ? p.stats.step / p.elapsed : 0;
+    std::cerr << fmt::format("\r[train] step {:>5}/{}  accept {:.3f}  beta {:.3g}  entropy {:.3g}  eps {:.3g}  {:.1f} steps/s  ETA {}\033[K",
+                             p.stats.step, p.total, p.stats.accept, p.stats.beta, p.stats.entropy, p.stats.eps, rate,
+                             format_seconds(rate > 0 ? (p.total - p.stats.step) / rate : NAN))
+              << (p.stats.step == p.total ? "\n" : "") << std::flush;
+  };
+  std::signal(SIGINT, on_signal);
+  auto trained = nmcmc::train(config, torch::kCPU, model, log, /*resume=*/true, progress, [] { return g_stop.load(); });
+  if (trained.interrupted) {
+    std::cerr << "\nnmcmc: interrupted; run `make demo` again to continue training\n";
+    return 130;
+  }
+  nmcmc::plot_training_curves(output + "/training_curves.png", trained.log, "Funnel-3");
+
+  std::cout << "2. Sample 64 chains x 2000 steps with each sampler.\n";
+  auto target = nmcmc::make_target(config.target, torch::kFloat32);
+  auto [sampler, meta] = nmcmc::load_model(model);
+  sampler->eval();
+  nmcmc::MetropolisHastings learned_kernel(std::make_shared<nmcmc::LearnedProposal>(sampler));
+  nmcmc::RunOptions run;
+  run.set_chains(64).set_warmup(500).set_draws(2000).set_adapt_step(false).set_init("exact");
+  auto learned = nmcmc::run_sampler(*target, learned_kernel, run, 1, progress_printer(quiet));
+  // HMC with as many gradients per MH step as the learned sampler (4N), adapted step size.
+  const int64_t grads = sampler->grads_per_step();
+  nmcmc::MetropolisHastings hmc_kernel(nmcmc::make_baseline_proposal(
+      nmcmc::ProposalOptions().set_sampler("hmc").set_leapfrog(grads).set_jitter(0.2)));
+  nmcmc::RunOptions hrun = run;
+  hrun.set_warmup(1000).set_adapt_step(true).set_target_accept(0.8);
+  auto hmc = nmcmc::run_sampler(*target, hmc_kernel, hrun, 1, progress_printer(quiet));
+  json sl = nmcmc::summarise(learned, *target), sh = nmcmc::summarise(hmc, *target);
+  nmcmc::write_run(output + "/learned", {{"sampler", "learned"}, {"model", model}, {"seed", 1}}, learned, sl);
+  nmcmc::write_run(output + "/hmc", {{"sampler", "hmc"}, {"leapfrog", grads}, {"seed", 1}}, hmc, sh);
+
+  std::cout << "\n3. Results (ESS with the true moments, paper convention; bulk-ESS and R-hat: Stan's)\n\n";
+  std::cout << fmt::format("{:<10} {:>7} {:>10} {:>12} {:>12} {:>13} {:>10} {:>8} {:>9}\n", "sampler", "accept",
+                           "grads/step", "ESS/step x1", "ESS/grad x1", "ESS/step rest", "bulk-ESS x1", "max Rhat", "sample s");
+  for (auto [name, s] : {std::pair<std::string, json*>{"learned", &sl}, std::pair<std::string, json*>{"HMC", &sh}}) {
+    std::cout << fmt::format("{:<10} {:>7.3f} {:>10.0f} {:>12.4f} {:>12.5f} {:>13.4f} {:>10.0f} {:>8.3f} {:>9.1f}\n", name,
+                             (*s)["accept_rate"].get<double>(), (*s)["grads_per_step"].get<double>(),
+                             paper_value(*s, "ess_per_step_x1"), paper_value(*s, "ess_per_grad_x1"),
+                             paper_value(*s, "ess_per_step_rest_min"), (*s)["parameters"][0]["ess_bulk"].get<double>(),
+                             (*s)["max_rhat"].get<double>(), (*s)["seconds_sampling"].get<double>());
+  }
+  const double gain = paper_value(sl, "ess_per_grad_x1") / paper_value(sh, "ess_per_grad_x1");
+  std::cout << fmt::format("\nThe learned sampler gets {:.1f}x the ESS of x1 (the funnel's neck coordinate) per gradient of HMC.\n"
+                           "Training cost {} gradient evaluations per batch row ({:.0f} s).\n", gain, trained.grads, trained.seconds);
+  at::Generator gen = nmcmc::make_generator(7);
+  nmcmc::plot_traces(output + "/traces_x1.png", {{"HMC: x1 trace (chain 1)", hmc.draws}, {"learned: x1 trace (chain 1)", learned.draws}}, 0, 2000, "x1");
+  nmcmc::plot_pairs(output + "/samples.png", {{"HMC", hmc.draws}, {"learned", learned.draws}}, 0, 1, target->sample(4000, gen));
+  std::cout << "\nWrote " << output << "/{training_curves,traces_x1,samples}.png, the Stan-CSV draws of both runs, and the model.\n";
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -425,7 +477,7 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--resume", train.resume, "continue from OUTPUT if it exists");
   train_cmd->add_option("--device", train.device, "cpu | cuda | cuda:N")->capture_default_str();
   train_cmd->add_option("--dtype", train.dtype, "float32 | float64 (default: the config's)");
-  train_cmd->add_option("--threads", train.threads, "intra-op threads (0: LibTorch's default)");
+  train_cmd->add_option("--threads", train.threads, "intra-op threads (0: LibTorch's default)")->capture_default_str();
   train_cmd->add_flag("--quiet,-q", train.quiet, "no progress line");
 
   ReferenceArgs ref;

@@ -136,11 +136,19 @@ TrainStats Trainer::step() {
   torch::Tensor objective = torch::where(finite, per_x, torch::zeros_like(per_x)).sum() / n_finite;
   torch::Tensor loss = -objective;
   const double loss_value = loss.item<double>();
+  // A proposal that overflows (e.g. U(x') = inf far out in a funnel) is excluded from the
+  // objective, but 0 * inf in its backward pass can still turn the gradient into NaN: such a
+  // step is skipped (and counted) rather than allowed to poison the weights.
+  bool skipped = true;
   if (std::isfinite(loss_value)) {
     loss.backward();
-    torch::nn::utils::clip_grad_norm_(sampler_->parameters(), options_.clip);
-    optimizer_->step();
+    const double norm = torch::nn::utils::clip_grad_norm_(sampler_->parameters(), options_.clip);
+    if (std::isfinite(norm)) {
+      optimizer_->step();
+      skipped = false;
+    }
   }
+  if (skipped) ++skipped_;
   optimizer_->zero_grad();
 
   torch::NoGradGuard no_grad;
@@ -168,13 +176,14 @@ TrainStats Trainer::step() {
   s.lr = lr;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.grads = grads_;
+  s.skipped = skipped_;
   if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.steps) log_.push_back(s);
   return s;
 }
 
 namespace {
 json stats_to_json(const TrainStats& s) {
-  return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads};
+  return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped};
 }
 TrainStats stats_from_json(const json& j) {
   TrainStats s;
@@ -187,6 +196,7 @@ TrainStats stats_from_json(const json& j) {
   s.lr = j.at(6);
   s.seconds = j.at(7);
   s.grads = j.at(8);
+  s.skipped = j.size() > 9 ? j.at(9).get<int64_t>() : 0;
   return s;
 }
 
@@ -233,6 +243,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   meta["step"] = step_;
   meta["beta"] = beta_;
   meta["grads"] = grads_;
+  meta["skipped"] = skipped_;
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
@@ -279,6 +290,7 @@ json Trainer::load(const std::string& path) {
   step_ = meta.at("step");
   beta_ = meta.at("beta");
   grads_ = meta.at("grads");
+  skipped_ = meta.value("skipped", 0);
   log_.clear();
   for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));
   return meta;
@@ -308,10 +320,10 @@ std::pair<LearnedSampler, json> load_model(const std::string& path) {
 
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows) {
   write_atomically(path, [&](std::ostream& os) {
-    os << "step,loss,accept,beta,entropy,eps,lr,seconds,grads\n";
+    os << "step,loss,accept,beta,entropy,eps,lr,seconds,grads,skipped\n";
     for (const auto& s : rows) {
-      os << fmt::format("{},{:.8g},{:.6g},{:.6g},{:.8g},{:.8g},{:.6g},{:.6g},{}\n", s.step, s.loss, s.accept, s.beta,
-                        s.entropy, s.eps, s.lr, s.seconds, s.grads);
+      os << fmt::format("{},{:.8g},{:.6g},{:.6g},{:.8g},{:.8g},{:.6g},{:.6g},{},{}\n", s.step, s.loss, s.accept, s.beta,
+                        s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped);
     }
   });
 }

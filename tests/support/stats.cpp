@@ -7,6 +7,15 @@
 
 namespace nmcmc::test_support {
 
+namespace {
+// One intra-op thread: fastest on this project's 2-vCPU machines (see BENCHMARKS.md) and the
+// same arithmetic on every run.
+const bool kSingleThread = [] {
+  torch::set_num_threads(1);
+  return true;
+}();
+}  // namespace
+
 double ks_uniform_pvalue(const torch::Tensor& u_in) {
   torch::Tensor u = std::get<0>(torch::sort(u_in.to(torch::kFloat64).reshape({-1})));
   const int64_t n = u.numel();

@@ -47,6 +47,7 @@ struct TrainStats {
   double loss = 0, accept = 0, beta = 0, entropy = 0, eps = 0, lr = 0;
   double seconds = 0;       // wall time of this step
   int64_t grads = 0;        // target gradient evaluations (per batch row) spent so far
+  int64_t skipped = 0;      // steps skipped so far because the gradient was not finite
 };
 
 /// Owns the optimiser, the beta controller, the learning-rate schedule and the data source.
@@ -86,6 +87,7 @@ class Trainer {
   double beta_;
   int64_t step_ = 0;
   int64_t grads_ = 0;
+  int64_t skipped_ = 0;
   std::vector<TrainStats> log_;
 };
 

@@ -1,0 +1,107 @@
+// Speed benchmarks (never part of the test suite). Prints one JSON line per measurement.
+//   nmcmc_bench learned  --config configs/funnel1.json --batch 1024 --mode train|sample [--reps 5] [--threads 1]
+//   nmcmc_bench baseline --target-json '{"name":"icg"}' --sampler hmc --chains 64 [--steps 500] [--threads 1]
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/flows/learned.hpp"
+#include "nmcmc/services/sample.hpp"
+#include "nmcmc/services/train.hpp"
+#include "nmcmc/targets/targets.hpp"
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double peak_rss_mb() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nmcmc speed benchmarks"};
+  app.require_subcommand(1);
+  std::string config, mode = "train", target_json = R"({"name":"icg"})", sampler = "hmc";
+  int64_t batch = 1024, reps = 5, chains = 64, steps = 500, leapfrog = 10;
+  int threads = 1;
+  auto* learned = app.add_subcommand("learned", "seconds per training / sampling step of the learned sampler");
+  learned->add_option("--config", config)->required();
+  learned->add_option("--batch", batch);
+  learned->add_option("--mode", mode);
+  learned->add_option("--reps", reps);
+  learned->add_option("--threads", threads);
+  auto* baseline = app.add_subcommand("baseline", "MH steps per second of a baseline sampler");
+  baseline->add_option("--target-json", target_json);
+  baseline->add_option("--sampler", sampler);
+  baseline->add_option("--chains", chains);
+  baseline->add_option("--steps", steps);
+  baseline->add_option("--leapfrog", leapfrog);
+  baseline->add_option("--threads", threads);
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(threads);
+
+  if (*learned) {
+    nmcmc::TrainConfig cfg = nmcmc::parse_train_config(nmcmc::read_config_file(config));
+    auto target = nmcmc::make_target(cfg.target, torch::kFloat32);
+    auto model = cfg.model;
+    model.dim = target->dim();
+    cfg.train.batch = batch;
+    cfg.train.steps = 1000000;
+    nmcmc::Trainer trainer(*target, nmcmc::LearnedSampler(model), cfg.train);
+    const double flops_per_row = static_cast<double>(trainer.sampler()->flops_per_step());
+    std::vector<double> times;
+    if (mode == "train") {
+      for (int64_t r = 0; r < reps + 1; ++r) {
+        auto t0 = Clock::now();
+        trainer.step();
+        if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // first = warm-up
+      }
+    } else {
+      auto proposal = std::make_shared<nmcmc::LearnedProposal>(trainer.sampler());
+      trainer.sampler()->eval();
+      nmcmc::MetropolisHastings kernel(proposal);
+      at::Generator gen = nmcmc::make_generator(1);
+      nmcmc::ChainState s = kernel.init(*target, target->has_sampler() ? target->sample(batch, gen) : torch::zeros({batch, target->dim()}));
+      for (int64_t r = 0; r < reps + 1; ++r) {
+        auto t0 = Clock::now();
+        const int inner = 5;
+        for (int i = 0; i < inner; ++i) s = kernel.step(*target, s, gen).first;
+        (void)s.energy.sum().item<double>();
+        if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / inner);
+      }
+    }
+    const double sec = median(times);
+    // Training: forward + backward + double backward ~ 3x the flops of the two passes.
+    const double flops = flops_per_row * static_cast<double>(batch) * (mode == "train" ? 3.0 : 1.0);
+    json out = {{"bench", "learned"}, {"config", cfg.name}, {"mode", mode}, {"batch", batch}, {"threads", threads},
+                {"seconds_per_step", sec}, {"network_gflops_per_s", flops / sec / 1e9},
+                {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}};
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
+  auto target = nmcmc::make_target(json::parse(target_json), torch::kFloat32);
+  nmcmc::MetropolisHastings kernel(nmcmc::make_baseline_proposal(
+      nmcmc::ProposalOptions().set_sampler(sampler).set_leapfrog(leapfrog).set_step_size(0.01)));
+  at::Generator gen = nmcmc::make_generator(1);
+  nmcmc::ChainState s = kernel.init(*target, torch::zeros({chains, target->dim()}));
+  for (int i = 0; i < 20; ++i) s = kernel.step(*target, s, gen).first;
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) s = kernel.step(*target, s, gen).first;
+  (void)s.energy.sum().item<double>();
+  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  json out = {{"bench", "baseline"}, {"target", target->spec()}, {"sampler", sampler}, {"chains", chains},
+              {"threads", threads}, {"steps_per_second", steps / sec}, {"chain_steps_per_second", steps * chains / sec}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
