@@ -67,9 +67,15 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
   at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
   const double b_in = 1.0 / std::sqrt(static_cast<double>(in));
   // Parameters are created in float64 (exact in either precision); owners move them with to().
+  // Each sub-step's input and output layers are separate tensors, so that the backward pass of
+  // one sub-step touches only its own weights (a [K, ...] tensor indexed per sub-step would
+  // materialise a full-size zero gradient for every use).
   const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-  w_in_ = register_parameter("w_in", torch::empty({substeps, in, hidden}, f64).uniform_(-b_in, b_in, gen));
-  b_in_ = register_parameter("b_in", torch::empty({substeps, hidden}, f64).uniform_(-b_in, b_in, gen));
+  for (int64_t k = 0; k < substeps; ++k) {
+    const std::string n = std::to_string(k);
+    w_in_.push_back(register_parameter("w_in" + n, torch::empty({in, hidden}, f64).uniform_(-b_in, b_in, gen)));
+    b_in_.push_back(register_parameter("b_in" + n, torch::empty({hidden}, f64).uniform_(-b_in, b_in, gen)));
+  }
   const double b_h = 1.0 / std::sqrt(static_cast<double>(hidden));
   for (int64_t i = 0; i < shared_layers; ++i) {
     auto layer = register_module("shared" + std::to_string(i), torch::nn::Linear(hidden, hidden));
@@ -81,8 +87,11 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
     }
     shared_.push_back(layer);
   }
-  w_out_ = register_parameter("w_out", torch::zeros({substeps, hidden, out}, f64));
-  b_out_ = register_parameter("b_out", torch::zeros({substeps, out}, f64));
+  for (int64_t k = 0; k < substeps; ++k) {
+    const std::string n = std::to_string(k);
+    w_out_.push_back(register_parameter("w_out" + n, torch::zeros({hidden, out}, f64)));
+    b_out_.push_back(register_parameter("b_out" + n, torch::zeros({out}, f64)));
+  }
 }
 
 torch::Tensor StepMLPImpl::activate(const torch::Tensor& h, bool last) const {
@@ -95,6 +104,7 @@ torch::Tensor StepMLPImpl::activate(const torch::Tensor& h, bool last) const {
 }
 
 torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
+  // The parameter lists are read through their registered tensors (to() replaces their data).
   torch::Tensor h = activate(torch::addmm(b_in_[k], input, w_in_[k]), shared_.empty());
   for (size_t i = 0; i < shared_.size(); ++i) h = activate(shared_[i]->forward(h), i + 1 == shared_.size());
   return torch::addmm(b_out_[k], h, w_out_[k]);

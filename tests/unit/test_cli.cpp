@@ -16,8 +16,8 @@ struct CliRun {
   int code;
   std::string out;
 };
-CliRun run(const std::string& args) {
-  std::string cmd = std::string(NMCMC_CLI_PATH) + " " + args + " 2>&1";
+CliRun run_with_prefix(const std::string& prefix, const std::string& args) {
+  std::string cmd = prefix + std::string(NMCMC_CLI_PATH) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -25,6 +25,7 @@ CliRun run(const std::string& args) {
   int status = ::pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+CliRun run(const std::string& args) { return run_with_prefix("", args); }
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
@@ -99,4 +100,46 @@ TEST(Cli, TinyEndToEndRunWritesParseableStanCsv) {
   auto a = nmcmc::read_stan_csv(dir + "/chain_2.csv").values.narrow(1, 5, 5);
   auto b = nmcmc::read_stan_csv(dir2 + "/chain_2.csv").values.narrow(1, 5, 5);
   EXPECT_TRUE(torch::equal(a, b));
+}
+
+#include "nmcmc/training/trainer.hpp"
+
+TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
+  const std::string dir = ::testing::TempDir() + "cli_train/";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir + "tiny.json") << R"({"name":"tiny","target":{"name":"funnel","dim":5,"sigma":1},
+    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":400,"checkpoint_every":50}})";
+  // Straight through, and interrupted by SIGINT part-way, then continued with --resume.
+  CliRun a = run("train --config " + dir + "tiny.json --output " + dir + "a.pt --quiet");
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(fs::exists(dir + "a.log.csv"));
+  CliRun b1 = run_with_prefix("timeout --preserve-status -s INT 1.5 ", "train --config " + dir + "tiny.json --output " + dir + "b.pt --quiet");
+  if (b1.code == 130 && fs::exists(dir + "b.pt")) {
+    EXPECT_NE(b1.out.find("--resume"), std::string::npos) << b1.out;
+    EXPECT_LT(nmcmc::load_model(dir + "b.pt").second["step"].get<int64_t>(), 400);
+  }
+  CliRun b2 = run("train --config " + dir + "tiny.json --output " + dir + "b.pt --resume --quiet");
+  ASSERT_EQ(b2.code, 0) << b2.out;
+  auto [ma, meta_a] = nmcmc::load_model(dir + "a.pt");
+  auto [mb, meta_b] = nmcmc::load_model(dir + "b.pt");
+  EXPECT_EQ(meta_a["step"], 400);
+  EXPECT_EQ(meta_b["step"], 400);
+  auto pa = ma->parameters(), pb = mb->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
+
+  CliRun s = run("sample --sampler learned --model " + dir + "a.pt --chains 4 --warmup 10 --draws 30 --quiet --output " + dir + "run");
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_EQ(nmcmc::read_stan_csv(dir + "run/chain_1.csv").values.select(1, 3).eq(8).all().item<bool>(), true);  // 4N grads
+  CliRun wrong = run("sample --sampler learned --model " + dir + "a.pt --target funnel --dim 6 --quiet");
+  EXPECT_EQ(wrong.code, 64) << wrong.out;
+  EXPECT_NE(wrong.out.find("trained on target"), std::string::npos) << wrong.out;
+  std::ofstream(dir + "bad.pt") << "garbage";
+  CliRun bad = run("sample --sampler learned --model " + dir + "bad.pt --quiet");
+  EXPECT_EQ(bad.code, 65) << bad.out;
+  CliRun bad_cfg = run("train --config " + dir + "missing.json --output " + dir + "c.pt");
+  EXPECT_EQ(bad_cfg.code, 65) << bad_cfg.out;
+  CliRun bad_set = run("train --config " + dir + "tiny.json --output " + dir + "c.pt --set model.hidden=-3");
+  EXPECT_EQ(bad_set.code, 64) << bad_set.out;
 }

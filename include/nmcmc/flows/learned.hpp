@@ -74,7 +74,7 @@ class StepMLPImpl : public torch::nn::Module {
 
  private:
   torch::Tensor activate(const torch::Tensor& h, bool last) const;
-  torch::Tensor w_in_, b_in_, w_out_, b_out_;  // [K, in, H], [K, H], [K, H, out], [K, out]
+  std::vector<torch::Tensor> w_in_, b_in_, w_out_, b_out_;  // per sub-step: [in, H], [H], [H, out], [out]
   std::vector<torch::nn::Linear> shared_;
   std::string activation_;
   bool tanh_last_;
