@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "nmcmc/core/blas_check.hpp"
 #include "nmcmc/core/errors.hpp"
@@ -17,6 +18,7 @@
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 #include "nmcmc/services/figures.hpp"
+#include "nmcmc/services/reproduce.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/targets/targets.hpp"
@@ -351,6 +353,31 @@ int cmd_reference(const ReferenceArgs& a) {
   return 0;
 }
 
+// ------------------------------------------------------------------ reproduce
+int cmd_reproduce(nmcmc::ReproduceOptions o, bool quiet) {
+  torch::set_num_threads(1);
+  if (!fs::exists(fs::path(o.configs) / "icg.json")) {
+    const fs::path installed = fs::path(nmcmc::data_directory()).parent_path() / "configs";
+    if (fs::exists(installed / "icg.json")) o.configs = installed.string();
+  }
+  warn_blas();
+  std::signal(SIGINT, on_signal);
+  auto say = [](const std::string& line) { std::cout << line << std::endl; };
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto progress = [quiet, tty](const nmcmc::TrainProgress& p) {
+    if (quiet) return;
+    const double rate = p.elapsed > 0 ? 1.0 / std::max(1e-9, p.stats.seconds) : 0;
+    std::string msg = fmt::format("  [train] step {:>6}/{:<6} accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  {:.2f} steps/s  ETA {}",
+                                  p.stats.step, p.total, p.stats.accept, p.stats.beta, p.stats.entropy, p.stats.eps, rate,
+                                  format_seconds(rate > 0 ? (p.total - p.stats.step) / rate : NAN));
+    if (tty) std::cerr << "\r" << msg << "\033[K" << (p.stats.step == p.total ? "\n" : "") << std::flush;
+    else if (p.stats.step == p.total || p.stats.step % 100 == 0) std::cerr << msg << "\n";
+  };
+  json results = nmcmc::reproduce(o, say, progress);
+  std::cout << "\n" << nmcmc::results_table(results) << "\nWrote " << o.output << "/results.json, results.md and the figures.\n";
+  return 0;
+}
+
 // ------------------------------------------------------------------ info
 int cmd_info() {
   auto report = nmcmc::check_blas(true);
@@ -494,6 +521,17 @@ int main(int argc, char** argv) {
 
   auto* info_cmd = app.add_subcommand("info", "versions, BLAS check, devices");
 
+  nmcmc::ReproduceOptions repro;
+  std::string repro_only;
+  bool repro_quiet = false, repro_no_figures = false;
+  auto* repro_cmd = app.add_subcommand("reproduce", "the paper's experiments with one command, beside the paper's numbers");
+  repro_cmd->add_option("--profile", repro.profile, "smoke (~1-2 min) | cpu (reduced, see BENCHMARKS.md) | paper")->capture_default_str();
+  repro_cmd->add_option("--only", repro_only, "comma-separated: icg,scg,funnel1,funnel3,german,australian,heart,moon,ablation");
+  repro_cmd->add_option("--output,-o", repro.output, "output directory")->capture_default_str();
+  repro_cmd->add_option("--configs", repro.configs, "directory of the experiment configs")->capture_default_str();
+  repro_cmd->add_flag("--no-figures", repro_no_figures, "skip the figures");
+  repro_cmd->add_flag("--quiet,-q", repro_quiet, "no training progress line");
+
   std::string demo_output = "demo_out";
   bool demo_quiet = false;
   auto* demo_cmd = app.add_subcommand("demo", "the README's main job");
@@ -532,6 +570,14 @@ int main(int argc, char** argv) {
     if (*train_cmd) return cmd_train(train);
     if (*ref_cmd) return cmd_reference(ref);
     if (*info_cmd) return cmd_info();
+    if (*repro_cmd) {
+      std::stringstream ss(repro_only);
+      for (std::string item; std::getline(ss, item, ',');) {
+        if (!item.empty()) repro.only.push_back(item);
+      }
+      repro.figures = !repro_no_figures;
+      return cmd_reproduce(repro, repro_quiet);
+    }
     if (*demo_cmd) return cmd_demo(demo_output, demo_quiet);
   } catch (const nmcmc::UsageError& e) {
     std::cerr << "nmcmc: " << e.what() << "\n";

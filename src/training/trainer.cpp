@@ -177,13 +177,15 @@ TrainStats Trainer::step() {
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.grads = grads_;
   s.skipped = skipped_;
+  elapsed_ += s.seconds;
+  s.elapsed = elapsed_;
   if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.steps) log_.push_back(s);
   return s;
 }
 
 namespace {
 json stats_to_json(const TrainStats& s) {
-  return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped};
+  return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped, s.elapsed};
 }
 TrainStats stats_from_json(const json& j) {
   TrainStats s;
@@ -197,6 +199,7 @@ TrainStats stats_from_json(const json& j) {
   s.seconds = j.at(7);
   s.grads = j.at(8);
   s.skipped = j.size() > 9 ? j.at(9).get<int64_t>() : 0;
+  s.elapsed = j.size() > 10 ? j.at(10).get<double>() : 0.0;
   return s;
 }
 
@@ -244,6 +247,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   meta["beta"] = beta_;
   meta["grads"] = grads_;
   meta["skipped"] = skipped_;
+  meta["elapsed"] = elapsed_;
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
@@ -291,6 +295,7 @@ json Trainer::load(const std::string& path) {
   beta_ = meta.at("beta");
   grads_ = meta.at("grads");
   skipped_ = meta.value("skipped", 0);
+  elapsed_ = meta.value("elapsed", 0.0);
   log_.clear();
   for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));
   return meta;
@@ -320,10 +325,10 @@ std::pair<LearnedSampler, json> load_model(const std::string& path) {
 
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows) {
   write_atomically(path, [&](std::ostream& os) {
-    os << "step,loss,accept,beta,entropy,eps,lr,seconds,grads,skipped\n";
+    os << "step,loss,accept,beta,entropy,eps,lr,seconds,grads,skipped,elapsed\n";
     for (const auto& s : rows) {
-      os << fmt::format("{},{:.8g},{:.6g},{:.6g},{:.8g},{:.8g},{:.6g},{:.6g},{},{}\n", s.step, s.loss, s.accept, s.beta,
-                        s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped);
+      os << fmt::format("{},{:.8g},{:.6g},{:.6g},{:.8g},{:.8g},{:.6g},{:.6g},{},{},{:.3f}\n", s.step, s.loss, s.accept,
+                        s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped, s.elapsed);
     }
   });
 }

@@ -143,3 +143,31 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   CliRun bad_set = run("train --config " + dir + "tiny.json --output " + dir + "c.pt --set model.hidden=-3");
   EXPECT_EQ(bad_set.code, 64) << bad_set.out;
 }
+
+TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
+  // The smoke profile checks the pipeline and the table's shape, not the figures' values.
+  const std::string out = ::testing::TempDir() + "repro_smoke";
+  fs::remove_all(out);
+  CliRun r = run("reproduce --profile smoke --quiet --configs " + std::string(NMCMC_SOURCE_DIR) + "/configs --output " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(out + "/results.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  for (const char* e : {"icg", "scg", "funnel1", "funnel3", "german", "australian", "heart"}) {
+    ASSERT_TRUE(j["experiments"].contains(e)) << e;
+    for (const char* s : {"learned", "mala", "hmc"}) {
+      EXPECT_TRUE(j["experiments"][e][s]["ess_per_step_min"].is_number()) << e << " " << s;
+    }
+  }
+  EXPECT_TRUE(j["experiments"]["funnel3"]["hmc_paper"]["scan"].is_array());
+  for (const char* f : {"fig1_proposal_cloud.png", "ablation_entropy.png", "funnel3/fig2_x1_traces.png",
+                        "funnel3/figA2_proposal_clouds.png", "icg/training_curves.png", "results.md"}) {
+    EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+  }
+  // One table row per experiment, with the paper's figure beside ours.
+  EXPECT_NE(r.out.find("| funnel3 | ESS/MH (min; x1) | 0.256 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| german | ESS per 5000 MH steps"), std::string::npos) << r.out;
+  CliRun bad = run("reproduce --profile huge");
+  EXPECT_EQ(bad.code, 64) << bad.out;
+  CliRun bad_only = run("reproduce --profile smoke --only mnist --output " + out);
+  EXPECT_EQ(bad_only.code, 64) << bad_only.out;
+}

@@ -48,6 +48,7 @@ struct TrainStats {
   double seconds = 0;       // wall time of this step
   int64_t grads = 0;        // target gradient evaluations (per batch row) spent so far
   int64_t skipped = 0;      // steps skipped so far because the gradient was not finite
+  double elapsed = 0;       // training wall time so far (all invocations)
 };
 
 /// Owns the optimiser, the beta controller, the learning-rate schedule and the data source.
@@ -88,6 +89,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t grads_ = 0;
   int64_t skipped_ = 0;
+  double elapsed_ = 0;
   std::vector<TrainStats> log_;
 };
 

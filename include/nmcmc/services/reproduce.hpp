@@ -1,0 +1,37 @@
+#pragma once
+/// `nmcmc reproduce`: the paper's experiments (section 4.1 and appendix) with one command,
+/// our figures printed beside the paper's.
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nmcmc/services/train.hpp"
+
+namespace nmcmc {
+
+struct ReproduceOptions {
+  std::string profile = "cpu";          // smoke | cpu | paper
+  std::vector<std::string> only;        // experiment names; empty = all
+  std::string output = "results";
+  std::string configs = "configs";      // where the experiment configs live
+  bool figures = true;
+};
+
+/// The experiments, in the paper's order.
+const std::vector<std::string>& experiment_names();
+
+/// What a profile changes, per experiment: train batch/steps, model width overrides, eval sizes.
+nlohmann::json profile_settings(const std::string& profile, const std::string& experiment);
+
+/// Runs the experiments; `say` receives human-readable progress lines, `progress` training
+/// progress. Writes results.json, results.md and the figures into options.output and returns
+/// the results.
+nlohmann::json reproduce(const ReproduceOptions& options, const std::function<void(const std::string&)>& say,
+                         const TrainProgressFn& progress);
+
+/// The markdown table of results (ours beside the paper's).
+std::string results_table(const nlohmann::json& results);
+
+}  // namespace nmcmc
