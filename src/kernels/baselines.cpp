@@ -44,7 +44,7 @@ ProposalResult Mala::propose(Target& target, const ChainState& state, at::Genera
 }
 
 Hmc::Hmc(double step_size, int64_t leapfrog_steps, HmcDefect defect)
-    : eps_(step_size), leapfrog_(leapfrog_steps), defect_(defect) {
+    : ScaledProposal(step_size), leapfrog_(leapfrog_steps), defect_(defect) {
   TORCH_CHECK(leapfrog_steps >= 1, "HMC needs at least one leapfrog step, got ", leapfrog_steps);
 }
 

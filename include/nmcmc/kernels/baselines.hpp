@@ -4,45 +4,44 @@
 
 namespace nmcmc {
 
-/// Random-walk Metropolis: x' = x + eps * M^{1/2} z (symmetric: log q ratio 0).
-class RandomWalk : public Proposal {
+/// The state the baselines share: a global step size and an optional diagonal inverse mass
+/// matrix [D] (a variance estimate, in the target's dtype; undefined = identity).
+class ScaledProposal : public Proposal {
  public:
-  explicit RandomWalk(double step_size) : eps_(step_size) {}
-  std::string name() const override { return "rwm"; }
-  bool uses_grad() const override { return false; }
-  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
+  explicit ScaledProposal(double step_size) : eps_(step_size) {}
   double step_size() const override { return eps_; }
   void set_step_size(double eps) override { eps_ = eps; }
-  /// Diagonal scale (inverse mass, i.e. a variance estimate) [D]; undefined = identity.
   bool set_inv_mass(torch::Tensor inv_mass) override {
     inv_mass_ = std::move(inv_mass);
     return true;
   }
+  const torch::Tensor& inv_mass() const { return inv_mass_; }
 
- private:
+ protected:
   double eps_;
   torch::Tensor inv_mass_;
 };
 
+/// Random-walk Metropolis: x' = x + eps * M^{-1/2} z (symmetric: log q ratio 0).
+class RandomWalk : public ScaledProposal {
+ public:
+  explicit RandomWalk(double step_size) : ScaledProposal(step_size) {}
+  std::string name() const override { return "rwm"; }
+  bool uses_grad() const override { return false; }
+  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
+};
+
 /// Metropolis-adjusted Langevin: x' = x - (eps^2/2) M^{-1} dU(x) + eps M^{-1/2} z.
 /// With `drop_q_ratio` the q correction is omitted (a deliberately broken kernel for tests).
-class Mala : public Proposal {
+class Mala : public ScaledProposal {
  public:
-  explicit Mala(double step_size, bool drop_q_ratio = false) : eps_(step_size), drop_q_ratio_(drop_q_ratio) {}
+  explicit Mala(double step_size, bool drop_q_ratio = false) : ScaledProposal(step_size), drop_q_ratio_(drop_q_ratio) {}
   std::string name() const override { return "mala"; }
   bool uses_grad() const override { return true; }
   ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
-  double step_size() const override { return eps_; }
-  void set_step_size(double eps) override { eps_ = eps; }
-  bool set_inv_mass(torch::Tensor inv_mass) override {
-    inv_mass_ = std::move(inv_mass);
-    return true;
-  }
 
  private:
-  double eps_;
   bool drop_q_ratio_;
-  torch::Tensor inv_mass_;  // [D] or undefined
 };
 
 /// Deliberate errors for power tests of the statistical suite. Never used outside tests.
@@ -54,14 +53,12 @@ enum class HmcDefect { kNone, kWrongKineticSign, kNoFinalHalfStep };
 
 /// Hamiltonian Monte Carlo with L leapfrog steps and a diagonal (or identity) mass matrix.
 /// Momentum p ~ N(0, M); K(p) = p^T M^{-1} p / 2; log q ratio = K(p0) - K(pL).
-class Hmc : public Proposal {
+class Hmc : public ScaledProposal {
  public:
   Hmc(double step_size, int64_t leapfrog_steps, HmcDefect defect = HmcDefect::kNone);
   std::string name() const override { return "hmc"; }
   bool uses_grad() const override { return true; }
   ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
-  double step_size() const override { return eps_; }
-  void set_step_size(double eps) override { eps_ = eps; }
   int64_t leapfrog_steps() const { return leapfrog_; }
   /// Per-chain step-size jitter: each MH step uses eps * (1 + j * U(-1, 1)) (0 <= j < 1).
   /// Breaks the resonances of a fixed trajectory length (slow mixing on near-Gaussian targets).
@@ -69,12 +66,6 @@ class Hmc : public Proposal {
     TORCH_CHECK(jitter >= 0 && jitter < 1, "HMC jitter must be in [0, 1), got ", jitter);
     jitter_ = jitter;
   }
-  /// Inverse mass diagonal [D] (a variance estimate); undefined means identity.
-  bool set_inv_mass(torch::Tensor inv_mass) override {
-    inv_mass_ = std::move(inv_mass);
-    return true;
-  }
-  const torch::Tensor& inv_mass() const { return inv_mass_; }
 
   /// Runs the leapfrog integrator from (x, p) with the state's gradient; returns (x, p, end state).
   /// Exposed for the integrator tests (energy error, reversibility, volume).
@@ -85,11 +76,9 @@ class Hmc : public Proposal {
   torch::Tensor kinetic(const torch::Tensor& p) const;
 
  private:
-  double eps_;
   int64_t leapfrog_;
   HmcDefect defect_;
   double jitter_ = 0.0;
-  torch::Tensor inv_mass_;
 };
 
 }  // namespace nmcmc
