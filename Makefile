@@ -3,6 +3,7 @@ BUILD ?= build
 JOBS ?= 2
 export CCACHE_SLOPPINESS := pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_MAXSIZE := 5G
+export CCACHE_BASEDIR := $(CURDIR)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
 .PHONY: all deps configure build test demo bench example reference clean

@@ -364,14 +364,18 @@ int cmd_reproduce(nmcmc::ReproduceOptions o, bool quiet) {
   std::signal(SIGINT, on_signal);
   auto say = [](const std::string& line) { std::cout << line << std::endl; };
   const bool tty = ::isatty(STDERR_FILENO);
-  auto progress = [quiet, tty](const nmcmc::TrainProgress& p) {
+  auto last_print = std::make_shared<double>(-1e9);
+  auto progress = [quiet, tty, last_print](const nmcmc::TrainProgress& p) {
     if (quiet) return;
     const double rate = p.elapsed > 0 ? 1.0 / std::max(1e-9, p.stats.seconds) : 0;
     std::string msg = fmt::format("  [train] step {:>6}/{:<6} accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  {:.2f} steps/s  ETA {}",
                                   p.stats.step, p.total, p.stats.accept, p.stats.beta, p.stats.entropy, p.stats.eps, rate,
                                   format_seconds(rate > 0 ? (p.total - p.stats.step) / rate : NAN));
     if (tty) std::cerr << "\r" << msg << "\033[K" << (p.stats.step == p.total ? "\n" : "") << std::flush;
-    else if (p.stats.step == p.total || p.stats.step % 100 == 0) std::cerr << msg << "\n";
+    else if (p.stats.step == p.total || p.elapsed - *last_print > 10) {
+      *last_print = p.elapsed;
+      std::cerr << msg << "\n";
+    }
   };
   json results = nmcmc::reproduce(o, say, progress);
   std::cout << "\n" << nmcmc::results_table(results) << "\nWrote " << o.output << "/results.json, results.md and the figures.\n";
