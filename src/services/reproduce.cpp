@@ -112,11 +112,12 @@ json measures(const SampleResult& r, Target& target, double seconds_training, in
 double authors_funnel_sd(const std::string& e) { return e == "funnel1" ? 1.622 : 7.4; }
 
 SampleResult evaluate(Target& target, std::shared_ptr<Proposal> proposal, int64_t chains, int64_t warmup, int64_t draws,
-                      bool adapt, uint64_t seed) {
+                      bool adapt, uint64_t seed, const torch::Tensor& init_x = {}) {
   MetropolisHastings kernel(std::move(proposal));
   RunOptions run;
   run.set_chains(chains).set_warmup(warmup).set_draws(draws).set_adapt_step(adapt).set_adapt_mass(adapt);
   run.set_init(target.has_sampler() ? "exact" : "uniform");
+  if (init_x.defined()) run.set_init_x(init_x);
   return run_sampler(target, kernel, run, seed);
 }
 
@@ -219,7 +220,10 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     const json ev = settings["eval"];
     const int64_t chains = ev["chains"], burn = ev["burn"], keep = ev["keep"];
     say(fmt::format("  evaluating: {} chains, {} steps, ESS on the last {}", chains, burn + keep, keep));
-    SampleResult learned = evaluate(*target, std::make_shared<LearnedProposal>(sampler), chains, burn, keep, false, 1);
+    // Without an exact sampler the learned chains start from the training buffer (the sampler's
+    // own persistent chains), as the paper's bootstrap does; burn-in steps follow either way.
+    torch::Tensor init_x = target->has_sampler() ? torch::Tensor() : load_buffer(dir + "/model.pt");
+    SampleResult learned = evaluate(*target, std::make_shared<LearnedProposal>(sampler), chains, burn, keep, false, 1, init_x);
     json entry;
     entry["config"] = config.to_json();
     entry["paper"] = cfg.value("paper", json::object());

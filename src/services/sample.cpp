@@ -89,7 +89,16 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
   SampleResult res;
   res.seed = seed;
 
-  ChainState state = kernel.init(target, initial_positions(target, o.init, o.chains, gen));
+  torch::Tensor x0;
+  if (o.init_x.defined()) {
+    TORCH_CHECK(o.init_x.dim() == 2 && o.init_x.size(1) == target.dim() && o.init_x.size(0) > 0,
+                "init_x must be [n, ", target.dim(), "]");
+    x0 = o.init_x.to(target.options()).index_select(
+        0, torch::arange(o.chains, torch::TensorOptions().dtype(torch::kInt64).device(o.init_x.device())) % o.init_x.size(0));
+  } else {
+    x0 = initial_positions(target, o.init, o.chains, gen);
+  }
+  ChainState state = kernel.init(target, x0);
   const int64_t g_start = target.grad_evals(), e_start = target.energy_evals();
   auto t0 = Clock::now();
   auto last_report = t0;

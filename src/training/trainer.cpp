@@ -323,6 +323,17 @@ std::pair<LearnedSampler, json> load_model(const std::string& path) {
   return {sampler, meta};
 }
 
+torch::Tensor load_buffer(const std::string& path) {
+  auto ar = open_archive(path);
+  torch::Tensor b;
+  try {
+    ar.read("buffer", b);
+  } catch (const c10::Error&) {
+    return torch::Tensor();
+  }
+  return b;
+}
+
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows) {
   write_atomically(path, [&](std::ostream& os) {
     os << "step,loss,accept,beta,entropy,eps,lr,seconds,grads,skipped,elapsed\n";

@@ -38,6 +38,7 @@ struct RunOptions {
   bool adapt_mass = false;     // diagonal mass matrix over Stan's windows (HMC, MALA, RWM)
   bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
   std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
+  torch::Tensor init_x;          // explicit starting points [C', D] (rows cycled); overrides `init`
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }
@@ -46,6 +47,7 @@ struct RunOptions {
   RunOptions& set_adapt_mass(bool b) { adapt_mass = b; return *this; }
   RunOptions& set_keep_draws(bool b) { keep_draws = b; return *this; }
   RunOptions& set_init(std::string s) { init = std::move(s); return *this; }
+  RunOptions& set_init_x(torch::Tensor x) { init_x = std::move(x); return *this; }
 };
 
 /// Reported to the progress callback about every 0.25 s and at phase ends.

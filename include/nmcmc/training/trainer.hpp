@@ -102,6 +102,9 @@ struct CheckpointInfo {
 /// Throws DataError for a truncated or corrupt file.
 std::pair<LearnedSampler, nlohmann::json> load_model(const std::string& path);
 
+/// The bootstrap buffer of a checkpoint (the sampler's own chains), or an undefined tensor.
+torch::Tensor load_buffer(const std::string& path);
+
 /// Writes the training log (CSV) atomically.
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows);
 
