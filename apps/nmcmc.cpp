@@ -528,6 +528,7 @@ int main(int argc, char** argv) {
   nmcmc::ReproduceOptions repro;
   std::string repro_only;
   bool repro_quiet = false, repro_no_figures = false;
+  std::string repro_table;
   auto* repro_cmd = app.add_subcommand("reproduce", "the paper's experiments with one command, beside the paper's numbers");
   repro_cmd->add_option("--profile", repro.profile, "smoke (~1-2 min) | cpu (reduced, see BENCHMARKS.md) | paper")->capture_default_str();
   repro_cmd->add_option("--only", repro_only, "comma-separated: icg,scg,funnel1,funnel3,german,australian,heart,moon,ablation");
@@ -535,6 +536,7 @@ int main(int argc, char** argv) {
   repro_cmd->add_option("--configs", repro.configs, "directory of the experiment configs")->capture_default_str();
   repro_cmd->add_flag("--no-figures", repro_no_figures, "skip the figures");
   repro_cmd->add_flag("--quiet,-q", repro_quiet, "no training progress line");
+  repro_cmd->add_option("--table", repro_table, "only print the table of an existing results.json (e.g. of an unfinished run)");
 
   std::string demo_output = "demo_out";
   bool demo_quiet = false;
@@ -574,6 +576,10 @@ int main(int argc, char** argv) {
     if (*train_cmd) return cmd_train(train);
     if (*ref_cmd) return cmd_reference(ref);
     if (*info_cmd) return cmd_info();
+    if (*repro_cmd && !repro_table.empty()) {
+      std::cout << nmcmc::results_table(nmcmc::read_config_file(repro_table));
+      return 0;
+    }
     if (*repro_cmd) {
       std::stringstream ss(repro_only);
       for (std::string item; std::getline(ss, item, ',');) {
