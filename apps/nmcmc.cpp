@@ -136,6 +136,29 @@ nmcmc::ProgressFn progress_printer(bool quiet) {
   };
 }
 
+/// The training progress line (stderr): step, accept, beta, entropy, eps, lr, steps/s, ETA;
+/// rewritten in place on a terminal, every 10 s otherwise.
+nmcmc::TrainProgressFn train_progress_printer(bool quiet, std::string indent = "") {
+  if (quiet) return nullptr;
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto last_print = std::make_shared<double>(-1e9);
+  auto first_step = std::make_shared<int64_t>(-1);
+  return [tty, last_print, first_step, indent](const nmcmc::TrainProgress& p) {
+    const auto& s = p.stats;
+    if (*first_step < 0) *first_step = s.step - 1;  // a resumed run starts mid-way
+    const double rate = p.elapsed > 0 ? static_cast<double>(s.step - *first_step) / p.elapsed : 0;
+    std::string msg = fmt::format("{}[train] step {:>6}/{:<6} accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  lr {:.2e}  {:.2f} steps/s  ETA {}",
+                                  indent, s.step, p.total, s.accept, s.beta, s.entropy, s.eps, s.lr, rate,
+                                  format_seconds(rate > 0 ? (p.total - s.step) / rate : NAN));
+    if (tty) {
+      std::cerr << "\r" << msg << "\033[K" << (s.step == p.total ? "\n" : "") << std::flush;
+    } else if (p.elapsed - *last_print > 10 || s.step == p.total) {
+      *last_print = p.elapsed;
+      std::cerr << msg << "\n";
+    }
+  };
+}
+
 // ------------------------------------------------------------------ targets
 int cmd_targets() {
   for (const auto& t : nmcmc::target_catalogue()) {
@@ -272,22 +295,7 @@ int cmd_train(const TrainArgs& a) {
   warn_blas();
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  const bool tty = ::isatty(STDERR_FILENO);
-  auto last_print = std::make_shared<double>(-1e9);
-  auto progress = [&, tty, last_print](const nmcmc::TrainProgress& p) {
-    if (a.quiet) return;
-    const auto& s = p.stats;
-    const double rate = p.elapsed > 0 ? s.step / p.elapsed : 0;
-    std::string msg = fmt::format("[train] step {:>6}/{:<6} accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  lr {:.2e}  {:.2f} steps/s  ETA {}",
-                                  s.step, p.total, s.accept, s.beta, s.entropy, s.eps, s.lr, rate,
-                                  format_seconds(rate > 0 ? (p.total - s.step) / rate : NAN));
-    if (tty) {
-      std::cerr << "\r" << msg << "\033[K" << (s.step == p.total ? "\n" : "") << std::flush;
-    } else if (p.elapsed - *last_print > 10 || s.step == p.total) {
-      *last_print = p.elapsed;
-      std::cerr << msg << "\n";
-    }
-  };
+  auto progress = train_progress_printer(a.quiet);
   auto result = nmcmc::train(config, options.device(), a.output, log_path, a.resume, progress, [] { return g_stop.load(); });
   if (result.interrupted) {
     std::cerr << "\nnmcmc: interrupted at step " << result.steps << "; checkpoint saved to " << a.output
@@ -363,20 +371,7 @@ int cmd_reproduce(nmcmc::ReproduceOptions o, bool quiet) {
   warn_blas();
   std::signal(SIGINT, on_signal);
   auto say = [](const std::string& line) { std::cout << line << std::endl; };
-  const bool tty = ::isatty(STDERR_FILENO);
-  auto last_print = std::make_shared<double>(-1e9);
-  auto progress = [quiet, tty, last_print](const nmcmc::TrainProgress& p) {
-    if (quiet) return;
-    const double rate = p.elapsed > 0 ? 1.0 / std::max(1e-9, p.stats.seconds) : 0;
-    std::string msg = fmt::format("  [train] step {:>6}/{:<6} accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  {:.2f} steps/s  ETA {}",
-                                  p.stats.step, p.total, p.stats.accept, p.stats.beta, p.stats.entropy, p.stats.eps, rate,
-                                  format_seconds(rate > 0 ? (p.total - p.stats.step) / rate : NAN));
-    if (tty) std::cerr << "\r" << msg << "\033[K" << (p.stats.step == p.total ? "\n" : "") << std::flush;
-    else if (p.stats.step == p.total || p.elapsed - *last_print > 10) {
-      *last_print = p.elapsed;
-      std::cerr << msg << "\n";
-    }
-  };
+  auto progress = train_progress_printer(quiet, "  ");
   json results = nmcmc::reproduce(o, say, progress);
   std::cout << "\n" << nmcmc::results_table(results) << "\nWrote " << o.output << "/results.json, results.md and the figures.\n";
   return 0;
@@ -409,14 +404,7 @@ int cmd_demo(const std::string& output, bool quiet) {
             << ", width " << config.model.hidden << ", N = " << config.model.steps << "); resumable.\n";
   torch::set_num_threads(1);
   const std::string model = output + "/model.pt", log = output + "/training_log.csv";
-  auto progress = [quiet](const nmcmc::TrainProgress& p) {
-    if (quiet) return;
-    const double rate = p.elapsed > 0 ? p.stats.step / p.elapsed : 0;
-    std::cerr << fmt::format("\r[train] step {:>5}/{}  accept {:.3f}  beta {:.3g}  entropy {:.3g}  eps {:.3g}  {:.1f} steps/s  ETA {}\033[K",
-                             p.stats.step, p.total, p.stats.accept, p.stats.beta, p.stats.entropy, p.stats.eps, rate,
-                             format_seconds(rate > 0 ? (p.total - p.stats.step) / rate : NAN))
-              << (p.stats.step == p.total ? "\n" : "") << std::flush;
-  };
+  auto progress = train_progress_printer(quiet);
   std::signal(SIGINT, on_signal);
   auto trained = nmcmc::train(config, torch::kCPU, model, log, /*resume=*/true, progress, [] { return g_stop.load(); });
   if (trained.interrupted) {

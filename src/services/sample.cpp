@@ -119,8 +119,9 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
 
   // ---- warm-up: dual averaging of the step size, optional windowed diagonal metric ----
   const bool tune = o.adapt_step && o.warmup > 0;
-  if (prop.step_size() <= 0 || (tune && prop.step_size() <= 0)) find_reasonable_step_size(target, kernel, state, gen, 1.0);
-  if (tune) find_reasonable_step_size(target, kernel, state, gen, prop.step_size());
+  if (tune || prop.step_size() <= 0) {
+    find_reasonable_step_size(target, kernel, state, gen, prop.step_size() > 0 ? prop.step_size() : 1.0);
+  }
   DualAveraging da(prop.step_size(), o.target_accept);
   WarmupSchedule schedule(o.warmup);
   VarianceEstimator variance;
