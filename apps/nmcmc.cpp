@@ -406,7 +406,15 @@ int cmd_demo(const std::string& output, bool quiet) {
   const std::string model = output + "/model.pt", log = output + "/training_log.csv";
   auto progress = train_progress_printer(quiet);
   std::signal(SIGINT, on_signal);
-  auto trained = nmcmc::train(config, torch::kCPU, model, log, /*resume=*/true, progress, [] { return g_stop.load(); });
+  nmcmc::TrainResult trained;
+  try {
+    trained = nmcmc::train(config, torch::kCPU, model, log, /*resume=*/true, progress, [] { return g_stop.load(); });
+  } catch (const nmcmc::DataError& e) {
+    // A model left by an older nmcmc (or a damaged one): start the demo's training afresh.
+    std::cerr << "nmcmc: " << e.what() << "; training a new one\n";
+    fs::remove(model);
+    trained = nmcmc::train(config, torch::kCPU, model, log, /*resume=*/true, progress, [] { return g_stop.load(); });
+  }
   if (trained.interrupted) {
     std::cerr << "\nnmcmc: interrupted; run `make demo` again to continue training\n";
     return 130;

@@ -16,6 +16,9 @@ namespace nmcmc {
 
 using json = nlohmann::json;
 
+/// Version 2: per-sub-step weight tensors (w_in0, w_in1, ...).
+constexpr int kCheckpointVersion = 2;
+
 json TrainOptions::to_json() const {
   return {{"accept_target", accept_target}, {"lr", lr}, {"min_lr", min_lr}, {"batch", batch}, {"steps", steps},
           {"warmup_steps", warmup_steps}, {"beta", beta}, {"beta_min", beta_min}, {"beta_max", beta_max},
@@ -224,6 +227,10 @@ json read_meta(torch::serialize::InputArchive& ar, const std::string& path) {
     throw DataError("checkpoint '" + path + "' has corrupt metadata");
   }
   if (j.value("format", "") != "nmcmc-checkpoint") throw DataError("'" + path + "' is not an nmcmc checkpoint");
+  if (j.value("version", 0) != kCheckpointVersion) {
+    throw DataError("checkpoint '" + path + "' has format version " + std::to_string(j.value("version", 0)) +
+                    "; this nmcmc reads version " + std::to_string(kCheckpointVersion) + " (retrain it)");
+  }
   return j;
 }
 }  // namespace
@@ -238,7 +245,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   if (use_buffer_) ar.write("buffer", buffer_.to(torch::kCPU));
   json meta = extra;
   meta["format"] = "nmcmc-checkpoint";
-  meta["version"] = 1;
+  meta["version"] = kCheckpointVersion;
   meta["target"] = target_.spec();
   meta["model"] = sampler_->options().to_json();
   meta["train"] = options_.to_json();
