@@ -4,9 +4,7 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
-#include <unistd.h>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
@@ -259,16 +257,8 @@ void Trainer::save(const std::string& path, const json& extra) const {
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
   ar.write("meta", c10::IValue(meta.dump()));
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  try {
-    ar.save_to(tmp);
-  } catch (const std::exception& e) {
-    std::remove(tmp.c_str());
-    throw IoError("cannot write checkpoint '" + tmp + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw IoError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  // The same atomic write (temporary file, fsync, rename) as every other output.
+  write_atomically(path, [&](std::ostream& os) { ar.save_to(os); });
 }
 
 json Trainer::load(const std::string& path) {

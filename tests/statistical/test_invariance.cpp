@@ -100,15 +100,8 @@ TEST(InvariancePower, HmcWithIrreversibleIntegratorFails) {
 
 namespace {
 LearnedSampler perturbed_sampler(int64_t dim, Variant variant, double eps, uint64_t seed) {
-  LearnedSampler s(LearnedOptions().set_dim(dim).set_variant(variant).set_hidden(32).set_steps(2).set_eps(eps));
-  s->to(torch::kFloat64);
-  at::Generator gen = make_generator(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& p : s->parameters()) {
-    if (p.dim() == 0) continue;
-    p.add_(torch::randn(p.sizes(), gen, kF64) * 0.3 / std::sqrt(static_cast<double>(p.size(-1))));
-  }
-  return s;
+  return test_support::perturbed_sampler(
+      LearnedOptions().set_dim(dim).set_variant(variant).set_hidden(32).set_steps(2).set_eps(eps), seed);
 }
 const json kGauss6 = {{"name", "gaussian"}, {"scales", {0.3, 0.5, 1.0, 1.0, 2.0, 3.0}}};
 }  // namespace

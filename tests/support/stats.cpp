@@ -92,6 +92,18 @@ torch::Tensor whiten_funnel(const torch::Tensor& x_in, double sigma) {
   return torch::cat({x0 / sigma, x.narrow(1, 1, x.size(1) - 1) * torch::exp(0.5 * x0)}, 1);
 }
 
+LearnedSampler perturbed_sampler(const LearnedOptions& options, uint64_t seed, double scale) {
+  LearnedSampler s(options);
+  s->to(torch::kFloat64);
+  at::Generator gen = make_generator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : s->parameters()) {
+    if (p.dim() == 0) continue;  // log eps
+    p.add_(torch::randn(p.sizes(), gen, torch::kFloat64) * scale / std::sqrt(static_cast<double>(p.size(-1))));
+  }
+  return s;
+}
+
 torch::Tensor finite_difference_grad(Target& target, const torch::Tensor& x, double h) {
   torch::NoGradGuard no_grad;
   torch::Tensor g = torch::zeros_like(x);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "nmcmc/flows/learned.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 
 namespace nmcmc::test_support {
@@ -43,6 +44,10 @@ torch::Tensor run_from_exact(Target& target, std::shared_ptr<Proposal> proposal,
 torch::Tensor whiten_gaussian(const torch::Tensor& x, const torch::Tensor& mean, const torch::Tensor& cov);
 /// Maps funnel draws to N(0, I): z0 = x0 / sigma, z_i = x_i exp(x0 / 2).
 torch::Tensor whiten_funnel(const torch::Tensor& x, double sigma);
+
+/// A float64 learned sampler built from `options` whose every parameter but log eps (the
+/// zero-initialised output layers included) is perturbed by N(0, (scale / sqrt(fan))^2).
+LearnedSampler perturbed_sampler(const LearnedOptions& options, uint64_t seed, double scale = 0.3);
 
 /// Central finite-difference gradient of target.energy at x [C, D] (float64).
 torch::Tensor finite_difference_grad(Target& target, const torch::Tensor& x, double h = 1e-6);

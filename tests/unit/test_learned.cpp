@@ -11,6 +11,7 @@
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/trainer.hpp"
+#include "stats.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
@@ -18,17 +19,10 @@ using json = nlohmann::json;
 namespace {
 const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
-/// A float64 sampler whose every parameter (zero-initialised outputs included) is perturbed.
+/// The shared perturbed sampler with this file's sizes (width 16, eps 0.3).
 LearnedSampler random_sampler(int64_t dim, Variant variant, int64_t steps, uint64_t seed, double scale = 0.3) {
-  LearnedSampler s(LearnedOptions().set_dim(dim).set_variant(variant).set_hidden(16).set_steps(steps).set_eps(0.3));
-  s->to(torch::kFloat64);
-  at::Generator gen = make_generator(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& p : s->parameters()) {
-    if (p.dim() == 0) continue;  // log eps
-    p.add_(torch::randn(p.sizes(), gen, kF64) * scale / std::sqrt(static_cast<double>(p.size(-1))));
-  }
-  return s;
+  return test_support::perturbed_sampler(
+      LearnedOptions().set_dim(dim).set_variant(variant).set_hidden(16).set_steps(steps).set_eps(0.3), seed, scale);
 }
 }  // namespace
 
