@@ -21,6 +21,7 @@
 #include "nmcmc/services/reproduce.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/images/ebm.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 using json = nlohmann::json;
@@ -307,6 +308,94 @@ int cmd_train(const TrainArgs& a) {
   return 0;
 }
 
+// ------------------------------------------------------------------ ebm
+struct EbmArgs {
+  std::string data = "fashion-mnist", output = "ebm", profile = "cpu", sampler = "learned", config, compare;
+  std::vector<std::string> sets;
+  int64_t iterations = -1, size = -1, channels = -1, limit = -1;
+  bool resume = false, quiet = false;
+  int threads = 1;
+};
+
+int cmd_ebm_train(const EbmArgs& a) {
+  if (a.threads < 0) throw nmcmc::UsageError("--threads must be non-negative");
+  if (a.threads > 0) torch::set_num_threads(a.threads);
+  json cfg = a.config.empty() ? json::object() : nmcmc::read_config_file(a.config);
+  cfg["data"] = a.data;
+  cfg["sampler"] = a.sampler;
+  if (a.iterations >= 0) cfg["iterations"] = a.iterations;
+  if (a.size > 0) cfg["size"] = a.size;
+  if (a.channels > 0) cfg["channels"] = a.channels;
+  if (a.limit >= 0) cfg["limit"] = a.limit;
+  for (const auto& s : a.sets) {
+    // key=value or conv.key=value, the value parsed as JSON when it is JSON.
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) throw nmcmc::UsageError("--set expects key=value, got '" + s + "'");
+    const std::string key = s.substr(0, eq), text = s.substr(eq + 1);
+    json value = json::parse(text, nullptr, false);
+    if (value.is_discarded()) value = text;
+    if (key.rfind("conv.", 0) == 0) cfg["conv"][key.substr(5)] = value;
+    else cfg[key] = value;
+  }
+  nmcmc::EbmOptions options = nmcmc::EbmOptions::from_json(cfg, a.profile);
+  warn_blas();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto last_print = std::make_shared<std::chrono::steady_clock::time_point>();
+  auto progress = [&, tty, last_print](const nmcmc::EbmProgress& p) {
+    if (a.quiet) return;
+    const auto& s = p.stats;
+    const auto now = std::chrono::steady_clock::now();
+    if (!tty && now - *last_print < std::chrono::seconds(10) && s.iteration != p.total) return;
+    *last_print = now;
+    std::string msg = fmt::format(
+        "[ebm] it {:>6}/{:<6} {:3.0f}%  accept {:.3f} (neg {:.3f})  entropy {:.5g}  jump {:.3g}  E(data)-E(neg) {:+.3g}  eps {:.3g}  "
+        "updates {}  {:.2f} it/s  ETA {}",
+        s.iteration, p.total, 100.0 * s.iteration / std::max<int64_t>(1, p.total), s.accept, s.mcmc_accept, s.entropy,
+        s.jump, s.energy_diff, s.eps, s.updates, p.rate, format_seconds(p.rate > 0 ? (p.total - s.iteration) / p.rate : NAN));
+    if (tty) std::cerr << "\r" << msg << "\033[K" << (s.iteration == p.total ? "\n" : "") << std::flush;
+    else std::cerr << msg << "\n";
+  };
+  json summary = nmcmc::run_ebm_training(options, a.output, a.resume, progress, [] { return g_stop.load(); }, a.compare);
+  if (summary.value("interrupted", false)) {
+    std::cerr << "\ninterrupted: checkpoint saved in " << a.output << "/checkpoint.pt; continue with --resume\n";
+    return 130;
+  }
+  if (options.longrun_steps > 0) {
+    const std::string png = (fs::path(a.output) / "longrun.png").string();
+    auto lr_progress = [&, tty](int64_t k, int64_t n) {
+      if (a.quiet || !(tty || k == n || k % std::max<int64_t>(1, n / 10) == 0)) return;
+      std::cerr << (tty ? "\r" : "") << fmt::format("[long run] step {}/{}", k, n) << (tty && k != n ? "" : "\n") << std::flush;
+    };
+    summary["longrun"] = nmcmc::run_ebm_longrun(a.output, options.longrun_steps, 8, png, lr_progress);
+    nmcmc::write_atomically((fs::path(a.output) / "summary.json").string(), [&](std::ostream& os) { os << summary.dump(2) << "\n"; });
+  }
+  std::cout << summary.dump(2) << "\n";
+  std::cout << "figures and checkpoint in " << a.output << "/\n";
+  return 0;
+}
+
+struct EbmSampleArgs {
+  std::string model = "ebm", output;
+  int64_t steps = 2000, chains = 8;
+  int threads = 1;
+  bool quiet = false;
+};
+
+int cmd_ebm_sample(const EbmSampleArgs& a) {
+  if (a.threads > 0) torch::set_num_threads(a.threads);
+  const std::string png = a.output.empty() ? (fs::path(a.model) / "longrun.png").string() : a.output;
+  const bool tty = ::isatty(STDERR_FILENO);
+  auto progress = [&](int64_t k, int64_t n) {
+    if (a.quiet || !(tty || k == n || k % std::max<int64_t>(1, n / 10) == 0)) return;
+    std::cerr << (tty ? "\r" : "") << fmt::format("[long run] step {}/{}", k, n) << (tty && k != n ? "" : "\n") << std::flush;
+  };
+  json r = nmcmc::run_ebm_longrun(a.model, a.steps, a.chains, png, progress);
+  std::cout << r.dump(2) << "\n";
+  return 0;
+}
+
 // ------------------------------------------------------------------ reference
 struct ReferenceArgs {
   std::string dataset, output;
@@ -534,6 +623,33 @@ int main(int argc, char** argv) {
   repro_cmd->add_flag("--quiet,-q", repro_quiet, "no training progress line");
   repro_cmd->add_option("--table", repro_table, "only print the table of an existing results.json (e.g. of an unfinished run)");
 
+  EbmArgs ebm;
+  EbmSampleArgs ebm_sample;
+  auto* ebm_cmd = app.add_subcommand("ebm", "deep energy-based image models trained with the learned sampler (paper 4.2)");
+  ebm_cmd->require_subcommand(1);
+  auto* ebm_train_cmd = ebm_cmd->add_subcommand("train", "train an EBM by PCD with the learned sampler (or MALA); resumable");
+  ebm_train_cmd->add_option("--data", ebm.data, "fashion-mnist | an IDX file | a folder of PNG/JPEG images")->capture_default_str();
+  ebm_train_cmd->add_option("--output,-o", ebm.output, "output directory (checkpoint, log, figures)")->capture_default_str();
+  ebm_train_cmd->add_option("--profile", ebm.profile, "cpu (small, ~1 h on 2 vCPUs) | paper | smoke")->capture_default_str();
+  ebm_train_cmd->add_option("--sampler", ebm.sampler, "learned | mala (the baseline)")->capture_default_str();
+  ebm_train_cmd->add_option("--config,-c", ebm.config, "JSON of EBM options over the profile's");
+  ebm_train_cmd->add_option("--iterations", ebm.iterations, "override the number of iterations");
+  ebm_train_cmd->add_option("--size", ebm.size, "image folders: resize to SIZE x SIZE");
+  ebm_train_cmd->add_option("--channels", ebm.channels, "image folders: 1 (grayscale) or 3 (colour)");
+  ebm_train_cmd->add_option("--limit", ebm.limit, "use only the first N images");
+  ebm_train_cmd->add_option("--set", ebm.sets, "override an option: key=value or conv.key=value");
+  ebm_train_cmd->add_option("--compare", ebm.compare, "another run's directory, drawn in the curves (learned vs MALA)");
+  ebm_train_cmd->add_flag("--resume", ebm.resume, "continue OUTPUT/checkpoint.pt");
+  ebm_train_cmd->add_option("--threads", ebm.threads, "intra-op threads")->capture_default_str();
+  ebm_train_cmd->add_flag("--quiet,-q", ebm.quiet, "no progress line");
+  auto* ebm_sample_cmd = ebm_cmd->add_subcommand("sample", "a long sampling run from buffer samples of a trained EBM, as a grid");
+  ebm_sample_cmd->add_option("--model,-m", ebm_sample.model, "the training output directory")->capture_default_str();
+  ebm_sample_cmd->add_option("--steps", ebm_sample.steps, "MH steps")->capture_default_str();
+  ebm_sample_cmd->add_option("--chains", ebm_sample.chains, "chains (grid columns)")->capture_default_str();
+  ebm_sample_cmd->add_option("--output,-o", ebm_sample.output, "PNG (default: MODEL/longrun.png)");
+  ebm_sample_cmd->add_option("--threads", ebm_sample.threads, "intra-op threads")->capture_default_str();
+  ebm_sample_cmd->add_flag("--quiet,-q", ebm_sample.quiet, "no progress line");
+
   std::string demo_output = "demo_out";
   bool demo_quiet = false;
   auto* demo_cmd = app.add_subcommand("demo", "the README's main job");
@@ -585,6 +701,8 @@ int main(int argc, char** argv) {
       return cmd_reproduce(repro, repro_quiet);
     }
     if (*demo_cmd) return cmd_demo(demo_output, demo_quiet);
+    if (*ebm_train_cmd) return cmd_ebm_train(ebm);
+    if (*ebm_sample_cmd) return cmd_ebm_sample(ebm_sample);
   } catch (const nmcmc::UsageError& e) {
     std::cerr << "nmcmc: " << e.what() << "\n";
     return nmcmc::kExitUsage;

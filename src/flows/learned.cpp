@@ -272,21 +272,4 @@ int64_t LearnedSamplerImpl::flops_per_step() const {
   return total;
 }
 
-// ------------------------------------------------------------------ LearnedProposal
-
-bool LearnedProposal::uses_grad() const { return sampler_->options().variant == Variant::kLangevin; }
-
-double LearnedProposal::step_size() const { return sampler_->eps().item<double>(); }
-
-ProposalResult LearnedProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {
-  torch::NoGradGuard no_grad;
-  auto p = sampler_->propose(target, state.x, state.grad, gen, /*create_graph=*/false);
-  ProposalResult r;
-  r.proposed.x = p.x_new;
-  r.proposed.energy = p.energy_new.to(torch::kFloat64);
-  r.proposed.grad = p.grad_new;
-  r.log_q_ratio = p.log_q_rev - p.log_q_fwd;
-  return r;
-}
-
 }  // namespace nmcmc

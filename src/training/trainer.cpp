@@ -127,22 +127,15 @@ TrainStats Trainer::step() {
   }
   sampler_->train();
   optimizer_->zero_grad();
-  auto p = sampler_->propose(target_, x, grad_x, gen_, /*create_graph=*/!options_.stop_grad);
-  torch::Tensor log_a = u_x.to(torch::kFloat64) - p.energy_new.to(torch::kFloat64) + p.log_q_rev - p.log_q_fwd;  // [B]
-  torch::Tensor finite = torch::isfinite(log_a.detach());
-  const double d = static_cast<double>(target_.dim());
-  torch::Tensor entropy = p.log_det + d * sampler_->log_eps().to(torch::kFloat64);  // [B]
-  torch::Tensor per_x = torch::clamp_max(log_a, 0.0) + beta_ * entropy;
-  torch::Tensor n_finite = finite.sum().clamp_min(1).to(torch::kFloat64);
-  torch::Tensor objective = torch::where(finite, per_x, torch::zeros_like(per_x)).sum() / n_finite;
-  torch::Tensor loss = -objective;
-  const double loss_value = loss.item<double>();
+  ObjectiveTerms terms = entropy_objective(target_, *sampler_, x, u_x, grad_x, beta_, gen_,
+                                           /*create_graph=*/!options_.stop_grad);
+  const double loss_value = terms.loss_value;
   // A proposal that overflows (e.g. U(x') = inf far out in a funnel) is excluded from the
   // objective, but 0 * inf in its backward pass can still turn the gradient into NaN: such a
   // step is skipped (and counted) rather than allowed to poison the weights.
   bool skipped = true;
   if (std::isfinite(loss_value)) {
-    loss.backward();
+    terms.loss.backward();
     const double norm = torch::nn::utils::clip_grad_norm_(sampler_->parameters(), options_.clip);
     if (std::isfinite(norm)) {
       optimizer_->step();
@@ -153,15 +146,11 @@ TrainStats Trainer::step() {
   optimizer_->zero_grad();
 
   torch::NoGradGuard no_grad;
-  torch::Tensor la = torch::where(finite, log_a.detach(), torch::full_like(log_a, -INFINITY));
-  torch::Tensor accept_prob = torch::exp(torch::clamp_max(la, 0.0));
-  const double accept = accept_prob.mean().item<double>();
+  const double accept = terms.accept;
   beta_ = std::clamp(beta_ * (1.0 + options_.rho * (accept - options_.accept_target)), options_.beta_min, options_.beta_max);
   if (use_buffer_) {
     // The buffer chains take an MH step with this step's proposals.
-    torch::Tensor u = rand({x.size(0)}, gen_, la.options());
-    torch::Tensor acc = (torch::log(u) < la).unsqueeze(1);
-    torch::Tensor moved = torch::where(acc, p.x_new.detach(), x);
+    torch::Tensor moved = accept_moves(x, terms, gen_);
     if (batch_index_.defined()) buffer_.index_copy_(0, batch_index_, moved);
     else buffer_ = moved;
   }
@@ -172,7 +161,7 @@ TrainStats Trainer::step() {
   s.loss = loss_value;
   s.accept = accept;
   s.beta = beta_;
-  s.entropy = entropy.detach().mean().item<double>();
+  s.entropy = terms.entropy.mean().item<double>();
   s.eps = sampler_->eps().item<double>();
   s.lr = lr;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

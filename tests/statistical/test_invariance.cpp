@@ -3,6 +3,8 @@
 // for the false-fail rate (1e-6 per case) and the smallest detectable error.
 #include <gtest/gtest.h>
 
+#include "nmcmc/flows/model.hpp"
+#include "nmcmc/images/conv_sampler.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
@@ -142,5 +144,43 @@ TEST(InvariancePower, LearnedWithoutLogDetOrReverseFails) {
       std::cout << "  defect " << static_cast<int>(defect) << " " << variant_name(v) << ": " << r.describe() << "\n";
       EXPECT_FALSE(r.passes()) << variant_name(v) << ": " << r.describe();
     }
+  }
+}
+
+// ---- the convolutional image sampler (#5) on a 1x4x4 Gaussian "image" ----
+
+namespace {
+json gauss_image() {
+  json scales = json::array();
+  for (int i = 0; i < 16; ++i) scales.push_back(0.4 + 0.15 * (i % 5));
+  return {{"name", "gaussian"}, {"scales", scales}};
+}
+ConvSampler conv_sampler(uint64_t seed) {
+  ConvSamplerOptions o;
+  o.channels = 1;
+  o.height = 4;
+  o.width = 4;
+  o.filters = 4;
+  o.layers = 2;
+  o.steps = 1;
+  o.eps = 0.3;
+  return test_support::perturbed_conv_sampler(o, seed, 0.5);
+}
+}  // namespace
+
+TEST(Invariance, ConvSamplerWithRandomNetworks) {
+  auto s = conv_sampler(21);
+  auto r = invariance(gauss_image(), std::make_shared<ModelProposal>(s.ptr(), "conv"), 121);
+  std::cout << "  conv: " << r.describe() << "\n";
+  EXPECT_TRUE(r.passes()) << r.describe();
+}
+
+TEST(InvariancePower, ConvSamplerWithoutLogDetOrReverseFails) {
+  for (LearnedDefect defect : {LearnedDefect::kDropLogDet, LearnedDefect::kDropReverse}) {
+    auto s = conv_sampler(21);
+    s->set_defect_for_testing(defect);
+    auto r = invariance(gauss_image(), std::make_shared<ModelProposal>(s.ptr(), "conv"), 121);
+    std::cout << "  conv defect " << static_cast<int>(defect) << ": " << r.describe() << "\n";
+    EXPECT_FALSE(r.passes()) << r.describe();
   }
 }

@@ -104,6 +104,19 @@ LearnedSampler perturbed_sampler(const LearnedOptions& options, uint64_t seed, d
   return s;
 }
 
+ConvSampler perturbed_conv_sampler(const ConvSamplerOptions& options, uint64_t seed, double scale) {
+  ConvSampler s(options);
+  s->to(torch::kFloat64);
+  at::Generator gen = make_generator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : s->parameters()) {
+    if (p.dim() == 0) continue;  // log eps
+    const double fan = p.dim() > 1 ? static_cast<double>(p[0].numel()) : static_cast<double>(p.size(0));
+    p.add_(torch::randn(p.sizes(), gen, torch::kFloat64) * scale / std::sqrt(fan));
+  }
+  return s;
+}
+
 torch::Tensor finite_difference_grad(Target& target, const torch::Tensor& x, double h) {
   torch::NoGradGuard no_grad;
   torch::Tensor g = torch::zeros_like(x);

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/images/conv_sampler.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 
 namespace nmcmc::test_support {
@@ -48,6 +49,9 @@ torch::Tensor whiten_funnel(const torch::Tensor& x, double sigma);
 /// A float64 learned sampler built from `options` whose every parameter but log eps (the
 /// zero-initialised output layers included) is perturbed by N(0, (scale / sqrt(fan))^2).
 LearnedSampler perturbed_sampler(const LearnedOptions& options, uint64_t seed, double scale = 0.3);
+
+/// The same for the convolutional sampler (fan = the weight's input size).
+ConvSampler perturbed_conv_sampler(const ConvSamplerOptions& options, uint64_t seed, double scale = 0.3);
 
 /// Central finite-difference gradient of target.energy at x [C, D] (float64).
 torch::Tensor finite_difference_grad(Target& target, const torch::Tensor& x, double h = 1e-6);

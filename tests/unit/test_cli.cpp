@@ -29,7 +29,7 @@ CliRun run(const std::string& args) { return run_with_prefix("", args); }
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (std::string cmd : {"", "sample ", "targets ", "info ", "demo ", "reference "}) {
+  for (std::string cmd : {"", "sample ", "targets ", "info ", "demo ", "reference ", "ebm train ", "ebm sample "}) {
     CliRun r = run(cmd + "--help");
     EXPECT_EQ(r.code, 0) << cmd << r.out;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd;
@@ -170,4 +170,60 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   EXPECT_EQ(bad.code, 64) << bad.out;
   CliRun bad_only = run("reproduce --profile smoke --only mnist --output " + out);
   EXPECT_EQ(bad_only.code, 64) << bad_only.out;
+}
+
+TEST(Cli, EbmTrainResumeSampleAndBadInput) {
+  // A tiny IDX data set (24 images of 8x8), the smoke profile, through the command line.
+  const std::string dir = ::testing::TempDir() + "cli_ebm/";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir + "tiny.idx", std::ios::binary);
+    const unsigned char header[16] = {0, 0, 8, 3, 0, 0, 0, 24, 0, 0, 0, 8, 0, 0, 0, 8};
+    f.write(reinterpret_cast<const char*>(header), 16);
+    for (int i = 0; i < 24 * 64; ++i) f.put(static_cast<char>((i * 37) % 256));
+  }
+  const std::string common = "ebm train --profile smoke --data " + dir + "tiny.idx --set buffer=32 --quiet ";
+  CliRun a = run(common + "--output " + dir + "a");
+  ASSERT_EQ(a.code, 0) << a.out;
+  for (const char* f : {"checkpoint.pt", "log.csv", "summary.json", "samples_buffer.png", "curves.png", "z_std.png", "longrun.png"}) {
+    EXPECT_TRUE(fs::exists(dir + "a/" + f)) << f;
+  }
+  // Running again into the same directory refuses; --resume with more iterations continues.
+  CliRun again = run(common + "--output " + dir + "a");
+  EXPECT_EQ(again.code, 64) << again.out;
+  CliRun more = run(common + "--output " + dir + "a --resume --iterations 9");
+  ASSERT_EQ(more.code, 0) << more.out;
+  EXPECT_NE(more.out.find("\"iterations\": 9"), std::string::npos) << more.out;
+  CliRun mala = run(common + "--sampler mala --compare " + dir + "a --output " + dir + "m");
+  ASSERT_EQ(mala.code, 0) << mala.out;
+  CliRun s = run("ebm sample --model " + dir + "a --steps 5 --chains 3 --quiet --output " + dir + "long.png");
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_TRUE(fs::exists(dir + "long.png"));
+  // Bad input: clear message, exit code, no crash.
+  std::ofstream(dir + "bad.idx") << "garbage that is not IDX";
+  fs::create_directories(dir + "corrupt");
+  std::ofstream(dir + "corrupt/checkpoint.pt") << "garbage";
+  struct Case {
+    std::string args;
+    int code;
+    std::string says;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"ebm train --profile smoke --data " + dir + "bad.idx --output " + dir + "x", 65, "IDX"},
+           {"ebm train --profile smoke --data " + dir + "nothing --output " + dir + "x", 65, "neither"},
+           {"ebm train --profile gpu --data " + dir + "tiny.idx --output " + dir + "x", 64, "profile"},
+           {"ebm train --profile smoke --set frob=1 --data " + dir + "tiny.idx --output " + dir + "x", 64, "frob"},
+           {"ebm train --profile smoke --sampler gibbs --data " + dir + "tiny.idx --output " + dir + "x", 64, "sampler"},
+           {"ebm train --profile smoke --resume --data " + dir + "tiny.idx --output " + dir + "corrupt", 65, "corrupt"},
+           {"ebm sample --model " + dir + "corrupt", 65, "corrupt"},
+           {"ebm sample --model " + dir + "a --chains 0", 64, "chains"},
+           {"ebm", 64, "subcommand"},
+       }) {
+    CliRun r = run(c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << c.args;
+  }
+  EXPECT_FALSE(fs::exists(dir + "x/checkpoint.pt"));
 }

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "nmcmc/kernels/proposal.hpp"
+#include "nmcmc/flows/model.hpp"
 
 namespace nmcmc {
 
@@ -91,14 +91,14 @@ struct FlowPass {
 /// The learned sampler's networks and masks. Parameters are created in float64; move the module
 /// to the target's dtype and device with to() before use (Trainer and load_model do). Call forward/inverse for the flow, or wrap it in
 /// LearnedProposal for MH sampling.
-class LearnedSamplerImpl : public torch::nn::Module {
+class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
  public:
   explicit LearnedSamplerImpl(const LearnedOptions& options);
 
   const LearnedOptions& options() const { return options_; }
-  /// Learned step size eps = exp(log_eps).
-  torch::Tensor eps() const { return log_eps_.exp(); }
-  torch::Tensor log_eps() const { return log_eps_; }
+  int64_t dim() const override { return options_.dim; }
+  torch::Tensor log_eps() const override { return log_eps_; }
+  bool needs_grad() const override { return options_.variant == Variant::kLangevin; }
   /// Number of coupling sub-steps 2N.
   int64_t substeps() const { return 2 * options_.steps; }
 
@@ -110,29 +110,21 @@ class LearnedSamplerImpl : public torch::nn::Module {
   /// Langevin variant: the drift mu(x) = -(eps^2/2) dU(x) exp(S_d(x)) + T_d(x), given dU(x).
   torch::Tensor langevin_drift(const torch::Tensor& x, const torch::Tensor& grad);
 
-  /// Everything one proposal produces, for sampling and training alike.
-  struct Proposed {
-    torch::Tensor x_new;        // [C, D]
-    torch::Tensor energy_new;   // [C] (target dtype; differentiable when training)
-    torch::Tensor grad_new;     // [C, D] for the Langevin variant, else undefined
-    torch::Tensor log_q_fwd;    // [C] log q(x'|x), without the common -D/2 log(2 pi)
-    torch::Tensor log_q_rev;    // [C] log q(x|x')
-    torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass
-  };
+  using Proposed = nmcmc::Proposed;
   /// Draws z0 from gen and builds x' with both densities. `grad` is dU(x) (Langevin only).
   Proposed propose(Target& target, const torch::Tensor& x, const torch::Tensor& grad, at::Generator& gen,
-                   bool create_graph);
+                   bool create_graph) override;
 
   /// log q(x_to | x_from) by the inverse pass (an independent route to the same density the
   /// forward pass gives). For the Langevin variant `grad_from` is dU(x_from).
   torch::Tensor log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
-                            const torch::Tensor& x_to);
+                            const torch::Tensor& x_to) override;
   /// Test-only: makes the proposal's density wrong in a known way.
   void set_defect_for_testing(LearnedDefect defect) { defect_ = defect; }
 
   /// Target gradient evaluations per MH step (per chain): 4N (full), 0 (no-grad), 1 (langevin,
   /// with dU(x) carried in the chain state).
-  int64_t grads_per_step() const;
+  int64_t grads_per_step() const override;
   /// Approximate network flops per chain for one MH step (forward and reverse pass).
   int64_t flops_per_step() const;
   /// The masks as a [N, D] 0/1 tensor (1 = in m_n).
@@ -156,15 +148,10 @@ class LearnedSamplerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LearnedSampler);
 
-/// The learned sampler as an uncalibrated proposal for MetropolisHastings (sampling only:
-/// runs without autograd graphs beyond the target gradients it needs).
-class LearnedProposal : public Proposal {
+/// The learned sampler as an uncalibrated proposal for MetropolisHastings.
+class LearnedProposal : public ModelProposal {
  public:
-  explicit LearnedProposal(LearnedSampler sampler) : sampler_(std::move(sampler)) {}
-  std::string name() const override { return "learned"; }
-  bool uses_grad() const override;
-  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
-  double step_size() const override;
+  explicit LearnedProposal(LearnedSampler sampler) : ModelProposal(sampler.ptr(), "learned"), sampler_(std::move(sampler)) {}
   LearnedSampler& sampler() { return sampler_; }
 
  private:

@@ -1,0 +1,83 @@
+#pragma once
+/// What every learned proposal model provides, whatever its networks (MLP or convolutional):
+/// the interface the MH wrapper, the entropy objective, the trainers and the EBM loop use.
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "nmcmc/kernels/proposal.hpp"
+
+namespace nmcmc {
+
+/// Everything one proposal produces, for sampling and training alike.
+struct Proposed {
+  torch::Tensor x_new;        // [C, D]
+  torch::Tensor energy_new;   // [C] (target dtype; differentiable when training)
+  torch::Tensor grad_new;     // [C, D] when the model carries dU in the chain state, else undefined
+  torch::Tensor log_q_fwd;    // [C] log q(x'|x), without the common -D/2 log(2 pi)
+  torch::Tensor log_q_rev;    // [C] log q(x|x')
+  torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass
+};
+
+/// A proposal x' = x + eps z (+ drift) with a tractable density in both directions.
+class ProposalModel {
+ public:
+  virtual ~ProposalModel() = default;
+  /// Dimension D of x.
+  virtual int64_t dim() const = 0;
+  /// log eps (a scalar parameter).
+  virtual torch::Tensor log_eps() const = 0;
+  torch::Tensor eps() const { return log_eps().exp(); }
+  /// Whether the chain state must carry dU(x) (Langevin-type models).
+  virtual bool needs_grad() const = 0;
+  /// Target gradient evaluations per MH step and chain.
+  virtual int64_t grads_per_step() const = 0;
+  /// Draws z0 from gen and builds x' with both densities. `grad` is dU(x) when needs_grad().
+  virtual Proposed propose(Target& target, const torch::Tensor& x, const torch::Tensor& grad, at::Generator& gen,
+                           bool create_graph) = 0;
+  /// log q(x_to | x_from) by the inverse pass. `grad_from` is dU(x_from) when needs_grad().
+  virtual torch::Tensor log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
+                                    const torch::Tensor& x_to) = 0;
+};
+
+/// Any ProposalModel as an uncalibrated proposal for MetropolisHastings (no autograd graphs
+/// beyond the target gradients it needs).
+class ModelProposal : public Proposal {
+ public:
+  ModelProposal(std::shared_ptr<ProposalModel> model, std::string name)
+      : model_(std::move(model)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  bool uses_grad() const override { return model_->needs_grad(); }
+  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
+  double step_size() const override { return model_->eps().item<double>(); }
+  ProposalModel& model() { return *model_; }
+
+ private:
+  std::shared_ptr<ProposalModel> model_;
+  std::string name_;
+};
+
+/// The terms of the entropy objective (Note [Entropy objective]) on one batch.
+struct ObjectiveTerms {
+  torch::Tensor loss;         // scalar, -mean over finite rows of min(0, log a) + beta * entropy
+  torch::Tensor log_a;        // [B] float64, detached; -inf where not finite
+  torch::Tensor entropy;      // [B] float64, detached: log|dz/dz0| + D log eps
+  torch::Tensor jump_sq;      // [B] float64, detached: |x' - x|^2
+  double loss_value = 0;      // loss.item()
+  double accept = 0;          // mean min(1, a)
+  Proposed proposed;
+};
+
+/// One proposal from each row of x and the objective on it. u_x = U(x) [B]; grad_x = dU(x)
+/// when the model needs it. With create_graph the loss is differentiable through dU (double
+/// backward); otherwise the gradient is stopped at dU.
+ObjectiveTerms entropy_objective(Target& target, ProposalModel& model, const torch::Tensor& x,
+                                 const torch::Tensor& u_x, const torch::Tensor& grad_x, double beta,
+                                 at::Generator& gen, bool create_graph);
+
+/// One MH step of rows x (in place of the chains) with the detached log a of an objective
+/// evaluation: returns the moved rows.
+torch::Tensor accept_moves(const torch::Tensor& x, const ObjectiveTerms& terms, at::Generator& gen);
+
+}  // namespace nmcmc
