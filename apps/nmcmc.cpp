@@ -310,7 +310,7 @@ int cmd_train(const TrainArgs& a) {
 
 // ------------------------------------------------------------------ ebm
 struct EbmArgs {
-  std::string data = "fashion-mnist", output = "ebm", profile = "cpu", sampler = "learned", config, compare;
+  std::string data = "fashion-mnist", output = "ebm", profile = "cpu", sampler = "learned", config, compare, device = "cpu";
   std::vector<std::string> sets;
   int64_t iterations = -1, size = -1, channels = -1, limit = -1;
   bool resume = false, quiet = false;
@@ -323,6 +323,7 @@ int cmd_ebm_train(const EbmArgs& a) {
   json cfg = a.config.empty() ? json::object() : nmcmc::read_config_file(a.config);
   cfg["data"] = a.data;
   cfg["sampler"] = a.sampler;
+  cfg["device"] = a.device;
   if (a.iterations >= 0) cfg["iterations"] = a.iterations;
   if (a.size > 0) cfg["size"] = a.size;
   if (a.channels > 0) cfg["channels"] = a.channels;
@@ -368,7 +369,7 @@ int cmd_ebm_train(const EbmArgs& a) {
       if (a.quiet || !(tty || k == n || k % std::max<int64_t>(1, n / 10) == 0)) return;
       std::cerr << (tty ? "\r" : "") << fmt::format("[long run] step {}/{}", k, n) << (tty && k != n ? "" : "\n") << std::flush;
     };
-    summary["longrun"] = nmcmc::run_ebm_longrun(a.output, options.longrun_steps, 8, png, lr_progress);
+    summary["longrun"] = nmcmc::run_ebm_longrun(a.output, options.longrun_steps, 8, png, lr_progress, options.device);
     nmcmc::write_atomically((fs::path(a.output) / "summary.json").string(), [&](std::ostream& os) { os << summary.dump(2) << "\n"; });
   }
   std::cout << summary.dump(2) << "\n";
@@ -377,7 +378,7 @@ int cmd_ebm_train(const EbmArgs& a) {
 }
 
 struct EbmSampleArgs {
-  std::string model = "ebm", output;
+  std::string model = "ebm", output, device = "cpu";
   int64_t steps = 2000, chains = 8;
   int threads = 1;
   bool quiet = false;
@@ -391,7 +392,7 @@ int cmd_ebm_sample(const EbmSampleArgs& a) {
     if (a.quiet || !(tty || k == n || k % std::max<int64_t>(1, n / 10) == 0)) return;
     std::cerr << (tty ? "\r" : "") << fmt::format("[long run] step {}/{}", k, n) << (tty && k != n ? "" : "\n") << std::flush;
   };
-  json r = nmcmc::run_ebm_longrun(a.model, a.steps, a.chains, png, progress);
+  json r = nmcmc::run_ebm_longrun(a.model, a.steps, a.chains, png, progress, a.device);
   std::cout << r.dump(2) << "\n";
   return 0;
 }
@@ -640,6 +641,7 @@ int main(int argc, char** argv) {
   ebm_train_cmd->add_option("--set", ebm.sets, "override an option: key=value or conv.key=value");
   ebm_train_cmd->add_option("--compare", ebm.compare, "another run's directory, drawn in the curves (learned vs MALA)");
   ebm_train_cmd->add_flag("--resume", ebm.resume, "continue OUTPUT/checkpoint.pt");
+  ebm_train_cmd->add_option("--device", ebm.device, "cpu | cuda | cuda:N")->capture_default_str();
   ebm_train_cmd->add_option("--threads", ebm.threads, "intra-op threads")->capture_default_str();
   ebm_train_cmd->add_flag("--quiet,-q", ebm.quiet, "no progress line");
   auto* ebm_sample_cmd = ebm_cmd->add_subcommand("sample", "a long sampling run from buffer samples of a trained EBM, as a grid");
@@ -648,6 +650,7 @@ int main(int argc, char** argv) {
   ebm_sample_cmd->add_option("--chains", ebm_sample.chains, "chains (grid columns)")->capture_default_str();
   ebm_sample_cmd->add_option("--output,-o", ebm_sample.output, "PNG (default: MODEL/longrun.png)");
   ebm_sample_cmd->add_option("--threads", ebm_sample.threads, "intra-op threads")->capture_default_str();
+  ebm_sample_cmd->add_option("--device", ebm_sample.device, "cpu | cuda | cuda:N")->capture_default_str();
   ebm_sample_cmd->add_flag("--quiet,-q", ebm_sample.quiet, "no progress line");
 
   std::string demo_output = "demo_out";

@@ -86,7 +86,8 @@ json EbmOptions::to_json() const {
           {"seed", seed},
           {"checkpoint_every", checkpoint_every},
           {"log_every", log_every},
-          {"dtype", dtype}};
+          {"dtype", dtype},
+          {"device", device}};
 }
 
 json EbmOptions::profile(const std::string& name) {
@@ -166,11 +167,18 @@ EbmOptions EbmOptions::from_json(const json& j_in, const std::string& profile_na
     o.checkpoint_every = j.at("checkpoint_every");
     o.log_every = j.at("log_every");
     o.dtype = j.at("dtype");
+    o.device = j.at("device");
   } catch (const json::exception& e) {
     throw UsageError(std::string("ebm options: ") + e.what());
   }
   if (o.sampler != "learned" && o.sampler != "mala") throw UsageError("ebm: sampler must be learned or mala");
   if (o.dtype != "float32" && o.dtype != "float64") throw UsageError("ebm: dtype must be float32 or float64");
+  try {
+    torch::Device dev(o.device);
+    (void)dev;
+  } catch (const std::exception&) {
+    throw UsageError("ebm: device must be cpu, cuda or cuda:N, got '" + o.device + "'");
+  }
   if (o.iterations < 0 || o.buffer < 1 || o.sampler_batch < 1 || o.sampler_steps < 1 || o.neg_batch < 1 || o.mcmc_steps < 1) {
     throw UsageError("ebm: iterations must be >= 0 and buffer, batches and steps positive");
   }
@@ -191,8 +199,15 @@ EbmOptions EbmOptions::from_json(const json& j_in, const std::string& profile_na
 
 namespace {
 using Clock = std::chrono::steady_clock;
-torch::TensorOptions dtype_options(const std::string& dtype) {
-  return torch::TensorOptions().dtype(dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
+torch::Device checked_device(const EbmOptions& o) {
+  torch::Device device(o.device);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw UsageError("ebm: device " + o.device + ": this LibTorch build or machine has no CUDA device");
+  }
+  return device;
+}
+torch::TensorOptions tensor_options(const EbmOptions& o) {
+  return torch::TensorOptions().dtype(o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32).device(checked_device(o));
 }
 void set_requires_grad(torch::nn::Module& m, bool on) {
   for (auto& p : m.parameters()) p.requires_grad_(on);
@@ -203,14 +218,15 @@ void set_lr(torch::optim::Adam& opt, double lr) {
 }  // namespace
 
 EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
-    : o_(std::move(options)), data_(std::move(data_uint8)), gen_(make_generator(o_.seed)), beta_(o_.beta),
+    : o_(std::move(options)), data_(std::move(data_uint8)), gen_(make_generator(o_.seed, checked_device(o_))),
+      cpu_gen_(make_generator(o_.seed + 0x9e3779b9ULL)), beta_(o_.beta),
       log_eps_mala_(std::log(o_.conv.eps)) {
   if (data_.dim() != 4 || data_.size(0) < 1) throw DataError("image data must be a non-empty [N, C, H, W] set");
   const int64_t c = data_.size(1), h = data_.size(2), w = data_.size(3);
   if (h < 4 || w < 4) throw DataError("images must be at least 4x4");
-  const auto opts = dtype_options(o_.dtype);
+  const auto opts = tensor_options(o_);
   EnergyNet net(c, h, w, o_.ebm_filters, o_.seed * 7919 + 11);
-  net->to(opts.dtype().toScalarType());
+  net->to(opts.device(), opts.dtype().toScalarType());
   target_ = std::make_unique<EbmTarget>(net, c, h, w, opts);
   ebm_opt_ = std::make_unique<torch::optim::Adam>(
       net->parameters(), torch::optim::AdamOptions(o_.lr).betas({o_.adam_beta1, o_.adam_beta2}));
@@ -220,7 +236,7 @@ EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
     so.height = h;
     so.width = w;
     sampler_ = ConvSampler(so);
-    sampler_->to(opts.dtype().toScalarType());
+    sampler_->to(opts.device(), opts.dtype().toScalarType());
     sampler_opt_ = std::make_unique<torch::optim::Adam>(
         sampler_->parameters(), torch::optim::AdamOptions(o_.sampler_lr > 0 ? o_.sampler_lr : o_.lr).betas({o_.adam_beta1, o_.adam_beta2}));
     proposal_ = std::make_shared<ModelProposal>(sampler_.ptr(), "learned-conv");
@@ -229,13 +245,13 @@ EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
     proposal_ = mala_;
   }
   // The replay buffer starts at dequantised training images.
-  torch::Tensor idx = torch::randint(data_.size(0), {o_.buffer}, gen_, torch::kInt64);
-  buffer_ = transform_.to_logit(data_.index_select(0, idx), gen_, opts).reshape({o_.buffer, -1});
+  torch::Tensor idx = torch::randint(data_.size(0), {o_.buffer}, cpu_gen_, torch::kInt64);
+  buffer_ = transform_.to_logit(data_.index_select(0, idx), cpu_gen_, opts).reshape({o_.buffer, -1});
 }
 
 torch::Tensor EbmTrainer::data_batch(int64_t n) {
-  torch::Tensor idx = torch::randint(data_.size(0), {n}, gen_, torch::kInt64);
-  return transform_.to_logit(data_.index_select(0, idx), gen_, target_->options()).reshape({n, -1});
+  torch::Tensor idx = torch::randint(data_.size(0), {n}, cpu_gen_, torch::kInt64);
+  return transform_.to_logit(data_.index_select(0, idx), cpu_gen_, target_->options()).reshape({n, -1});
 }
 
 double EbmTrainer::learning_rate(int64_t iteration) const {
@@ -249,7 +265,7 @@ double EbmTrainer::learning_rate(int64_t iteration) const {
 EbmStats EbmTrainer::sampler_phase(EbmStats s) {
   Target& target = *target_;
   const int64_t n = o_.sampler_batch;
-  torch::Tensor idx = torch::randperm(o_.buffer, gen_, torch::kInt64).narrow(0, 0, n);
+  torch::Tensor idx = torch::randperm(o_.buffer, cpu_gen_, torch::kInt64).narrow(0, 0, n).to(buffer_.device());
   torch::Tensor x = buffer_.index_select(0, idx);
   const int64_t g0 = target.grad_evals();
   double accept = 0, entropy = 0, jump = 0;
@@ -306,7 +322,7 @@ EbmStats EbmTrainer::iterate() {
   s = sampler_phase(s);
   if (s.accept > o_.accept_target - o_.accept_margin) {
     // Negatives: neg_batch buffer rows take mcmc_steps MH steps.
-    torch::Tensor idx = torch::randperm(o_.buffer, gen_, torch::kInt64).narrow(0, 0, o_.neg_batch);
+    torch::Tensor idx = torch::randperm(o_.buffer, cpu_gen_, torch::kInt64).narrow(0, 0, o_.neg_batch).to(buffer_.device());
     MetropolisHastings kernel(proposal_);
     if (sampler_) sampler_->eval();
     const int64_t g0 = target_->grad_evals();
@@ -387,11 +403,12 @@ EbmStats stats_from_json(const json& j) {
   return s;
 }
 
-torch::serialize::InputArchive open_ebm_archive(const std::string& path, json& meta) {
+torch::serialize::InputArchive open_ebm_archive(const std::string& path, json& meta,
+                                                const torch::Device& device = torch::kCPU) {
   if (!std::filesystem::exists(path)) throw DataError("EBM checkpoint '" + path + "' does not exist");
   torch::serialize::InputArchive ar;
   try {
-    ar.load_from(path);
+    ar.load_from(path, device);  // tensors land where the trainer's live (Module::load would move them)
   } catch (const std::exception&) {
     throw DataError("EBM checkpoint '" + path + "' is truncated or corrupt");
   }
@@ -423,8 +440,9 @@ void EbmTrainer::save(const std::string& path) const {
     ar.write("sampler", s_ar);
     ar.write("sampler_optimizer", s_opt_ar);
   }
-  ar.write("buffer", buffer_);
+  ar.write("buffer", buffer_.to(torch::kCPU));
   ar.write("rng", gen_.get_state());
+  ar.write("rng_cpu", cpu_gen_.get_state());
   json meta;
   meta["format"] = "nmcmc-ebm-checkpoint";
   meta["version"] = kEbmCheckpointVersion;
@@ -446,10 +464,10 @@ void EbmTrainer::save(const std::string& path) const {
 
 void EbmTrainer::load(const std::string& path) {
   json meta;
-  auto ar = open_ebm_archive(path, meta);
+  auto ar = open_ebm_archive(path, meta, buffer_.device());
   json mine = o_.to_json(), theirs = meta.at("options");
   // Everything but the run length and bookkeeping must match.
-  for (const char* k : {"iterations", "checkpoint_every", "log_every", "longrun_steps"}) {
+  for (const char* k : {"iterations", "checkpoint_every", "log_every", "longrun_steps", "device"}) {
     mine.erase(k);
     theirs.erase(k);
   }
@@ -475,7 +493,9 @@ void EbmTrainer::load(const std::string& path) {
     if (b.sizes() != buffer_.sizes()) throw DataError("EBM checkpoint '" + path + "' has a buffer of the wrong shape");
     buffer_ = b.to(buffer_.options());
     ar.read("rng", state);
-    gen_.set_state(state);
+    gen_.set_state(state.to(torch::kCPU));
+    ar.read("rng_cpu", state);
+    cpu_gen_.set_state(state.to(torch::kCPU));
   } catch (const c10::Error& e) {
     throw DataError("EBM checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
   }

@@ -60,7 +60,7 @@ void write_figures(EbmTrainer& tr, const std::string& out, const std::string& co
   write_ebm_curves((fs::path(out) / "curves.png").string(), runs);
   if (tr.sampler()) {
     // Appendix A.3 f-g: where the proposal moves. 8 buffer samples above the pixel-wise sd of z.
-    at::Generator gen = make_generator(o.seed + 99);
+    at::Generator gen = make_generator(o.seed + 99, tr.buffer().device());
     torch::Tensor x = tr.buffer().narrow(0, 0, 8);
     torch::Tensor sd = z_std(tr.sampler(), x, 64, gen);
     torch::Tensor sd_img = sd.reshape({8, c, h, w}).mean(1, true);
@@ -117,6 +117,7 @@ json run_ebm_training(const EbmOptions& options, const std::string& output, bool
     json meta = read_ebm_checkpoint_meta(ckpt);
     json stored = meta.at("options");
     stored["iterations"] = std::max<int64_t>(o.iterations, stored.value("iterations", int64_t{0}));
+    stored["device"] = o.device;
     o = EbmOptions::from_json(stored);
   } else if (!resume && fs::exists(ckpt)) {
     throw UsageError("'" + ckpt + "' exists: pass --resume to continue it, or choose another --output");
@@ -174,10 +175,12 @@ json run_ebm_training(const EbmOptions& options, const std::string& output, bool
 }
 
 json run_ebm_longrun(const std::string& model_dir, int64_t steps, int64_t chains, const std::string& png,
-                     const std::function<void(int64_t, int64_t)>& progress) {
+                     const std::function<void(int64_t, int64_t)>& progress, const std::string& device) {
   const std::string ckpt = (fs::path(model_dir) / "checkpoint.pt").string();
   json meta = read_ebm_checkpoint_meta(ckpt);
-  EbmOptions o = EbmOptions::from_json(meta.at("options"));
+  json stored = meta.at("options");
+  stored["device"] = device;
+  EbmOptions o = EbmOptions::from_json(stored);
   if (steps < 1 || chains < 1) throw UsageError("ebm sample: steps and chains must be positive");
   if (chains > o.buffer) throw UsageError("ebm sample: at most " + std::to_string(o.buffer) + " chains (the buffer size)");
   // The trainer is rebuilt only to restore the networks and buffer; a one-image stand-in data set
@@ -188,7 +191,7 @@ json run_ebm_longrun(const std::string& model_dir, int64_t steps, int64_t chains
   tr.load(ckpt);
   if (tr.sampler()) tr.sampler()->eval();
   MetropolisHastings kernel(tr.proposal());
-  at::Generator gen = make_generator(o.seed + 12345);
+  at::Generator gen = make_generator(o.seed + 12345, torch::Device(o.device));
   ChainState state = kernel.init(tr.target(), tr.buffer().narrow(0, 0, chains));
   const int64_t c = shape[0], h = shape[1], w = shape[2];
   const int64_t snaps = 8;

@@ -79,6 +79,7 @@ struct EbmOptions {
   uint64_t seed = 1;
   int64_t checkpoint_every = 100, log_every = 10;
   std::string dtype = "float32";
+  std::string device = "cpu";        // cpu | cuda | cuda:N (not part of the model: may change on resume)
   nlohmann::json to_json() const;
   /// Parses {...} over the defaults of `profile` (cpu | paper | smoke); UsageError on bad values.
   static EbmOptions from_json(const nlohmann::json& j, const std::string& profile = "");
@@ -128,7 +129,8 @@ class EbmTrainer {
   EbmOptions o_;
   torch::Tensor data_;  // [N, C, H, W] uint8
   LogitTransform transform_;
-  at::Generator gen_;
+  at::Generator gen_;      // proposals and MH decisions (on the device)
+  at::Generator cpu_gen_;  // indices and dequantisation noise (CPU)
   std::unique_ptr<EbmTarget> target_;
   ConvSampler sampler_{nullptr};
   std::shared_ptr<Mala> mala_;
@@ -160,7 +162,7 @@ nlohmann::json run_ebm_training(const EbmOptions& options, const std::string& ou
 
 /// Long sampling run from buffer samples of a trained model, with snapshots as a grid.
 nlohmann::json run_ebm_longrun(const std::string& model_dir, int64_t steps, int64_t chains, const std::string& png,
-                               const std::function<void(int64_t, int64_t)>& progress);
+                               const std::function<void(int64_t, int64_t)>& progress, const std::string& device = "cpu");
 
 /// The training curves of one or two runs (learned vs MALA) in one PNG.
 void write_ebm_curves(const std::string& path, const std::vector<std::pair<std::string, std::vector<EbmStats>>>& runs);
