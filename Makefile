@@ -6,7 +6,7 @@ export CCACHE_MAXSIZE := 5G
 export CCACHE_BASEDIR := $(CURDIR)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps configure build test demo bench example reference clean
+.PHONY: all deps configure build test demo ebm bench example reference clean
 
 all: build
 
@@ -35,6 +35,12 @@ example: build
 
 demo: build
 	$(BUILD)/nmcmc demo --output demo_out
+
+# The image EBM of paper section 4.2 on Fashion-MNIST, cpu profile: the MALA baseline (~25 min),
+# then the learned sampler (~50 min) with both runs' curves in one figure. Reruns resume.
+ebm: build
+	$(BUILD)/nmcmc ebm train --profile cpu --sampler mala --output ebm_mala --resume
+	$(BUILD)/nmcmc ebm train --profile cpu --sampler learned --output ebm --compare ebm_mala --resume
 
 bench: build
 	bash bench/run_baselines.sh

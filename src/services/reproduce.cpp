@@ -111,6 +111,22 @@ json measures(const SampleResult& r, Target& target, double seconds_training, in
 /// The constants the authors' code used for the funnels' x1.. sd (not the analytic values).
 double authors_funnel_sd(const std::string& e) { return e == "funnel1" ? 1.622 : 7.4; }
 
+/// The German moments the authors' code normalised with: A-NICE-MC's constants
+/// (github.com/ermongroup/a-nice-mc, a_nice_mc/objectives/bayes_logistic_regression/german.py),
+/// published data, reordered to our parametrisation (intercept first; theirs is last).
+Moments authors_german_moments() {
+  const std::vector<double> mean = {-1.20507437, -0.73619639, 0.419458, -0.41486377, 0.12679717, -0.36520298,
+                                    -0.1790139, -0.15307771, 0.01321516, 0.18079792, -0.11101034, -0.22463548,
+                                    0.12258933, 0.02874339, -0.13638893, -0.29289896, 0.27896283, -0.29997425,
+                                    0.30485174, 0.27133239, 0.12250612, -0.06301813, -0.09286941, -0.02542205,
+                                    -0.02292937};
+  const std::vector<double> sd = {0.09891565, 0.09370191, 0.1066482, 0.097784, 0.11055009, 0.09572253, 0.09415687,
+                                  0.08297686, 0.0928196, 0.10530122, 0.09953667, 0.07978824, 0.09610339,
+                                  0.0867488, 0.09550436, 0.11943925, 0.08431934, 0.10446487, 0.12292658,
+                                  0.11318609, 0.14040756, 0.1456459, 0.09062331, 0.13020753, 0.12852231};
+  return {torch::tensor(mean, torch::kFloat64), torch::tensor(sd, torch::kFloat64)};
+}
+
 SampleResult evaluate(Target& target, std::shared_ptr<Proposal> proposal, int64_t chains, int64_t warmup, int64_t draws,
                       bool adapt, uint64_t seed, const torch::Tensor& init_x = {}) {
   MetropolisHastings kernel(std::move(proposal));
@@ -236,6 +252,13 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       torch::Tensor ratio = paper_ess_ratio(learned.draws, m->mean, sd);
       entry["learned"]["authors_constants_ess_per_step_rest_min"] = ratio.narrow(0, 1, ratio.size(0) - 1).min().item<double>();
     }
+    if (name == "german") {
+      // The authors' constants are off by up to ~0.1 sd from our reference run (see the issue).
+      Moments a = authors_german_moments();
+      torch::Tensor ratio = paper_ess_ratio(learned.draws, a.mean, a.sd);
+      entry["learned"]["authors_constants_ess_5k_min"] = 5000.0 * ratio.min().item<double>();
+      entry["learned"]["authors_constants_ess_5k_mean"] = 5000.0 * ratio.mean().item<double>();
+    }
     const json bl = settings["baseline"];
     for (const std::string b : {"mala", "hmc"}) {
       ProposalOptions po;
@@ -357,6 +380,10 @@ std::string results_table(const json& results) {
       out += fmt::format("| {} | ESS per 5000 MH steps (min / mean over dims) | {} | {:.0f} / {:.0f} | {} | {:.0f} / {:.0f} | {:.0f} / {:.0f} | {} |\n",
                          name, num(e["paper"], "ess_per_5k"), num(l, "ess_5k_min"), num(l, "ess_5k_mean"), comp.at(name),
                          num(m, "ess_5k_min"), num(m, "ess_5k_mean"), num(h, "ess_5k_min"), num(h, "ess_5k_mean"), tail);
+      if (name == "german" && l.contains("authors_constants_ess_5k_min")) {
+        out += fmt::format("| german | the same with the authors' (A-NICE-MC's) moment constants | 3150 | {:.0f} / {:.0f} | | | | |\n",
+                           num(l, "authors_constants_ess_5k_min"), num(l, "authors_constants_ess_5k_mean"));
+      }
     }
   }
   out += "\nPer experiment (learned): training wall time and gradient evaluations per batch row; sampling ESS/s (min over dims).\n\n";
