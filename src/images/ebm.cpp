@@ -44,11 +44,14 @@ torch::Tensor EnergyNetImpl::forward(const torch::Tensor& images) {
   return convs_.back()->forward(h).reshape({images.size(0), -1}).sum(1);
 }
 
-EbmTarget::EbmTarget(EnergyNet net, int64_t channels, int64_t height, int64_t width, torch::TensorOptions options)
-    : Target(options), net_(std::move(net)), c_(channels), h_(height), w_(width) {}
+EbmTarget::EbmTarget(EnergyNet net, int64_t channels, int64_t height, int64_t width, torch::TensorOptions options,
+                     double wall, double bound)
+    : Target(options), net_(std::move(net)), c_(channels), h_(height), w_(width), wall_(wall), bound_(bound) {}
 
 torch::Tensor EbmTarget::compute_energy(const torch::Tensor& x) const {
-  return const_cast<EnergyNet&>(net_)->forward(x.reshape({x.size(0), c_, h_, w_}));
+  torch::Tensor e = const_cast<EnergyNet&>(net_)->forward(x.reshape({x.size(0), c_, h_, w_}));
+  if (wall_ > 0) e = e + wall_ * torch::relu(x.abs() - bound_).pow(2).sum(1);
+  return e;
 }
 
 // ------------------------------------------------------------------ options
@@ -82,6 +85,7 @@ json EbmOptions::to_json() const {
           {"rho_eps", rho_eps},
           {"energy_reg", energy_reg},
           {"clip", clip},
+          {"wall", wall},
           {"longrun_steps", longrun_steps},
           {"seed", seed},
           {"checkpoint_every", checkpoint_every},
@@ -162,6 +166,7 @@ EbmOptions EbmOptions::from_json(const json& j_in, const std::string& profile_na
     o.rho_eps = j.at("rho_eps");
     o.energy_reg = j.at("energy_reg");
     o.clip = j.at("clip");
+    o.wall = j.at("wall");
     o.longrun_steps = j.at("longrun_steps");
     o.seed = j.at("seed");
     o.checkpoint_every = j.at("checkpoint_every");
@@ -183,6 +188,7 @@ EbmOptions EbmOptions::from_json(const json& j_in, const std::string& profile_na
     throw UsageError("ebm: iterations must be >= 0 and buffer, batches and steps positive");
   }
   if (o.sampler_batch > o.buffer || o.neg_batch > o.buffer) throw UsageError("ebm: the batches cannot exceed the buffer");
+  if (!(o.wall >= 0)) throw UsageError("ebm: wall must be non-negative");
   if (!(o.sampler_lr >= 0)) throw UsageError("ebm: sampler_lr must be non-negative");
   if (!(o.lr > 0) || !(o.accept_target > 0 && o.accept_target < 1)) throw UsageError("ebm: need lr > 0 and accept_target in (0, 1)");
   if (!(o.beta_min > 0) || o.beta < o.beta_min || o.beta > o.beta_max) throw UsageError("ebm: need 0 < beta_min <= beta <= beta_max");
@@ -227,7 +233,8 @@ EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
   const auto opts = tensor_options(o_);
   EnergyNet net(c, h, w, o_.ebm_filters, o_.seed * 7919 + 11);
   net->to(opts.device(), opts.dtype().toScalarType());
-  target_ = std::make_unique<EbmTarget>(net, c, h, w, opts);
+  const double bound = std::log((1.0 - transform_.alpha) / transform_.alpha);
+  target_ = std::make_unique<EbmTarget>(net, c, h, w, opts, o_.wall, bound);
   ebm_opt_ = std::make_unique<torch::optim::Adam>(
       net->parameters(), torch::optim::AdamOptions(o_.lr).betas({o_.adam_beta1, o_.adam_beta2}));
   if (o_.sampler == "learned") {

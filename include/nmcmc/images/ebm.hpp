@@ -42,9 +42,12 @@ class EnergyNetImpl : public torch::nn::Module {
 TORCH_MODULE(EnergyNet);
 
 /// U(x) = EnergyNet(x) on flattened logit-space images [B, C*H*W].
+/// With wall > 0 a fixed term wall * sum_i relu(|x_i| - bound)^2 keeps samples inside the logit
+/// range of the data, [-bound, bound] (bound = logit(1 - alpha)); it has no parameters.
 class EbmTarget : public Target {
  public:
-  EbmTarget(EnergyNet net, int64_t channels, int64_t height, int64_t width, torch::TensorOptions options);
+  EbmTarget(EnergyNet net, int64_t channels, int64_t height, int64_t width, torch::TensorOptions options,
+            double wall = 0.0, double bound = 0.0);
   std::string name() const override { return "ebm"; }
   int64_t dim() const override { return c_ * h_ * w_; }
   nlohmann::json spec() const override { return {{"name", "ebm"}, {"channels", c_}, {"height", h_}, {"width", w_}}; }
@@ -56,6 +59,7 @@ class EbmTarget : public Target {
  private:
   EnergyNet net_;
   int64_t c_, h_, w_;
+  double wall_, bound_;
 };
 
 struct EbmOptions {
@@ -75,6 +79,7 @@ struct EbmOptions {
   double beta = 1e-3, beta_min = 1e-8, beta_max = 1e3, rho = 0.03;  // entropy weight and its controller
   double rho_eps = 0.05;             // MALA's step-size controller
   double energy_reg = 0.0, clip = 100.0;
+  double wall = 0.0;                 // weight of the support wall (see EbmTarget); 0: none
   int64_t longrun_steps = 2000;      // the long sampling run for the stability figure
   uint64_t seed = 1;
   int64_t checkpoint_every = 100, log_every = 10;
