@@ -78,8 +78,8 @@ void write_ebm_curves(const std::string& path, const std::vector<std::pair<std::
     std::function<double(const EbmStats&)> value;
   };
   std::vector<Panel> panels = {
-      {"proposal entropy (log|dz/dz0| + D log eps)", [](const EbmStats& s) { return s.entropy; }},
-      {"expected squared L2 jump E[a |x'-x|^2]", [](const EbmStats& s) { return s.jump; }},
+      {"proposal entropy: log det + D log eps", [](const EbmStats& s) { return s.entropy; }},
+      {"E[a |x'-x|^2] (expected sq. jump)", [](const EbmStats& s) { return s.jump; }},
       {"E(data) - E(samples)", [](const EbmStats& s) { return s.energy_diff; }},
       {"accept rate (sampler phase)", [](const EbmStats& s) { return s.accept; }},
   };
