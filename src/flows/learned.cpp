@@ -239,11 +239,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
     z_rev_target = -fwd.z;
   }
   FlowPass rev = inverse_flow(target, p.x_new, z_rev_target, create_graph);
-  p.log_det = fwd.log_det;
-  const bool keep_det = defect_ != LearnedDefect::kDropLogDet;
-  p.log_q_fwd = -0.5 * z0.to(torch::kFloat64).pow(2).sum(1) - (keep_det ? fwd.log_det : torch::zeros_like(fwd.log_det)) - d_log_eps;
-  p.log_q_rev = -0.5 * rev.z.to(torch::kFloat64).pow(2).sum(1) - (keep_det ? rev.log_det : torch::zeros_like(rev.log_det)) - d_log_eps;
-  if (defect_ == LearnedDefect::kDropReverse) p.log_q_rev = p.log_q_fwd;
+  set_flow_densities(p, z0, fwd, rev, d_log_eps, defect_);
   return p;
 }
 
@@ -252,8 +248,7 @@ torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tenso
   torch::Tensor eps = log_eps_.exp();
   torch::Tensor drift = options_.variant == Variant::kLangevin ? langevin_drift(x_from, grad_from) : torch::zeros_like(x_from);
   FlowPass inv = inverse_flow(target, x_from, (x_to - x_from - drift) / eps, /*create_graph=*/false);
-  return -0.5 * inv.z.to(torch::kFloat64).pow(2).sum(1) - inv.log_det -
-         static_cast<double>(options_.dim) * log_eps_.to(torch::kFloat64);
+  return flow_log_density(inv.z, inv.log_det, static_cast<double>(options_.dim) * log_eps_.to(torch::kFloat64));
 }
 
 int64_t LearnedSamplerImpl::grads_per_step() const {

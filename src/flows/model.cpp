@@ -4,6 +4,19 @@
 
 namespace nmcmc {
 
+torch::Tensor flow_log_density(const torch::Tensor& z_base, const torch::Tensor& log_det, const torch::Tensor& d_log_eps) {
+  return -0.5 * z_base.to(torch::kFloat64).pow(2).sum(1) - log_det - d_log_eps;
+}
+
+void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fwd, const FlowPass& rev,
+                        const torch::Tensor& d_log_eps, LearnedDefect defect) {
+  const bool keep_det = defect != LearnedDefect::kDropLogDet;
+  p.log_det = fwd.log_det;
+  p.log_q_fwd = flow_log_density(z0, keep_det ? fwd.log_det : torch::zeros_like(fwd.log_det), d_log_eps);
+  p.log_q_rev = flow_log_density(rev.z, keep_det ? rev.log_det : torch::zeros_like(rev.log_det), d_log_eps);
+  if (defect == LearnedDefect::kDropReverse) p.log_q_rev = p.log_q_fwd;
+}
+
 ProposalResult ModelProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {
   torch::NoGradGuard no_grad;
   Proposed p = model_->propose(target, state.x, state.grad, gen, /*create_graph=*/false);

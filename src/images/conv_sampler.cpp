@@ -138,11 +138,7 @@ Proposed ConvSamplerImpl::propose(Target& target, const torch::Tensor& x, const 
   p.energy_new = eg.energy;
   p.grad_new = eg.grad;
   FlowPass rev = inverse_flow(p.x_new, (x - p.x_new - drift(p.x_new, eg.grad)) / eps);
-  p.log_det = fwd.log_det;
-  const bool keep_det = defect_ != LearnedDefect::kDropLogDet;
-  p.log_q_fwd = -0.5 * z0.to(torch::kFloat64).pow(2).sum(1) - (keep_det ? fwd.log_det : torch::zeros_like(fwd.log_det)) - d_log_eps;
-  p.log_q_rev = -0.5 * rev.z.to(torch::kFloat64).pow(2).sum(1) - (keep_det ? rev.log_det : torch::zeros_like(rev.log_det)) - d_log_eps;
-  if (defect_ == LearnedDefect::kDropReverse) p.log_q_rev = p.log_q_fwd;
+  set_flow_densities(p, z0, fwd, rev, d_log_eps, defect_);
   return p;
 }
 
@@ -150,7 +146,7 @@ torch::Tensor ConvSamplerImpl::log_density(Target& target, const torch::Tensor& 
                                            const torch::Tensor& x_to) {
   torch::Tensor eps = log_eps_.exp();
   FlowPass inv = inverse_flow(x_from, (x_to - x_from - drift(x_from, grad_from)) / eps);
-  return -0.5 * inv.z.to(torch::kFloat64).pow(2).sum(1) - inv.log_det - static_cast<double>(dim()) * log_eps_.to(torch::kFloat64);
+  return flow_log_density(inv.z, inv.log_det, static_cast<double>(dim()) * log_eps_.to(torch::kFloat64));
 }
 
 }  // namespace nmcmc

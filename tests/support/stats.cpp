@@ -1,5 +1,7 @@
 #include "stats.hpp"
 
+#include <functional>
+
 #include <cmath>
 #include <sstream>
 
@@ -92,28 +94,31 @@ torch::Tensor whiten_funnel(const torch::Tensor& x_in, double sigma) {
   return torch::cat({x0 / sigma, x.narrow(1, 1, x.size(1) - 1) * torch::exp(0.5 * x0)}, 1);
 }
 
+namespace {
+/// Adds N(0, (scale / sqrt(fan(p)))^2) to every parameter but the scalar log eps.
+void perturb(torch::nn::Module& m, uint64_t seed, double scale, const std::function<double(const torch::Tensor&)>& fan) {
+  at::Generator gen = make_generator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) {
+    if (p.dim() == 0) continue;  // log eps
+    p.add_(torch::randn(p.sizes(), gen, torch::kFloat64) * scale / std::sqrt(fan(p)));
+  }
+}
+}  // namespace
+
 LearnedSampler perturbed_sampler(const LearnedOptions& options, uint64_t seed, double scale) {
   LearnedSampler s(options);
   s->to(torch::kFloat64);
-  at::Generator gen = make_generator(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& p : s->parameters()) {
-    if (p.dim() == 0) continue;  // log eps
-    p.add_(torch::randn(p.sizes(), gen, torch::kFloat64) * scale / std::sqrt(static_cast<double>(p.size(-1))));
-  }
+  perturb(*s, seed, scale, [](const torch::Tensor& p) { return static_cast<double>(p.size(-1)); });
   return s;
 }
 
 ConvSampler perturbed_conv_sampler(const ConvSamplerOptions& options, uint64_t seed, double scale) {
   ConvSampler s(options);
   s->to(torch::kFloat64);
-  at::Generator gen = make_generator(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& p : s->parameters()) {
-    if (p.dim() == 0) continue;  // log eps
-    const double fan = p.dim() > 1 ? static_cast<double>(p[0].numel()) : static_cast<double>(p.size(0));
-    p.add_(torch::randn(p.sizes(), gen, torch::kFloat64) * scale / std::sqrt(fan));
-  }
+  perturb(*s, seed, scale, [](const torch::Tensor& p) {
+    return p.dim() > 1 ? static_cast<double>(p[0].numel()) : static_cast<double>(p.size(0));
+  });
   return s;
 }
 

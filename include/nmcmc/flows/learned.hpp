@@ -33,8 +33,6 @@
 namespace nmcmc {
 
 enum class Variant { kFull, kNoGrad, kLangevin };
-/// Deliberate errors for the power of the statistical tests; never used outside tests.
-enum class LearnedDefect { kNone, kDropLogDet, kDropReverse };
 Variant parse_variant(const std::string& name);
 std::string variant_name(Variant v);
 
@@ -81,12 +79,6 @@ class StepMLPImpl : public torch::nn::Module {
   int64_t in_, hidden_, out_;
 };
 TORCH_MODULE(StepMLP);
-
-/// Result of a pass through the flow. z [C, D]; log_det [C] (sum of S terms).
-struct FlowPass {
-  torch::Tensor z;
-  torch::Tensor log_det;
-};
 
 /// The learned sampler's networks and masks. Parameters are created in float64; move the module
 /// to the target's dtype and device with to() before use (Trainer and load_model do). Call forward/inverse for the flow, or wrap it in

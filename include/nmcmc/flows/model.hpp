@@ -20,6 +20,23 @@ struct Proposed {
   torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass
 };
 
+/// Result of a pass through a flow. z [C, D]; log_det [C] float64 (sum of the S terms).
+struct FlowPass {
+  torch::Tensor z;
+  torch::Tensor log_det;
+};
+
+/// Deliberate errors for the power of the statistical tests; never used outside tests.
+enum class LearnedDefect { kNone, kDropLogDet, kDropReverse };
+
+/// log q of a flow proposal from its base draw: -|z_base|^2 / 2 - log|dz/dz0| - D log eps, [C]
+/// float64, without the common -D/2 log(2 pi). d_log_eps = D log eps.
+torch::Tensor flow_log_density(const torch::Tensor& z_base, const torch::Tensor& log_det, const torch::Tensor& d_log_eps);
+/// Sets p.log_det, p.log_q_fwd (base draw z0, forward pass fwd) and p.log_q_rev (inverse pass rev),
+/// applying a test defect.
+void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fwd, const FlowPass& rev,
+                        const torch::Tensor& d_log_eps, LearnedDefect defect);
+
 /// A proposal x' = x + eps z (+ drift) with a tractable density in both directions.
 class ProposalModel {
  public:
