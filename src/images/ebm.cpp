@@ -8,6 +8,7 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/model.hpp"
 #include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/checkpoint.hpp"
 
 namespace nmcmc {
 
@@ -413,21 +414,9 @@ EbmStats stats_from_json(const json& j) {
 
 torch::serialize::InputArchive open_ebm_archive(const std::string& path, json& meta,
                                                 const torch::Device& device = torch::kCPU) {
-  if (!std::filesystem::exists(path)) throw DataError("EBM checkpoint '" + path + "' does not exist");
-  torch::serialize::InputArchive ar;
-  try {
-    ar.load_from(path, device);  // tensors land where the trainer's live (Module::load would move them)
-  } catch (const std::exception&) {
-    throw DataError("EBM checkpoint '" + path + "' is truncated or corrupt");
-  }
-  c10::IValue m;
-  if (!ar.try_read("meta", m) || !m.isString()) throw DataError("'" + path + "' is not an nmcmc EBM checkpoint");
-  try {
-    meta = json::parse(m.toStringRef());
-  } catch (const std::exception&) {
-    throw DataError("EBM checkpoint '" + path + "' has corrupt metadata");
-  }
-  if (meta.value("format", "") != "nmcmc-ebm-checkpoint") throw DataError("'" + path + "' is not an nmcmc EBM checkpoint");
+  // Tensors land where the trainer's live (Module::load would otherwise move parameters).
+  auto ar = open_checkpoint(path, "EBM checkpoint", device);
+  meta = read_checkpoint_meta(ar, path, "EBM checkpoint", "nmcmc-ebm-checkpoint");
   if (meta.value("version", 0) != kEbmCheckpointVersion) {
     throw DataError("EBM checkpoint '" + path + "' has an unsupported format version");
   }

@@ -9,6 +9,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/checkpoint.hpp"
 
 namespace nmcmc {
 
@@ -193,27 +194,10 @@ TrainStats stats_from_json(const json& j) {
   return s;
 }
 
-torch::serialize::InputArchive open_archive(const std::string& path) {
-  if (!std::filesystem::exists(path)) throw DataError("checkpoint '" + path + "' does not exist");
-  torch::serialize::InputArchive ar;
-  try {
-    ar.load_from(path);
-  } catch (const std::exception& e) {
-    throw DataError("checkpoint '" + path + "' is truncated or corrupt (cannot be read as an nmcmc checkpoint)");
-  }
-  return ar;
-}
+torch::serialize::InputArchive open_archive(const std::string& path) { return open_checkpoint(path, "checkpoint"); }
 
 json read_meta(torch::serialize::InputArchive& ar, const std::string& path) {
-  c10::IValue meta;
-  if (!ar.try_read("meta", meta) || !meta.isString()) throw DataError("'" + path + "' is not an nmcmc checkpoint (no metadata)");
-  json j;
-  try {
-    j = json::parse(meta.toStringRef());
-  } catch (const std::exception&) {
-    throw DataError("checkpoint '" + path + "' has corrupt metadata");
-  }
-  if (j.value("format", "") != "nmcmc-checkpoint") throw DataError("'" + path + "' is not an nmcmc checkpoint");
+  json j = read_checkpoint_meta(ar, path, "checkpoint", "nmcmc-checkpoint");
   if (j.value("version", 0) != kCheckpointVersion) {
     throw DataError("checkpoint '" + path + "' has format version " + std::to_string(j.value("version", 0)) +
                     "; this nmcmc reads version " + std::to_string(kCheckpointVersion) + " (retrain it)");
