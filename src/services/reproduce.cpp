@@ -1,6 +1,7 @@
 #include "nmcmc/services/reproduce.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cmath>
@@ -42,16 +43,16 @@ json profile_settings(const std::string& profile, const std::string& e) {
     // number of training steps is what costs ESS: beta grows by at most a factor (1 + rho/10) per
     // step, so a short run never reaches the entropy weight the paper's runs reach. We therefore
     // keep the paper's 5000 steps where we can and cut the batch instead (the objective is an
-    // average over the batch, so a smaller batch only adds gradient noise). Funnel-3 runs 12000
-    // of its 20000 steps at width 512 instead of 1024. The appendix ablation keeps the paper's
-    // 5000 steps (at Funnel-1's cpu batch). Measured: 41 min for the whole profile with Funnel-3
-    // at 6000 steps and a 500-step ablation (BENCHMARKS.md); these two additions cost ~30 min.
+    // average over the batch, so a smaller batch only adds gradient noise). Funnel-3 runs 6000
+    // of its 20000 steps at width 512 instead of 1024 (12000 steps were measured too and gave a
+    // lower ESS: 0.022 against 0.055, BENCHMARKS.md). The appendix ablation keeps the paper's
+    // 5000 steps (at Funnel-1's cpu batch).
     json train = {{"steps", 5000}, {"batch", 256}, {"checkpoint_every", 500}};
     json model = json::object();
     if (e == "scg") train["batch"] = 1024;
     if (e == "funnel1") train["batch"] = 128;
     if (e == "funnel3") {
-      train = {{"steps", 12000}, {"batch", 128}, {"checkpoint_every", 500}};
+      train = {{"steps", 6000}, {"batch", 128}, {"checkpoint_every", 500}};
       model = {{"hidden", 512}};
     }
     if (logistic) train["buffer_size"] = 1024;
@@ -79,6 +80,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+/// What the profile changes in the paper's config of an experiment, as "train.batch 8192 -> 256".
+std::vector<std::string> profile_changes(const ReproduceOptions& o, const std::string& name, const json& settings) {
+  const json paper = read_config_file((fs::path(o.configs) / (name + ".json")).string());
+  std::vector<std::string> changes;
+  for (const char* section : {"train", "model"}) {
+    for (auto& [k, v] : settings[section].items()) {
+      if (k == "checkpoint_every" || k == "log_every") continue;
+      const bool has = paper.contains(section) && paper[section].contains(k);
+      if (has && paper[section][k] == v) continue;
+      changes.push_back(fmt::format("{}.{} {} -> {}", section, k, has ? paper[section][k].dump() : std::string("(unset)"), v.dump()));
+    }
+  }
+  return changes;
+}
 
 json load_experiment_config(const ReproduceOptions& o, const std::string& name, const json& settings) {
   json cfg = read_config_file((fs::path(o.configs) / (name + ".json")).string());
@@ -237,6 +253,8 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     TrainConfig config = parse_train_config(cfg);
     say(fmt::format("  training: batch {}, {} steps, width {}, N = {}", config.train.batch, config.train.steps,
                     config.model.hidden, config.model.steps));
+    const std::vector<std::string> changes = profile_changes(o, name, settings);
+    if (!changes.empty()) say(fmt::format("  changed from the paper's config: {}", fmt::join(changes, ", ")));
     TrainResult trained = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress);
     if (o.figures) plot_training_curves(dir + "/training_curves.png", trained.log, name);
     const double train_seconds = trained.log.empty() ? 0.0 : trained.log.back().elapsed;
@@ -253,6 +271,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     json entry;
     entry["config"] = config.to_json();
     entry["paper"] = cfg.value("paper", json::object());
+    entry["profile_changes"] = changes;
     entry["learned"] = measures(learned, *target, train_seconds, trained.grads);
     if (name == "funnel1" || name == "funnel3") {
       // The authors' normalising constants, for comparison (see the issue and README).
@@ -359,22 +378,41 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
   return results;
 }
 
+namespace {
+
+/// A member object of a results.json entry; a clear error for a file that is not one.
+const json& section(const json& j, const std::string& key) {
+  static const json empty = json::object();
+  if (!j.is_object()) throw DataError("results file: expected an object where '" + key + "' should be");
+  auto it = j.find(key);
+  if (it == j.end()) return empty;
+  if (!it->is_object()) throw DataError("results file: '" + key + "' is not an object");
+  return *it;
+}
+
+}  // namespace
+
 std::string results_table(const json& results) {
+  if (!results.is_object() || !results.contains("experiments") || !results["experiments"].is_object()) {
+    throw DataError("not a results file of `nmcmc reproduce` (no \"experiments\" object)");
+  }
+  const json& experiments = results["experiments"];
   std::string out = fmt::format("Profile: {}. ESS with the true moments (paper convention), 2000-step runs, last 1000 kept.\n\n",
-                                results.value("profile", std::string("?")));
+                                results.contains("profile") && results["profile"].is_string()
+                                    ? results["profile"].get<std::string>() : std::string("?"));
   out += "| experiment | measure | paper (theirs) | ours (learned) | paper's competitor | our MALA | our HMC | learned accept, max R-hat |\n";
   out += "|---|---|---|---|---|---|---|---|\n";
   auto num = [](const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; };
   for (const auto& name : experiment_names()) {
-    if (!results["experiments"].contains(name)) continue;
-    const json& e = results["experiments"][name];
-    const json& l = e["learned"];
-    const json& m = e["mala"];
-    const json& h = e["hmc"];
+    if (!experiments.contains(name)) continue;
+    const json& e = section(experiments, name);
+    const json& l = section(e, "learned");
+    const json& m = section(e, "mala");
+    const json& h = section(e, "hmc");
     const std::string tail = fmt::format("{:.3f}, {:.3f}", num(l, "accept"), num(l, "max_rhat"));
     if (name == "icg" || name == "scg") {
       const std::string comp = name == "icg" ? "L2HMC 0.783, 0.0783" : "L2HMC 0.497, 0.0232";
-      const json& p = e["paper"];
+      const json& p = section(e, "paper");
       out += fmt::format("| {} | ESS/MH, ESS/grad (min) | {}, {} | {:.3g}, {:.3g} | {} | {:.3g}, {:.3g} | {:.3g}, {:.3g} | {} |\n", name,
                          num(p, "ess_per_step"), num(p, "ess_per_grad"), num(l, "ess_per_step_min"), num(l, "ess_per_grad_min"),
                          comp, num(m, "ess_per_step_min"), num(m, "ess_per_grad_min"), num(h, "ess_per_step_min"),
@@ -385,7 +423,7 @@ std::string results_table(const json& results) {
                          num(l, "authors_constants_ess_per_step_rest_min") / num(l, "grads_per_step"), num(m, "ess_per_grad_x1"),
                          num(m, "ess_per_grad_rest_min"), num(h, "ess_per_grad_x1"), num(h, "ess_per_grad_rest_min"), tail);
     } else if (name == "funnel3") {
-      const json& hp = e["hmc_paper"];
+      const json& hp = section(e, "hmc_paper");
       out += fmt::format("| funnel3 | ESS/MH (min; x1) | 0.256 | {:.3g}; {:.3g} | HMC 0.0079 | {:.3g}; {:.3g} | {:.3g}; {:.3g} (paper protocol, eps {}: {:.3g}; {:.3g}) | {} |\n",
                          num(l, "ess_per_step_min"), num(l, "ess_per_step_x1"), num(m, "ess_per_step_min"),
                          num(m, "ess_per_step_x1"), num(h, "ess_per_step_min"), num(h, "ess_per_step_x1"),
@@ -395,7 +433,7 @@ std::string results_table(const json& results) {
                                                        {"australian", "A-NICE-MC 1015.75, NFLMC 1586.4"},
                                                        {"heart", "A-NICE-MC 1251.16, NFLMC 2000"}};
       out += fmt::format("| {} | ESS per 5000 MH steps (min / mean over dims) | {} | {:.0f} / {:.0f} | {} | {:.0f} / {:.0f} | {:.0f} / {:.0f} | {} |\n",
-                         name, num(e["paper"], "ess_per_5k"), num(l, "ess_5k_min"), num(l, "ess_5k_mean"), comp.at(name),
+                         name, num(section(e, "paper"), "ess_per_5k"), num(l, "ess_5k_min"), num(l, "ess_5k_mean"), comp.at(name),
                          num(m, "ess_5k_min"), num(m, "ess_5k_mean"), num(h, "ess_5k_min"), num(h, "ess_5k_mean"), tail);
       if (name == "german" && l.contains("authors_constants_ess_5k_min")) {
         out += fmt::format("| german | the same with the authors' (A-NICE-MC's) moment constants | 3150 | {:.0f} / {:.0f} | | | | |\n",
@@ -403,14 +441,35 @@ std::string results_table(const json& results) {
       }
     }
   }
-  out += "\nPer experiment (learned): training wall time and gradient evaluations per batch row; sampling ESS/s (min over dims).\n\n";
-  out += "| experiment | training s | training grads/row | grads/MH step | ESS/s (min) | bulk-ESS/MH (min) |\n|---|---|---|---|---|---|\n";
+  std::string changes;
   for (const auto& name : experiment_names()) {
-    if (!results["experiments"].contains(name)) continue;
-    const json& l = results["experiments"][name]["learned"];
-    out += fmt::format("| {} | {:.0f} | {} | {:.0f} | {:.1f} | {:.4f} |\n", name, num(l, "seconds_training"),
-                       l.value("grads_training_per_row", int64_t{0}), num(l, "grads_per_step"), num(l, "ess_per_second_min"),
-                       num(l, "bulk_ess_per_step_min"));
+    if (!experiments.contains(name)) continue;
+    const json& e = section(experiments, name);
+    if (!e.contains("profile_changes") || !e["profile_changes"].is_array() || e["profile_changes"].empty()) continue;
+    std::vector<std::string> items;
+    for (const auto& c : e["profile_changes"]) items.push_back(c.is_string() ? c.get<std::string>() : c.dump());
+    changes += fmt::format("- {}: {}\n", name, fmt::join(items, ", "));
+  }
+  if (!changes.empty()) out += "\nChanged from the paper's configs by this profile:\n\n" + changes;
+  out += "\nEvery sampler on the same footing (the same evaluation; baselines after 1000 warm-up steps): accept rate, "
+         "gradients per MH step, ESS per MH step (min over dims, true moments), bulk-ESS per MH step (min), max R-hat, "
+         "ESS per second of sampling (min), mean squared jump of x1 per MH step; for the learned sampler also its training "
+         "wall time and the gradient evaluations per batch row spent in training.\n\n";
+  out += "| experiment | sampler | accept | grads/MH step | ESS/MH (min) | bulk-ESS/MH (min) | max R-hat | ESS/s (min) | "
+         "x1 MSJD | training s | training grads/row |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& name : experiment_names()) {
+    if (!experiments.contains(name)) continue;
+    const json& e = section(experiments, name);
+    for (const char* sampler : {"learned", "mala", "hmc"}) {
+      if (!e.contains(sampler)) continue;
+      const json& r = section(e, sampler);
+      const bool learned = std::string(sampler) == "learned";
+      out += fmt::format("| {} | {} | {:.3f} | {:.0f} | {:.4g} | {:.4g} | {:.3f} | {:.4g} | {:.3g} | {} | {} |\n", name, sampler,
+                         num(r, "accept"), num(r, "grads_per_step"), num(r, "ess_per_step_min"), num(r, "bulk_ess_per_step_min"),
+                         num(r, "max_rhat"), num(r, "ess_per_second_min"), num(r, "msjd_x1"),
+                         learned ? fmt::format("{:.0f}", num(r, "seconds_training")) : std::string("-"),
+                         learned ? fmt::format("{:.0f}", num(r, "grads_training_per_row")) : std::string("-"));
+    }
   }
   return out;
 }

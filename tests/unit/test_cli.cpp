@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -166,6 +167,26 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   // One table row per experiment, with the paper's figure beside ours.
   EXPECT_NE(r.out.find("| funnel3 | ESS/MH (min; x1) | 0.256 |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| german | ESS per 5000 MH steps"), std::string::npos) << r.out;
+  // Every sampler on the same footing, and what the profile changed from the paper's config.
+  EXPECT_NE(r.out.find("| heart | hmc | "), std::string::npos) << r.out;
+  EXPECT_TRUE(j["experiments"]["funnel1"]["learned"]["msjd_x1"].is_number());
+  const auto changes = j["experiments"]["icg"]["profile_changes"];
+  ASSERT_TRUE(changes.is_array());
+  EXPECT_NE(std::find(changes.begin(), changes.end(), "train.batch 8192 -> 64"), changes.end()) << changes.dump();
+  EXPECT_NE(r.out.find("- icg: "), std::string::npos) << r.out;
+  // --table re-renders results.md from results.json; a file that is not one is refused cleanly.
+  std::ifstream md_in(out + "/results.md");
+  const std::string md((std::istreambuf_iterator<char>(md_in)), std::istreambuf_iterator<char>());
+  CliRun table = run("reproduce --table " + out + "/results.json");
+  EXPECT_EQ(table.code, 0) << table.out;
+  EXPECT_NE(table.out.find(md), std::string::npos) << table.out;
+  {
+    std::ofstream(out + "/not_results.json") << "{\"experiments\": [1, 2]}";
+    std::ofstream(out + "/broken.json") << "{\"experiments\": {\"icg\": {\"learned\": 3}}}";
+  }
+  EXPECT_EQ(run("reproduce --table " + out + "/not_results.json").code, 65);
+  EXPECT_EQ(run("reproduce --table " + out + "/broken.json").code, 65);
+  EXPECT_EQ(run("reproduce --table " + out + "/missing.json").code, 65);
   CliRun bad = run("reproduce --profile huge");
   EXPECT_EQ(bad.code, 64) << bad.out;
   CliRun bad_only = run("reproduce --profile smoke --only mnist --output " + out);
