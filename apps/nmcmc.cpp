@@ -542,7 +542,9 @@ int cmd_demo(const std::string& output, bool quiet) {
   }
   const double gain = paper_value(sl, "ess_per_grad_x1") / paper_value(sh, "ess_per_grad_x1");
   std::cout << fmt::format("\nThe learned sampler gets {:.1f}x the ESS of x1 (the funnel's neck coordinate) per gradient of HMC.\n"
-                           "Training cost {} gradient evaluations per batch row ({:.0f} s).\n", gain, trained.grads, trained.seconds);
+                           "Training cost {} gradient evaluations per batch row ({:.0f} s{}).\n", gain, trained.grads,
+                           trained.log.empty() ? trained.seconds : trained.log.back().elapsed,
+                           trained.seconds < 1 ? "; this run reused the trained model in " + output : std::string());
   at::Generator gen = nmcmc::make_generator(7);
   nmcmc::plot_traces(output + "/traces_x1.png", {{"HMC: x1 trace (chain 1)", hmc.draws}, {"learned: x1 trace (chain 1)", learned.draws}}, 0, 2000, "x1");
   nmcmc::plot_pairs(output + "/samples.png", {{"HMC", hmc.draws}, {"learned", learned.draws}}, 0, 1, target->sample(4000, gen));

@@ -124,9 +124,7 @@ json measures(const SampleResult& r, Target& target, double seconds_training, in
   m["max_rhat"] = s["max_rhat"];
   // Mean squared jump of x1 per MH step (rejections count as 0): on the funnels it shows how far
   // the neck coordinate travels, which the ESS of x1 is bounded by.
-  const torch::Tensor x1 = r.draws.select(2, 0);
-  const int64_t n = x1.size(0);
-  m["msjd_x1"] = n > 1 ? (x1.narrow(0, 1, n - 1) - x1.narrow(0, 0, n - 1)).pow(2).mean().item<double>() : NAN;
+  m["msjd_x1"] = mean_squared_jump(r.draws.narrow(2, 0, 1));
   m["ess_per_second_min"] = p["ess_per_second_min"];
   m["seconds_sampling"] = s["seconds_sampling"];
   m["seconds_training"] = seconds_training;
@@ -451,7 +449,7 @@ std::string results_table(const json& results) {
     changes += fmt::format("- {}: {}\n", name, fmt::join(items, ", "));
   }
   if (!changes.empty()) out += "\nChanged from the paper's configs by this profile:\n\n" + changes;
-  out += "\nEvery sampler on the same footing (the same evaluation; baselines after 1000 warm-up steps): accept rate, "
+  out += "\nEvery sampler on the same footing (the same evaluation; the baselines after their adaptation warm-up): accept rate, "
          "gradients per MH step, ESS per MH step (min over dims, true moments), bulk-ESS per MH step (min), max R-hat, "
          "ESS per second of sampling (min), mean squared jump of x1 per MH step; for the learned sampler also its training "
          "wall time and the gradient evaluations per batch row spent in training.\n\n";
