@@ -82,8 +82,7 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 /// What the profile changes in the paper's config of an experiment, as "train.batch 8192 -> 256".
-std::vector<std::string> profile_changes(const ReproduceOptions& o, const std::string& name, const json& settings) {
-  const json paper = read_config_file((fs::path(o.configs) / (name + ".json")).string());
+std::vector<std::string> profile_changes(const json& paper, const json& settings) {
   std::vector<std::string> changes;
   for (const char* section : {"train", "model"}) {
     for (auto& [k, v] : settings[section].items()) {
@@ -96,8 +95,12 @@ std::vector<std::string> profile_changes(const ReproduceOptions& o, const std::s
   return changes;
 }
 
-json load_experiment_config(const ReproduceOptions& o, const std::string& name, const json& settings) {
-  json cfg = read_config_file((fs::path(o.configs) / (name + ".json")).string());
+json paper_config(const ReproduceOptions& o, const std::string& name) {
+  return read_config_file((fs::path(o.configs) / (name + ".json")).string());
+}
+
+/// The paper's config of an experiment with the profile's train/model settings applied.
+json with_profile(json cfg, const json& settings) {
   for (auto& [k, v] : settings["train"].items()) cfg["train"][k] = v;
   for (auto& [k, v] : settings["model"].items()) cfg["model"][k] = v;
   return cfg;
@@ -247,11 +250,12 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     ensure_directory(dir);
     if (name == "moon" || name == "ablation") continue;  // figures, below
     say(fmt::format("== {} ({} profile)", name, o.profile));
-    json cfg = load_experiment_config(o, name, settings);
+    const json paper = paper_config(o, name);
+    json cfg = with_profile(paper, settings);
     TrainConfig config = parse_train_config(cfg);
     say(fmt::format("  training: batch {}, {} steps, width {}, N = {}", config.train.batch, config.train.steps,
                     config.model.hidden, config.model.steps));
-    const std::vector<std::string> changes = profile_changes(o, name, settings);
+    const std::vector<std::string> changes = profile_changes(paper, settings);
     if (!changes.empty()) say(fmt::format("  changed from the paper's config: {}", fmt::join(changes, ", ")));
     TrainResult trained = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress);
     if (o.figures) plot_training_curves(dir + "/training_curves.png", trained.log, name);
@@ -347,7 +351,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     int k = 0;
     json ablation = json::object();
     for (const std::string variant : {"full", "no-grad", "langevin"}) {
-      json cfg = load_experiment_config(o, "funnel1", profile_settings(o.profile, "funnel1"));
+      json cfg = with_profile(paper_config(o, "funnel1"), profile_settings(o.profile, "funnel1"));
       cfg["model"]["variant"] = variant;
       cfg["train"]["steps"] = ablation_steps;
       cfg["train"]["log_every"] = std::max<int64_t>(1, ablation_steps / 100);
