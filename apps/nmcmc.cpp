@@ -235,7 +235,7 @@ int cmd_sample(const SampleArgs& a, const std::vector<std::string>& given) {
   } else {
     if (!a.model.empty()) throw nmcmc::UsageError("--model goes with --sampler learned");
     proposal = nmcmc::make_baseline_proposal(
-        nmcmc::ProposalOptions().set_sampler(a.sampler).set_step_size(a.step_size).set_leapfrog(a.leapfrog).set_jitter(a.jitter));
+        nmcmc::ProposalOptions().set_sampler(a.sampler).set_step_size(a.step_size > 0 ? std::optional<double>(a.step_size) : std::nullopt).set_leapfrog(a.leapfrog).set_jitter(a.jitter));
   }
   auto target = nmcmc::make_target(target_spec, options);
   if (!a.output.empty()) nmcmc::ensure_directory(a.output);  // fail before the run, not after

@@ -58,8 +58,9 @@ int main(int argc, char** argv) {
     model.dim = target->dim();
     cfg.train.batch = batch;
     cfg.train.steps = 1000000;
-    nmcmc::Trainer trainer(*target, nmcmc::LearnedSampler(model), cfg.train);
-    const double flops_per_row = static_cast<double>(trainer.sampler()->flops_per_step());
+    nmcmc::LearnedSampler sampler(model);
+    nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train);
+    const double flops_per_row = static_cast<double>(sampler->flops_per_step());
     std::vector<double> times;
     if (mode == "train") {
       for (int64_t r = 0; r < reps + 1; ++r) {
@@ -68,8 +69,8 @@ int main(int argc, char** argv) {
         if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // first = warm-up
       }
     } else {
-      auto proposal = std::make_shared<nmcmc::LearnedProposal>(trainer.sampler());
-      trainer.sampler()->eval();
+      auto proposal = std::make_shared<nmcmc::LearnedProposal>(sampler);
+      sampler->eval();
       nmcmc::MetropolisHastings kernel(proposal);
       at::Generator gen = nmcmc::make_generator(1);
       nmcmc::ChainState s = kernel.init(*target, target->has_sampler() ? target->sample(batch, gen) : torch::zeros({batch, target->dim()}));

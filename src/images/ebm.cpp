@@ -227,7 +227,7 @@ void set_lr(torch::optim::Adam& opt, double lr) {
 
 EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
     : o_(std::move(options)), data_(std::move(data_uint8)), gen_(make_generator(o_.seed, checked_device(o_))),
-      cpu_gen_(make_generator(o_.seed + 0x9e3779b9ULL)), beta_(o_.beta),
+      cpu_gen_(make_generator(o_.seed + 0x9e3779b9ULL)),
       log_eps_mala_(std::log(o_.conv.eps)) {
   if (data_.dim() != 4 || data_.size(0) < 1) throw DataError("image data must be a non-empty [N, C, H, W] set");
   const int64_t c = data_.size(1), h = data_.size(2), w = data_.size(3);
@@ -246,8 +246,10 @@ EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
     so.width = w;
     sampler_ = ConvSampler(so);
     sampler_->to(opts.device(), opts.dtype().toScalarType());
-    sampler_opt_ = std::make_unique<torch::optim::Adam>(
-        sampler_->parameters(), torch::optim::AdamOptions(o_.sampler_lr > 0 ? o_.sampler_lr : o_.lr).betas({o_.adam_beta1, o_.adam_beta2}));
+    sampler_trainer_ = std::make_unique<ProposalTrainer>(
+        sampler_.ptr(),
+        torch::optim::AdamOptions(o_.sampler_lr > 0 ? o_.sampler_lr : o_.lr).betas({o_.adam_beta1, o_.adam_beta2}),
+        BetaController(o_.beta, o_.beta_min, o_.beta_max, o_.rho, o_.accept_target), o_.clip);
     proposal_ = std::make_shared<ModelProposal>(sampler_.ptr(), "learned-conv");
   } else {
     mala_ = std::make_shared<Mala>(std::exp(log_eps_mala_));
@@ -281,19 +283,11 @@ EbmStats EbmTrainer::sampler_phase(EbmStats s) {
   const double d = static_cast<double>(target.dim());
   for (int64_t k = 0; k < o_.sampler_steps; ++k) {
     EnergyGrad eg = target.energy_and_grad(x);
-    if (sampler_) {
-      sampler_->train();
-      sampler_opt_->zero_grad();
-      ObjectiveTerms t = entropy_objective(target, *sampler_, x, eg.energy, eg.grad, beta_, gen_, /*create_graph=*/true);
-      if (std::isfinite(t.loss_value)) {
-        t.loss.backward();
-        const double norm = torch::nn::utils::clip_grad_norm_(sampler_->parameters(), o_.clip);
-        if (std::isfinite(norm)) sampler_opt_->step();
-      }
-      sampler_opt_->zero_grad();
+    if (sampler_trainer_) {
+      ProposalStep r = sampler_trainer_->step(target, x, eg.energy, eg.grad, gen_, /*create_graph=*/true);
       torch::NoGradGuard no_grad;
-      beta_ = std::clamp(beta_ * (1.0 + o_.rho * (t.accept - o_.accept_target)), o_.beta_min, o_.beta_max);
-      x = accept_moves(x, t, gen_);
+      const ObjectiveTerms& t = r.terms;
+      x = advance_rows(x, eg.energy, r, gen_);
       accept += t.accept;
       entropy += t.entropy.mean().item<double>();
       jump += (torch::exp(torch::clamp_max(t.log_a, 0.0)) * t.jump_sq).mean().item<double>();
@@ -324,7 +318,7 @@ EbmStats EbmTrainer::iterate() {
   const auto t0 = Clock::now();
   const double lr = learning_rate(it_);
   set_lr(*ebm_opt_, lr);
-  if (sampler_opt_) set_lr(*sampler_opt_, lr * (o_.sampler_lr > 0 ? o_.sampler_lr / o_.lr : 1.0));
+  if (sampler_trainer_) sampler_trainer_->set_learning_rate(lr * (o_.sampler_lr > 0 ? o_.sampler_lr / o_.lr : 1.0));
   EbmStats s;
   // Sampler phase: the energy's parameters are constants here.
   set_requires_grad(*target_->net(), false);
@@ -370,7 +364,7 @@ EbmStats EbmTrainer::iterate() {
   ++it_;
   s.iteration = it_;
   s.eps = sampler_ ? sampler_->eps().item<double>() : std::exp(log_eps_mala_);
-  s.beta = sampler_ ? beta_ : NAN;
+  s.beta = sampler_trainer_ ? sampler_trainer_->beta().value() : NAN;
   s.lr = lr;
   s.updates = updates_;
   s.grads_sampling = grads_sampling_;
@@ -430,13 +424,7 @@ void EbmTrainer::save(const std::string& path) const {
   ebm_opt_->save(ebm_opt_ar);
   ar.write("ebm", ebm_ar);
   ar.write("ebm_optimizer", ebm_opt_ar);
-  if (sampler_) {
-    torch::serialize::OutputArchive s_ar, s_opt_ar;
-    sampler_->save(s_ar);
-    sampler_opt_->save(s_opt_ar);
-    ar.write("sampler", s_ar);
-    ar.write("sampler_optimizer", s_opt_ar);
-  }
+  if (sampler_trainer_) sampler_trainer_->save(ar, "sampler", "sampler_optimizer");
   ar.write("buffer", buffer_.to(torch::kCPU));
   ar.write("rng", gen_.get_state());
   ar.write("rng_cpu", cpu_gen_.get_state());
@@ -447,7 +435,7 @@ void EbmTrainer::save(const std::string& path) const {
   meta["shape"] = {data_.size(1), data_.size(2), data_.size(3)};
   meta["iteration"] = it_;
   meta["updates"] = updates_;
-  meta["beta"] = beta_;
+  meta["beta"] = sampler_trainer_ ? sampler_trainer_->beta().value() : o_.beta;
   meta["log_eps_mala"] = log_eps_mala_;
   meta["grads_sampling"] = grads_sampling_;
   meta["grads_training"] = grads_training_;
@@ -478,13 +466,7 @@ void EbmTrainer::load(const std::string& path) {
     target_->net()->load(ebm_ar);
     ar.read("ebm_optimizer", ebm_opt_ar);
     ebm_opt_->load(ebm_opt_ar);
-    if (sampler_) {
-      torch::serialize::InputArchive s_ar, s_opt_ar;
-      ar.read("sampler", s_ar);
-      sampler_->load(s_ar);
-      ar.read("sampler_optimizer", s_opt_ar);
-      sampler_opt_->load(s_opt_ar);
-    }
+    if (sampler_trainer_) sampler_trainer_->load(ar, "sampler", "sampler_optimizer");
     torch::Tensor b, state;
     ar.read("buffer", b);
     if (b.sizes() != buffer_.sizes()) throw DataError("EBM checkpoint '" + path + "' has a buffer of the wrong shape");
@@ -498,7 +480,7 @@ void EbmTrainer::load(const std::string& path) {
   }
   it_ = meta.at("iteration");
   updates_ = meta.at("updates");
-  beta_ = meta.at("beta");
+  if (sampler_trainer_) sampler_trainer_->beta().set_value(meta.at("beta"));
   log_eps_mala_ = meta.at("log_eps_mala");
   if (mala_) mala_->set_step_size(std::exp(log_eps_mala_));
   grads_sampling_ = meta.at("grads_sampling");

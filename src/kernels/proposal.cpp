@@ -24,13 +24,25 @@ ChainState MetropolisHastings::init(Target& target, const torch::Tensor& x) cons
   return s;
 }
 
+void Proposal::set_step_size(double /*eps*/) {
+  TORCH_CHECK(false, "proposal '", name(), "' has no tunable step size");
+}
+
+void Proposal::set_inv_mass(torch::Tensor /*inv_mass*/) {
+  TORCH_CHECK(false, "proposal '", name(), "' has no mass matrix to adapt");
+}
+
+torch::Tensor log_acceptance(const torch::Tensor& energy, const torch::Tensor& energy_new,
+                             const torch::Tensor& log_q_ratio) {
+  return energy.to(torch::kFloat64) - energy_new.to(torch::kFloat64) + log_q_ratio.to(torch::kFloat64);
+}
+
 std::pair<ChainState, StepInfo> mh_accept(const ChainState& current, const ProposalResult& proposal,
                                           at::Generator& gen) {
   const ChainState& prop = proposal.proposed;
   const auto f64 = current.energy.options().dtype(torch::kFloat64);
   // log a = U(x) - U(x') + log q(x|x') - log q(x'|x), in float64 (Note [Uncalibrated proposals]).
-  torch::Tensor log_a = current.energy.to(torch::kFloat64) - prop.energy.to(torch::kFloat64) +
-                        proposal.log_q_ratio.to(torch::kFloat64);  // [C]
+  torch::Tensor log_a = log_acceptance(current.energy, prop.energy, proposal.log_q_ratio);  // [C]
   torch::Tensor finite = torch::isfinite(log_a) & torch::isfinite(prop.x).all(1);
   if (prop.grad.defined()) finite = finite & torch::isfinite(prop.grad).all(1);
   const double neg_inf = -std::numeric_limits<double>::infinity();

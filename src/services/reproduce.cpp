@@ -206,12 +206,12 @@ void proposal_cloud(const std::string& path, Target& target, LearnedSampler& sam
   for (const auto& [title, start] : starts) {
     const int64_t n = 400;
     torch::Tensor x = torch::tensor(start, torch::kFloat64).to(target.options()).unsqueeze(0).expand({n, target.dim()}).contiguous();
-    torch::Tensor grad = sampler->options().variant == Variant::kLangevin ? target.energy_and_grad(x).grad : torch::Tensor();
-    auto p = sampler->propose(target, x, grad, gen, false);
-    torch::Tensor u_x = target.energy(x).to(torch::kFloat64);
-    torch::Tensor log_a = u_x - p.energy_new.to(torch::kFloat64) + p.log_q_rev - p.log_q_fwd;
-    torch::Tensor acc = torch::log(torch::rand({n}, gen, torch::kFloat64)) < log_a.nan_to_num(-INFINITY);
-    torch::Tensor xn = p.x_new.to(torch::kFloat64);
+    // One MH step from the start: the proposals and the kernel's own accept decisions.
+    auto proposal = std::make_shared<LearnedProposal>(sampler);
+    ChainState state = MetropolisHastings(proposal).init(target, x);
+    ProposalResult r = proposal->propose(target, state, gen);
+    torch::Tensor acc = mh_accept(state, r, gen).second.accepted;
+    torch::Tensor xn = r.proposed.x.to(torch::kFloat64);
     std::vector<double> ax, ay, rx, ry;
     for (int64_t i = 0; i < n; ++i) {
       (acc[i].item<bool>() ? ax : rx).push_back(xn[i][dx].item<double>());

@@ -20,12 +20,15 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& o) {
-  if (o.step_size < 0 || !std::isfinite(o.step_size)) throw UsageError("--step-size must be positive");
-  if (o.sampler == "rwm") return std::make_shared<RandomWalk>(o.step_size);
-  if (o.sampler == "mala") return std::make_shared<Mala>(o.step_size);
+  if (o.step_size && !(*o.step_size > 0 && std::isfinite(*o.step_size))) {
+    throw UsageError("--step-size must be positive and finite");
+  }
+  const double eps = o.step_size.value_or(0.0);  // 0: found by find_reasonable_step_size at the start of the run
+  if (o.sampler == "rwm") return std::make_shared<RandomWalk>(eps);
+  if (o.sampler == "mala") return std::make_shared<Mala>(eps);
   if (o.sampler == "hmc") {
     if (o.leapfrog < 1) throw UsageError("--leapfrog must be at least 1");
-    auto hmc = std::make_shared<Hmc>(o.step_size, o.leapfrog);
+    auto hmc = std::make_shared<Hmc>(eps, o.leapfrog);
     if (!(o.jitter >= 0 && o.jitter < 1)) throw UsageError("--jitter must be in [0, 1)");
     hmc->set_jitter(o.jitter);
     return hmc;
@@ -118,8 +121,13 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
   };
 
   // ---- warm-up: dual averaging of the step size, optional windowed diagonal metric ----
-  const bool tune = o.adapt_step && o.warmup > 0;
-  if (tune || prop.step_size() <= 0) {
+  const bool tunable = prop.has_tunable_step_size();
+  if (o.adapt_step.value_or(false) && !tunable) {
+    throw UsageError("sampler '" + prop.name() + "' has no tunable step size: run it without step-size adaptation");
+  }
+  if (o.adapt_mass && !prop.has_metric()) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
+  const bool tune = o.adapt_step.value_or(tunable) && o.warmup > 0;
+  if (tune || (tunable && prop.step_size() <= 0)) {
     find_reasonable_step_size(target, kernel, state, gen, prop.step_size() > 0 ? prop.step_size() : 1.0);
   }
   DualAveraging da(prop.step_size(), o.target_accept);
@@ -134,7 +142,7 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
     if (o.adapt_mass && schedule.in_slow_window(i)) variance.add(state.x);
     if (o.adapt_mass && schedule.ends_window(i) && variance.count() > 1) {
       torch::Tensor inv_mass = variance.regularised_variance().to(target.options());
-      if (!prop.set_inv_mass(inv_mass)) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
+      prop.set_inv_mass(inv_mass);
       res.inv_mass = inv_mass.to(torch::kCPU, torch::kFloat64);
       variance.reset();
       if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));

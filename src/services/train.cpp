@@ -72,7 +72,7 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
-  Trainer trainer(*target, LearnedSampler(model), config.train);
+  Trainer trainer(*target, LearnedSampler(model).ptr(), config.train);
   const json extra = {{"name", config.name}, {"config", config.to_json()}};
   if (resume && std::filesystem::exists(output)) trainer.load(output);
   TrainResult result;

@@ -67,12 +67,24 @@ TrainOptions TrainOptions::from_json(const json& j) {
   return o;
 }
 
-Trainer::Trainer(Target& target, LearnedSampler sampler, TrainOptions options)
-    : target_(target), sampler_(std::move(sampler)), options_(std::move(options)),
-      gen_(make_generator(options_.seed, target.options().device())), beta_(options_.beta) {
-  TORCH_CHECK(sampler_->options().dim == target.dim(), "model dimension ", sampler_->options().dim,
-              " does not match the target's ", target.dim());
-  sampler_->to(target.options().device(), target.options().dtype().toScalarType());
+namespace {
+/// The model on the target's dtype and device (before its optimiser sees the parameters).
+std::shared_ptr<ProposalModel> placed(std::shared_ptr<ProposalModel> model, const Target& target) {
+  TORCH_CHECK(model, "Trainer needs a model");
+  TORCH_CHECK(model->dim() == target.dim(), "model dimension ", model->dim(), " does not match the target's ",
+              target.dim());
+  model->module().to(target.options().device(), target.options().dtype().toScalarType());
+  return model;
+}
+}  // namespace
+
+Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options)
+    : target_(target), options_(std::move(options)),
+      core_(placed(std::move(model), target),
+            torch::optim::AdamOptions(options_.lr).betas({0.9, 0.999}).amsgrad(options_.amsgrad),
+            BetaController(options_.beta, options_.beta_min, options_.beta_max, options_.rho, options_.accept_target),
+            options_.clip),
+      gen_(make_generator(options_.seed, target.options().device())) {
   if (options_.warmup_steps < 0) options_.warmup_steps = std::min<int64_t>(200, options_.steps / 50);
   use_buffer_ = options_.data == "buffer" || (options_.data == "auto" && !target.has_sampler());
   if (options_.data == "exact" && !target.has_sampler()) {
@@ -82,9 +94,6 @@ Trainer::Trainer(Target& target, LearnedSampler sampler, TrainOptions options)
     const int64_t size = options_.buffer_size > 0 ? options_.buffer_size : options_.batch;
     buffer_ = randn({size, target.dim()}, gen_, target.options()) * options_.buffer_init_scale;
   }
-  optimizer_ = std::make_unique<torch::optim::Adam>(
-      sampler_->parameters(),
-      torch::optim::AdamOptions(options_.lr).betas({0.9, 0.999}).amsgrad(options_.amsgrad));
 }
 
 double Trainer::learning_rate(int64_t t) const {
@@ -112,13 +121,13 @@ TrainStats Trainer::step() {
   auto t0 = std::chrono::steady_clock::now();
   const int64_t g0 = target_.grad_evals();
   const double lr = learning_rate(step_);
-  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
+  core_.set_learning_rate(lr);
 
   torch::Tensor x = next_batch();  // [B, D]
   torch::Tensor u_x, grad_x;
   {
     torch::NoGradGuard no_grad;
-    if (sampler_->options().variant == Variant::kLangevin) {
+    if (core_.model().needs_grad()) {
       auto eg = target_.energy_and_grad(x);
       u_x = eg.energy;
       grad_x = eg.grad;
@@ -126,32 +135,12 @@ TrainStats Trainer::step() {
       u_x = target_.energy(x);
     }
   }
-  sampler_->train();
-  optimizer_->zero_grad();
-  ObjectiveTerms terms = entropy_objective(target_, *sampler_, x, u_x, grad_x, beta_, gen_,
-                                           /*create_graph=*/!options_.stop_grad);
-  const double loss_value = terms.loss_value;
-  // A proposal that overflows (e.g. U(x') = inf far out in a funnel) is excluded from the
-  // objective, but 0 * inf in its backward pass can still turn the gradient into NaN: such a
-  // step is skipped (and counted) rather than allowed to poison the weights.
-  bool skipped = true;
-  if (std::isfinite(loss_value)) {
-    terms.loss.backward();
-    const double norm = torch::nn::utils::clip_grad_norm_(sampler_->parameters(), options_.clip);
-    if (std::isfinite(norm)) {
-      optimizer_->step();
-      skipped = false;
-    }
-  }
-  if (skipped) ++skipped_;
-  optimizer_->zero_grad();
-
+  ProposalStep r = core_.step(target_, x, u_x, grad_x, gen_, /*create_graph=*/!options_.stop_grad);
+  if (r.skipped) ++skipped_;
   torch::NoGradGuard no_grad;
-  const double accept = terms.accept;
-  beta_ = std::clamp(beta_ * (1.0 + options_.rho * (accept - options_.accept_target)), options_.beta_min, options_.beta_max);
   if (use_buffer_) {
     // The buffer chains take an MH step with this step's proposals.
-    torch::Tensor moved = accept_moves(x, terms, gen_);
+    torch::Tensor moved = advance_rows(x, u_x, r, gen_);
     if (batch_index_.defined()) buffer_.index_copy_(0, batch_index_, moved);
     else buffer_ = moved;
   }
@@ -159,11 +148,11 @@ TrainStats Trainer::step() {
   ++step_;
   TrainStats s;
   s.step = step_;
-  s.loss = loss_value;
-  s.accept = accept;
-  s.beta = beta_;
-  s.entropy = terms.entropy.mean().item<double>();
-  s.eps = sampler_->eps().item<double>();
+  s.loss = r.terms.loss_value;
+  s.accept = r.terms.accept;
+  s.beta = core_.beta().value();
+  s.entropy = r.terms.entropy.mean().item<double>();
+  s.eps = core_.model().eps().item<double>();
   s.lr = lr;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.grads = grads_;
@@ -207,22 +196,19 @@ json read_meta(torch::serialize::InputArchive& ar, const std::string& path) {
 }  // namespace
 
 void Trainer::save(const std::string& path, const json& extra) const {
-  torch::serialize::OutputArchive ar, model_ar, optim_ar;
-  sampler_->save(model_ar);
-  optimizer_->save(optim_ar);
-  ar.write("model", model_ar);
-  ar.write("optimizer", optim_ar);
+  torch::serialize::OutputArchive ar;
+  core_.save(ar, "model", "optimizer");
   ar.write("rng", gen_.get_state());
   if (use_buffer_) ar.write("buffer", buffer_.to(torch::kCPU));
   json meta = extra;
   meta["format"] = "nmcmc-checkpoint";
   meta["version"] = kCheckpointVersion;
   meta["target"] = target_.spec();
-  meta["model"] = sampler_->options().to_json();
+  meta["model"] = core_.model().options_json();
   meta["train"] = options_.to_json();
   meta["dtype"] = target_.options().dtype() == caffe2::TypeMeta::Make<double>() ? "float64" : "float32";
   meta["step"] = step_;
-  meta["beta"] = beta_;
+  meta["beta"] = core_.beta().value();
   meta["grads"] = grads_;
   meta["skipped"] = skipped_;
   meta["elapsed"] = elapsed_;
@@ -241,15 +227,11 @@ json Trainer::load(const std::string& path) {
     throw DataError("checkpoint '" + path + "' was trained on target " + meta["target"].dump() + ", not " +
                     target_.spec().dump());
   }
-  if (meta["model"] != sampler_->options().to_json()) {
+  if (meta["model"] != core_.model().options_json()) {
     throw DataError("checkpoint '" + path + "' holds a different model: " + meta["model"].dump());
   }
   try {
-    torch::serialize::InputArchive model_ar, optim_ar;
-    ar.read("model", model_ar);
-    sampler_->load(model_ar);
-    ar.read("optimizer", optim_ar);
-    optimizer_->load(optim_ar);
+    core_.load(ar, "model", "optimizer");
     torch::Tensor state;
     ar.read("rng", state);
     gen_.set_state(state);
@@ -262,7 +244,7 @@ json Trainer::load(const std::string& path) {
     throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
   }
   step_ = meta.at("step");
-  beta_ = meta.at("beta");
+  core_.beta().set_value(meta.at("beta"));
   grads_ = meta.at("grads");
   skipped_ = meta.value("skipped", 0);
   elapsed_ = meta.value("elapsed", 0.0);

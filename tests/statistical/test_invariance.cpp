@@ -127,10 +127,11 @@ TEST(Invariance, LearnedAfterShortTraining) {
   o.accept_target = 0.6;
   o.lr = 3e-3;
   o.seed = 4;
-  Trainer tr(*target, LearnedSampler(LearnedOptions().set_dim(6).set_hidden(32).set_steps(2).set_eps(0.3)), o);
+  LearnedSampler sampler(LearnedOptions().set_dim(6).set_hidden(32).set_steps(2).set_eps(0.3));
+  Trainer tr(*target, sampler.ptr(), o);
   for (int i = 0; i < 150; ++i) tr.step();
-  tr.sampler()->eval();
-  auto r = invariance(kGauss6, std::make_shared<LearnedProposal>(tr.sampler()), 106);
+  sampler->eval();
+  auto r = invariance(kGauss6, std::make_shared<LearnedProposal>(sampler), 106);
   std::cout << "  trained: " << r.describe() << "\n";
   EXPECT_TRUE(r.passes()) << r.describe();
 }

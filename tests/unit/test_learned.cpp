@@ -135,19 +135,20 @@ TEST(Training, CheckpointRoundTripAndExactResume) {
   auto options = LearnedOptions().set_dim(10).set_hidden(16).set_steps(1).set_eps(0.05);
   const std::string path = ::testing::TempDir() + "resume.pt";
   // Uninterrupted: 12 steps.
-  Trainer full(*t, LearnedSampler(options), tiny_train(12));
+  LearnedSampler full_sampler(options), resumed_sampler(options);
+  Trainer full(*t, full_sampler.ptr(), tiny_train(12));
   for (int i = 0; i < 12; ++i) full.step();
   // Interrupted after 5, saved, loaded into a fresh trainer, continued to 12.
   {
-    Trainer first(*t, LearnedSampler(options), tiny_train(12));
+    Trainer first(*t, LearnedSampler(options).ptr(), tiny_train(12));
     for (int i = 0; i < 5; ++i) first.step();
     first.save(path, {});
   }
-  Trainer resumed(*t, LearnedSampler(options), tiny_train(12));
+  Trainer resumed(*t, resumed_sampler.ptr(), tiny_train(12));
   resumed.load(path);
   EXPECT_EQ(resumed.current_step(), 5);
   for (int i = 0; i < 7; ++i) resumed.step();
-  auto pa = full.sampler()->parameters(), pb = resumed.sampler()->parameters();
+  auto pa = full_sampler->parameters(), pb = resumed_sampler->parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << "parameter " << i;
   EXPECT_EQ(full.beta(), resumed.beta());
@@ -161,7 +162,7 @@ TEST(Training, CheckpointRoundTripAndExactResume) {
   torch::NoGradGuard no_grad;
   torch::Tensor x = torch::ones({4, 10});
   at::Generator ga = make_generator(9), gb = make_generator(9);
-  auto a = full.sampler()->propose(*t, x, {}, ga, false);
+  auto a = full_sampler->propose(*t, x, {}, ga, false);
   auto b = loaded->propose(*t, x, {}, gb, false);
   EXPECT_TRUE(torch::equal(a.x_new, b.x_new));
   EXPECT_TRUE(torch::equal(a.log_q_rev, b.log_q_rev));
@@ -171,7 +172,7 @@ TEST(Training, BadCheckpointsFailCleanly) {
   auto t = make_target(tiny_config_target(), torch::kFloat32);
   auto options = LearnedOptions().set_dim(10).set_hidden(16).set_steps(1);
   const std::string path = ::testing::TempDir() + "good.pt";
-  Trainer tr(*t, LearnedSampler(options), tiny_train(2));
+  Trainer tr(*t, LearnedSampler(options).ptr(), tiny_train(2));
   tr.step();
   tr.save(path, {});
   // Truncated copy.
@@ -189,9 +190,9 @@ TEST(Training, BadCheckpointsFailCleanly) {
   EXPECT_THROW(load_model(::testing::TempDir() + "missing.pt"), DataError);
   // Another target or another model shape.
   auto other = make_target({{"name", "icg"}, {"dim", 12}}, torch::kFloat32);
-  Trainer wrong_target(*other, LearnedSampler(LearnedOptions().set_dim(12).set_hidden(16)), tiny_train(2));
+  Trainer wrong_target(*other, LearnedSampler(LearnedOptions().set_dim(12).set_hidden(16)).ptr(), tiny_train(2));
   EXPECT_THROW(wrong_target.load(path), DataError);
-  Trainer wrong_model(*t, LearnedSampler(LearnedOptions().set_dim(10).set_hidden(32)), tiny_train(2));
+  Trainer wrong_model(*t, LearnedSampler(LearnedOptions().set_dim(10).set_hidden(32)).ptr(), tiny_train(2));
   EXPECT_THROW(wrong_model.load(path), DataError);
 }
 
@@ -206,7 +207,7 @@ TEST(Training, EntropyRisesWhileAcceptHoldsTarget) {
   o.rho = 0.05;
   o.lr = 3e-3;
   o.min_lr = 3e-4;
-  Trainer tr(*t, LearnedSampler(LearnedOptions().set_dim(10).set_hidden(32).set_steps(1).set_eps(0.01)), o);
+  Trainer tr(*t, LearnedSampler(LearnedOptions().set_dim(10).set_hidden(32).set_steps(1).set_eps(0.01)).ptr(), o);
   std::vector<TrainStats> s;
   for (int i = 0; i < 400; ++i) s.push_back(tr.step());
   auto mean = [&](int from, int to, double TrainStats::*f) {

@@ -88,6 +88,8 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   explicit LearnedSamplerImpl(const LearnedOptions& options);
 
   const LearnedOptions& options() const { return options_; }
+  torch::nn::Module& module() override { return *this; }
+  nlohmann::json options_json() const override { return options_.to_json(); }
   int64_t dim() const override { return options_.dim; }
   torch::Tensor log_eps() const override { return log_eps_; }
   bool needs_grad() const override { return options_.variant == Variant::kLangevin; }

@@ -2,6 +2,7 @@
 /// What every learned proposal model provides, whatever its networks (MLP or convolutional):
 /// the interface the MH wrapper, the entropy objective, the trainers and the EBM loop use.
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <string>
@@ -38,9 +39,15 @@ void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fw
                         const torch::Tensor& d_log_eps, LearnedDefect defect);
 
 /// A proposal x' = x + eps z (+ drift) with a tractable density in both directions.
+/// Implementations are torch modules (module() returns the object itself), so one trainer
+/// (training/proposal_trainer.hpp) optimises, saves and loads any of them.
 class ProposalModel {
  public:
   virtual ~ProposalModel() = default;
+  /// The module that owns the parameters (this object).
+  virtual torch::nn::Module& module() = 0;
+  /// The hyper-parameters that rebuild the model (stored in checkpoints).
+  virtual nlohmann::json options_json() const = 0;
   /// Dimension D of x.
   virtual int64_t dim() const = 0;
   /// log eps (a scalar parameter).
@@ -74,27 +81,5 @@ class ModelProposal : public Proposal {
   std::shared_ptr<ProposalModel> model_;
   std::string name_;
 };
-
-/// The terms of the entropy objective (Note [Entropy objective]) on one batch.
-struct ObjectiveTerms {
-  torch::Tensor loss;         // scalar, -mean over finite rows of min(0, log a) + beta * entropy
-  torch::Tensor log_a;        // [B] float64, detached; -inf where not finite
-  torch::Tensor entropy;      // [B] float64, detached: log|dz/dz0| + D log eps
-  torch::Tensor jump_sq;      // [B] float64, detached: |x' - x|^2
-  double loss_value = 0;      // loss.item()
-  double accept = 0;          // mean min(1, a)
-  Proposed proposed;
-};
-
-/// One proposal from each row of x and the objective on it. u_x = U(x) [B]; grad_x = dU(x)
-/// when the model needs it. With create_graph the loss is differentiable through dU (double
-/// backward); otherwise the gradient is stopped at dU.
-ObjectiveTerms entropy_objective(Target& target, ProposalModel& model, const torch::Tensor& x,
-                                 const torch::Tensor& u_x, const torch::Tensor& grad_x, double beta,
-                                 at::Generator& gen, bool create_graph);
-
-/// One MH step of rows x (in place of the chains) with the detached log a of an objective
-/// evaluation: returns the moved rows.
-torch::Tensor accept_moves(const torch::Tensor& x, const ObjectiveTerms& terms, at::Generator& gen);
 
 }  // namespace nmcmc

@@ -54,6 +54,8 @@ class ConvSamplerImpl : public torch::nn::Module, public ProposalModel {
  public:
   explicit ConvSamplerImpl(const ConvSamplerOptions& options);
   const ConvSamplerOptions& options() const { return options_; }
+  torch::nn::Module& module() override { return *this; }
+  nlohmann::json options_json() const override { return options_.to_json(); }
 
   int64_t dim() const override { return options_.dim(); }
   torch::Tensor log_eps() const override { return log_eps_; }

@@ -26,6 +26,7 @@
 #include "nmcmc/images/conv_sampler.hpp"
 #include "nmcmc/images/data.hpp"
 #include "nmcmc/kernels/baselines.hpp"
+#include "nmcmc/training/proposal_trainer.hpp"
 
 namespace nmcmc {
 
@@ -138,11 +139,12 @@ class EbmTrainer {
   at::Generator cpu_gen_;  // indices and dequantisation noise (CPU)
   std::unique_ptr<EbmTarget> target_;
   ConvSampler sampler_{nullptr};
+  std::unique_ptr<ProposalTrainer> sampler_trainer_;  // learned runs: Note [Sampler training step]
   std::shared_ptr<Mala> mala_;
   std::shared_ptr<Proposal> proposal_;
-  std::unique_ptr<torch::optim::Adam> ebm_opt_, sampler_opt_;
+  std::unique_ptr<torch::optim::Adam> ebm_opt_;
   torch::Tensor buffer_;  // [buffer, D]
-  double beta_, log_eps_mala_;
+  double log_eps_mala_;
   int64_t it_ = 0, updates_ = 0, grads_sampling_ = 0, grads_training_ = 0;
   double elapsed_ = 0;
   std::vector<EbmStats> log_;

@@ -10,11 +10,10 @@ class ScaledProposal : public Proposal {
  public:
   explicit ScaledProposal(double step_size) : eps_(step_size) {}
   double step_size() const override { return eps_; }
+  bool has_tunable_step_size() const override { return true; }
   void set_step_size(double eps) override { eps_ = eps; }
-  bool set_inv_mass(torch::Tensor inv_mass) override {
-    inv_mass_ = std::move(inv_mass);
-    return true;
-  }
+  bool has_metric() const override { return true; }
+  void set_inv_mass(torch::Tensor inv_mass) override { inv_mass_ = std::move(inv_mass); }
   const torch::Tensor& inv_mass() const { return inv_mass_; }
 
  protected:

@@ -49,11 +49,17 @@ class Proposal {
   /// Whether the chain state must carry the gradient.
   virtual bool uses_grad() const = 0;
   virtual ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) = 0;
-  /// The global step size, if the proposal has one that adaptation may tune.
+  /// The proposal's global step size, for reports (0 when it has none).
   virtual double step_size() const { return 0.0; }
-  virtual void set_step_size(double /*eps*/) {}
-  /// Sets a diagonal inverse mass matrix [D] (target dtype/device); false if unsupported.
-  virtual bool set_inv_mass(torch::Tensor /*inv_mass*/) { return false; }
+  /// Whether warm-up may tune the step size with set_step_size(). A proposal whose step size
+  /// is learned or fixed says no, and run_sampler refuses (or, left to itself, skips) adaptation.
+  virtual bool has_tunable_step_size() const { return false; }
+  /// Sets the step size; throws for proposals without a tunable one (never a silent no-op).
+  virtual void set_step_size(double eps);
+  /// Whether warm-up may adapt a diagonal inverse mass matrix with set_inv_mass().
+  virtual bool has_metric() const { return false; }
+  /// Sets a diagonal inverse mass matrix [D] (target dtype/device); throws if unsupported.
+  virtual void set_inv_mass(torch::Tensor inv_mass);
   /// Called after each MH step with its outcome (for proposals with internal state).
   virtual void observe(const StepInfo& /*info*/) {}
 };
@@ -79,8 +85,14 @@ class MetropolisHastings {
   std::shared_ptr<Proposal> proposal_;
 };
 
-/// Accept/reject given the current and proposed states and the log q ratio. Shared by the
-/// kernel and by tests that need the decision for hand-made proposals.
+/// The Metropolis-Hastings log acceptance ratio, the one place it is written:
+///   log a = U(x) - U(x') + log q(x|x') - log q(x'|x)      (float64, [C]).
+/// Differentiable when its inputs are (the entropy objective of training uses it too).
+torch::Tensor log_acceptance(const torch::Tensor& energy, const torch::Tensor& energy_new,
+                             const torch::Tensor& log_q_ratio);
+
+/// Accept/reject given the current and proposed states and the log q ratio: the decision of the
+/// kernel, of training's persistent chains and of every figure that shows accepted proposals.
 std::pair<ChainState, StepInfo> mh_accept(const ChainState& current, const ProposalResult& proposal,
                                           at::Generator& gen);
 

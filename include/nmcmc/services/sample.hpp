@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "nmcmc/kernels/proposal.hpp"
@@ -15,12 +16,12 @@ namespace nmcmc {
 /// How to build a baseline proposal.
 struct ProposalOptions {
   std::string sampler = "hmc";  // rwm | mala | hmc
-  double step_size = 0.0;       // 0: find a reasonable one (Stan's heuristic)
+  std::optional<double> step_size;  // unset: find a reasonable one (Stan's heuristic)
   int64_t leapfrog = 10;
   double jitter = 0.0;  // HMC per-chain step-size jitter
   ProposalOptions& set_jitter(double j) { jitter = j; return *this; }
   ProposalOptions& set_sampler(std::string s) { sampler = std::move(s); return *this; }
-  ProposalOptions& set_step_size(double e) { step_size = e; return *this; }
+  ProposalOptions& set_step_size(std::optional<double> e) { step_size = e; return *this; }
   ProposalOptions& set_leapfrog(int64_t l) { leapfrog = l; return *this; }
 };
 /// Builds rwm / mala / hmc; throws UsageError for anything else.
@@ -33,9 +34,13 @@ struct RunOptions {
   int64_t chains = 4;
   int64_t warmup = 1000;
   int64_t draws = 1000;
-  bool adapt_step = true;
+  /// Step-size adaptation (dual averaging). Unset: on exactly when the proposal has a tunable
+  /// step size (a learned proposal's step size is learned, so its warm-up is burn-in only).
+  /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
+  std::optional<bool> adapt_step;
   double target_accept = 0.8;
-  bool adapt_mass = false;     // diagonal mass matrix over Stan's windows (HMC, MALA, RWM)
+  bool adapt_mass = false;     // diagonal mass matrix over Stan's windows (HMC, MALA, RWM); refused
+                               // for proposals without a metric
   bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
   std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
   torch::Tensor init_x;          // explicit starting points [C', D] (rows cycled); overrides `init`

@@ -2,16 +2,10 @@
 /// Training the learned sampler by maximising E[min(0, log a)] + beta * proposal entropy
 /// (paper section 3.3 and appendix), with beta adapted to hold a target accept rate.
 //
-// Note [Entropy objective]
-// Per x: L(x) = min(0, log a(x, x')) + beta * (log|dz/dz0| + D log eps), one z0 per x,
-// averaged over the batch; we minimise -L. log|dz/dz0| + D log eps is the proposal entropy up to
-// a constant (H[q(.|x)] = E[-log N(z0)] + E log|dz/dz0| + D log eps). Gradients flow through
-// dU(x + R) (double backward, create_graph) unless stop_grad is set. After each step
-//   beta <- clip(beta * (1 + rho * (mean accept - target)), beta_min, beta_max).
-// Adam (0.9, 0.999), cosine annealing from lr to min_lr after a linear warm-up, gradient
-// clipping at L2 norm `clip`. Data: exact samples when the target has a sampler, else a
-// buffer of persistent chains advanced with MH by the current sampler (the training step's own
-// proposals, accepted or rejected with their detached log a).
+// The step itself is Note [Sampler training step] (training/proposal_trainer.hpp). Around it the
+// Trainer owns: Adam (0.9, 0.999), cosine annealing from lr to min_lr after a linear warm-up, the
+// data (exact samples when the target has a sampler, else a bootstrap buffer of persistent chains
+// that each step advances by MH with its own proposals), the log and resumable checkpoints.
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -20,6 +14,7 @@
 #include <string>
 
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/training/proposal_trainer.hpp"
 
 namespace nmcmc {
 
@@ -51,18 +46,19 @@ struct TrainStats {
   double elapsed = 0;       // training wall time so far (all invocations)
 };
 
-/// Owns the optimiser, the beta controller, the learning-rate schedule and the data source.
+/// Trains any ProposalModel on a target: the learning-rate schedule, the data source, the log
+/// and checkpoints around one ProposalTrainer.
 class Trainer {
  public:
-  /// A fresh run.
-  Trainer(Target& target, LearnedSampler sampler, TrainOptions options);
+  /// A fresh run. The model is moved to the target's dtype and device.
+  Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options);
 
   /// One optimisation step on one batch.
   TrainStats step();
   int64_t current_step() const { return step_; }
-  double beta() const { return beta_; }
+  double beta() const { return core_.beta().value(); }
   const TrainOptions& options() const { return options_; }
-  LearnedSampler& sampler() { return sampler_; }
+  ProposalModel& model() { return core_.model(); }
   /// Learning rate at step t (warm-up, then cosine).
   double learning_rate(int64_t t) const;
   /// All logged rows so far.
@@ -78,24 +74,17 @@ class Trainer {
  private:
   torch::Tensor next_batch();
   Target& target_;
-  LearnedSampler sampler_;
   TrainOptions options_;
-  std::unique_ptr<torch::optim::Adam> optimizer_;
+  ProposalTrainer core_;
   at::Generator gen_;
   bool use_buffer_ = false;
   torch::Tensor buffer_;       // [B, D]
   torch::Tensor batch_index_;  // rows of the buffer in the current batch
-  double beta_;
   int64_t step_ = 0;
   int64_t grads_ = 0;
   int64_t skipped_ = 0;
   double elapsed_ = 0;
   std::vector<TrainStats> log_;
-};
-
-/// What a checkpoint holds besides the trainer state.
-struct CheckpointInfo {
-  nlohmann::json meta;  // format, target spec, model and train options, step, log
 };
 
 /// Loads only the model of a checkpoint (for sampling): returns the sampler and the metadata.
