@@ -4,6 +4,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/io/config.hpp"
 
 namespace nmcmc {
 
@@ -23,30 +24,10 @@ std::string variant_name(Variant v) {
   return "full";
 }
 
-nlohmann::json LearnedOptions::to_json() const {
-  return {{"dim", dim},          {"variant", variant_name(variant)}, {"hidden", hidden},
-          {"steps", steps},      {"shared_layers", shared_layers},   {"activation", activation},
-          {"eps", eps},          {"mask_seed", mask_seed}};
-}
+nlohmann::json LearnedOptions::to_json() const { return nlohmann::json(*this); }
 
 LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
-  LearnedOptions o;
-  static const std::vector<std::string> known = {"dim", "variant", "hidden", "steps", "shared_layers", "activation", "eps", "mask_seed"};
-  for (auto& [key, value] : j.items()) {
-    if (std::find(known.begin(), known.end(), key) == known.end()) throw UsageError("model option '" + key + "' is unknown");
-  }
-  try {
-    o.dim = j.value("dim", o.dim);
-    o.variant = parse_variant(j.value("variant", std::string("full")));
-    o.hidden = j.value("hidden", o.hidden);
-    o.steps = j.value("steps", o.steps);
-    o.shared_layers = j.value("shared_layers", o.shared_layers);
-    o.activation = j.value("activation", o.activation);
-    o.eps = j.value("eps", o.eps);
-    o.mask_seed = j.value("mask_seed", o.mask_seed);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(std::string("model options: ") + e.what());
-  }
+  LearnedOptions o = options_from_json<LearnedOptions>(j, "model options");
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
   if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");

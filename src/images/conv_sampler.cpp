@@ -4,31 +4,14 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/io/config.hpp"
 
 namespace nmcmc {
 
-nlohmann::json ConvSamplerOptions::to_json() const {
-  return {{"channels", channels}, {"height", height}, {"width", width}, {"filters", filters},
-          {"layers", layers},     {"steps", steps},   {"eps", eps}};
-}
+nlohmann::json ConvSamplerOptions::to_json() const { return nlohmann::json(*this); }
 
 ConvSamplerOptions ConvSamplerOptions::from_json(const nlohmann::json& j) {
-  ConvSamplerOptions o;
-  const nlohmann::json known = o.to_json();
-  for (auto& [key, value] : j.items()) {
-    if (!known.contains(key)) throw UsageError("sampler option '" + key + "' is unknown");
-  }
-  try {
-    o.channels = j.value("channels", o.channels);
-    o.height = j.value("height", o.height);
-    o.width = j.value("width", o.width);
-    o.filters = j.value("filters", o.filters);
-    o.layers = j.value("layers", o.layers);
-    o.steps = j.value("steps", o.steps);
-    o.eps = j.value("eps", o.eps);
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError(std::string("sampler options: ") + e.what());
-  }
+  ConvSamplerOptions o = options_from_json<ConvSamplerOptions>(j, "sampler options");
   if (o.channels < 1 || o.height < 2 || o.width < 2) throw UsageError("sampler: image shape must be at least 1x2x2");
   if (o.filters < 1 || o.layers < 2 || o.steps < 1) throw UsageError("sampler: need filters >= 1, layers >= 2, steps >= 1");
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("sampler: eps must be positive");

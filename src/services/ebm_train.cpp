@@ -8,7 +8,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
-#include "nmcmc/images/ebm.hpp"
+#include "nmcmc/services/ebm.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/plot.hpp"
 
@@ -107,7 +107,7 @@ void write_ebm_curves(const std::string& path, const std::vector<std::pair<std::
 
 json run_ebm_training(const EbmOptions& options, const std::string& output, bool resume,
                       const std::function<void(const EbmProgress&)>& progress, const std::function<bool()>& should_stop,
-                      const std::string& compare_with) {
+                      const std::string& compare_with, const std::function<void(int64_t, int64_t)>& longrun_progress) {
   ensure_directory(output);
   const std::string ckpt = (fs::path(output) / "checkpoint.pt").string();
   const std::string log_path = (fs::path(output) / "log.csv").string();
@@ -170,7 +170,15 @@ json run_ebm_training(const EbmOptions& options, const std::string& output, bool
     summary["figures"] = {"samples_buffer.png", "data.png", "curves.png"};
     if (tr.sampler()) summary["figures"].push_back("z_std.png");
   }
-  write_atomically((fs::path(output) / "summary.json").string(), [&](std::ostream& os) { os << summary.dump(2) << "\n"; });
+  auto write_summary = [&] {
+    write_atomically((fs::path(output) / "summary.json").string(), [&](std::ostream& os) { os << summary.dump(2) << "\n"; });
+  };
+  write_summary();
+  if (!interrupted && options.longrun_steps > 0) {
+    const std::string png = (fs::path(output) / "longrun.png").string();
+    summary["longrun"] = run_ebm_longrun(output, options.longrun_steps, 8, png, longrun_progress, options.device);
+    write_summary();
+  }
   return summary;
 }
 

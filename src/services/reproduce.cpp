@@ -95,8 +95,10 @@ std::vector<std::string> profile_changes(const json& paper, const json& settings
   return changes;
 }
 
+std::string configs_of(const ReproduceOptions& o) { return o.configs.empty() ? configs_directory() : o.configs; }
+
 json paper_config(const ReproduceOptions& o, const std::string& name) {
-  return read_config_file((fs::path(o.configs) / (name + ".json")).string());
+  return read_config_file((fs::path(configs_of(o)) / (name + ".json")).string());
 }
 
 /// The paper's config of an experiment with the profile's train/model settings applied.
@@ -331,7 +333,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
   const int64_t aux = profile_settings(o.profile, "moon")["aux_steps"];
   if (o.figures && std::find(selected.begin(), selected.end(), "moon") != selected.end()) {
     say("== figure 1: proposal cloud on the 2-d moon target");
-    json cfg = read_config_file((fs::path(o.configs) / "moon.json").string());
+    json cfg = read_config_file((fs::path(configs_of(o)) / "moon.json").string());
     cfg["train"]["steps"] = std::max<int64_t>(aux * 3, 30);
     TrainConfig config = parse_train_config(cfg);
     const std::string dir = (fs::path(o.output) / "moon").string();

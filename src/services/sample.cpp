@@ -13,6 +13,7 @@
 #include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/baselines.hpp"
+#include "nmcmc/training/trainer.hpp"
 
 namespace nmcmc {
 
@@ -40,6 +41,23 @@ double default_target_accept(const std::string& sampler) {
   if (sampler == "rwm") return 0.234;
   if (sampler == "mala") return 0.574;
   return 0.8;
+}
+
+LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
+                            torch::TensorOptions options, bool dtype_given) {
+  auto [sampler, meta] = load_model(model_path);
+  const json trained_on = meta.at("target");
+  if (target_spec) {
+    auto probe = make_target(*target_spec, options);
+    if (probe->spec() != trained_on) {
+      throw UsageError("model '" + model_path + "' was trained on target " + trained_on.dump() + ", not " +
+                       probe->spec().dump());
+    }
+  }
+  if (!dtype_given) options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
+  sampler->to(options.device(), options.dtype().toScalarType());
+  sampler->eval();
+  return {std::make_shared<LearnedProposal>(sampler), trained_on, meta, options};
 }
 
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen) {

@@ -6,6 +6,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/config.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {
@@ -35,34 +36,6 @@ TrainConfig parse_train_config(const json& j) {
   c.dtype = j.value("dtype", std::string("float32"));
   if (c.dtype != "float32" && c.dtype != "float64") throw UsageError("config: dtype must be float32 or float64");
   return c;
-}
-
-json read_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw DataError("cannot open config '" + path + "'");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw DataError("config '" + path + "' is not valid JSON: " + e.what());
-  }
-}
-
-void apply_override(json& config, const std::string& assignment) {
-  auto eq = assignment.find('=');
-  auto dot = assignment.find('.');
-  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
-    throw UsageError("--set expects section.key=value, got '" + assignment + "'");
-  }
-  const std::string section = assignment.substr(0, dot), key = assignment.substr(dot + 1, eq - dot - 1);
-  const std::string text = assignment.substr(eq + 1);
-  json value;
-  try {
-    value = json::parse(text);
-  } catch (const json::exception&) {
-    value = text;
-  }
-  if (!config.contains(section)) config[section] = json::object();
-  config[section][key] = value;
 }
 
 TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,

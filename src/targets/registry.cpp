@@ -2,6 +2,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
@@ -27,41 +29,7 @@ std::string data_directory() {
   return "data";
 }
 
-const std::vector<TargetInfo>& target_catalogue() {
-  static const std::vector<TargetInfo> catalogue = {
-      {"icg", "ill-conditioned Gaussian: diagonal, variances log-spaced from 1e-2 to 1e2", {{"dim", "dimension (50)"}}},
-      {"scg", "strongly correlated 2-d Gaussian: variances 1e2 and 1e-1 rotated by pi/4", {}},
-      {"rotated_icg",
-       "Gaussian with Gamma(0.5, 1) eigenvalues and a random rotation",
-       {{"dim", "dimension (100)"}, {"seed", "seed of the eigenvalues and rotation (1)"}}},
-      {"funnel",
-       "Neal's funnel: x0 ~ N(0, sigma^2), x_i | x0 ~ N(0, exp(-x0)); Funnel-1 = (100, 1), Funnel-3 = (20, 3)",
-       {{"dim", "dimension (20)"}, {"sigma", "sd of x0 (3)"}}},
-      {"moon", "2-d banana: U = x0^2/2 + (x1 - x0^2 + 4)^2/2", {}},
-      {"logistic",
-       "Bayesian logistic regression, N(0, 10^2) prior, standardised features, intercept first",
-       {{"dataset", "german | australian | heart (shipped in data/uci)"},
-        {"file", "or a whitespace/comma-separated table of your own"},
-        {"label_column", "label column of 'file', negative counts from the end (-1)"},
-        {"prior_sd", "prior standard deviation (10)"}}},
-      {"gaussian",
-       "Gaussian with diagonal covariance: standard normal, or given scales",
-       {{"dim", "dimension (2)"}, {"scales", "list of standard deviations (all 1)"}}},
-  };
-  return catalogue;
-}
-
 namespace {
-
-void check_keys(const json& spec, const std::string& name) {
-  const auto& cat = target_catalogue();
-  auto it = std::find_if(cat.begin(), cat.end(), [&](const TargetInfo& t) { return t.name == name; });
-  for (auto& [key, value] : spec.items()) {
-    if (key == "name") continue;
-    bool known = std::any_of(it->options.begin(), it->options.end(), [&](auto& o) { return o.first == key; });
-    if (!known) throw UsageError("target '" + name + "' has no option '" + key + "' (see `nmcmc targets`)");
-  }
-}
 
 int64_t get_int(const json& spec, const char* key, int64_t fallback, int64_t min_value) {
   if (!spec.contains(key) || spec[key].is_null()) return fallback;
@@ -80,7 +48,7 @@ double get_positive(const json& spec, const char* key, double fallback) {
   if (!spec.contains(key) || spec[key].is_null()) return fallback;
   if (!spec[key].is_number()) throw UsageError(std::string("target option '") + key + "' must be a number");
   double value = spec[key].get<double>();
-  if (!(value > 0) || !std::isfinite(value)) throw UsageError(std::string("target option '") + key + "' must be positive");
+  if (!(value > 0) || !std::isfinite(value)) throw UsageError(std::string("target option '") + key + "' must be positive and finite, got " + spec[key].dump());
   return value;
 }
 
@@ -129,50 +97,43 @@ std::unique_ptr<Target> make_logistic(const json& spec, torch::TensorOptions opt
   return std::make_unique<LogisticTarget>(data, full, prior_sd, std::nullopt, options);
 }
 
-}  // namespace
 
-std::unique_ptr<Target> make_target(const json& spec_in, torch::TensorOptions options) {
-  json spec = spec_in;
-  if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
-    throw UsageError("a target spec needs a \"name\" (see `nmcmc targets`)");
-  }
-  const std::string name = spec["name"].get<std::string>();
-  const auto& cat = target_catalogue();
-  if (std::none_of(cat.begin(), cat.end(), [&](const TargetInfo& t) { return t.name == name; })) {
-    throw UsageError("unknown target '" + name + "' (see `nmcmc targets`)");
-  }
-  check_keys(spec, name);
+
+std::unique_ptr<Target> make_icg(const json& spec, torch::TensorOptions options) {
+  int64_t d = get_int(spec, "dim", 50, 2);
+  return std::make_unique<GaussianTarget>("icg", json{{"name", "icg"}, {"dim", d}},
+                                          torch::logspace(-2, 2, d, 10.0, torch::kFloat64), torch::Tensor(),
+                                          torch::Tensor(), options);
+}
+
+std::unique_ptr<Target> make_scg(const json&, torch::TensorOptions options) {
   const double pi = std::acos(-1.0);
-  if (name == "icg") {
-    int64_t d = get_int(spec, "dim", 50, 2);
-    return std::make_unique<GaussianTarget>("icg", json{{"name", "icg"}, {"dim", d}},
-                                            torch::logspace(-2, 2, d, 10.0, torch::kFloat64), torch::Tensor(),
-                                            torch::Tensor(), options);
-  }
-  if (name == "scg") {
-    const double c = std::cos(pi / 4), s = std::sin(pi / 4);
-    torch::Tensor rot = torch::tensor({c, s, -s, c}, torch::kFloat64).reshape({2, 2});
-    return std::make_unique<GaussianTarget>("scg", json{{"name", "scg"}},
-                                            torch::tensor({100.0, 0.1}, torch::kFloat64), rot, torch::Tensor(), options);
-  }
-  if (name == "rotated_icg") {
-    int64_t d = get_int(spec, "dim", 100, 2);
-    int64_t seed = get_int(spec, "seed", 1, 0);
-    at::Generator gen = make_generator(static_cast<uint64_t>(seed));
-    torch::Tensor var = at::_standard_gamma(torch::full({d}, 0.5, torch::kFloat64), gen);  // Gamma(0.5, scale 1)
-    var = torch::clamp_min(var, 1e-12);
-    torch::Tensor g = torch::randn({d, d}, gen, torch::kFloat64);
-    auto [q, r] = torch::linalg::qr(g);
-    q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);  // Haar-distributed rotation
-    return std::make_unique<GaussianTarget>("rotated_icg", json{{"name", "rotated_icg"}, {"dim", d}, {"seed", seed}},
-                                            var, q, torch::Tensor(), options);
-  }
-  if (name == "funnel") {
-    return std::make_unique<FunnelTarget>(get_int(spec, "dim", 20, 2), get_positive(spec, "sigma", 3.0), options);
-  }
-  if (name == "moon") return std::make_unique<MoonTarget>(options);
-  if (name == "logistic") return make_logistic(spec, options);
-  // gaussian
+  const double c = std::cos(pi / 4), s = std::sin(pi / 4);
+  torch::Tensor rot = torch::tensor({c, s, -s, c}, torch::kFloat64).reshape({2, 2});
+  return std::make_unique<GaussianTarget>("scg", json{{"name", "scg"}}, torch::tensor({100.0, 0.1}, torch::kFloat64), rot,
+                                          torch::Tensor(), options);
+}
+
+std::unique_ptr<Target> make_rotated_icg(const json& spec, torch::TensorOptions options) {
+  int64_t d = get_int(spec, "dim", 100, 2);
+  int64_t seed = get_int(spec, "seed", 1, 0);
+  at::Generator gen = make_generator(static_cast<uint64_t>(seed));
+  torch::Tensor var = at::_standard_gamma(torch::full({d}, 0.5, torch::kFloat64), gen);  // Gamma(0.5, scale 1)
+  var = torch::clamp_min(var, 1e-12);
+  torch::Tensor g = torch::randn({d, d}, gen, torch::kFloat64);
+  auto [q, r] = torch::linalg::qr(g);
+  q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);  // Haar-distributed rotation
+  return std::make_unique<GaussianTarget>("rotated_icg", json{{"name", "rotated_icg"}, {"dim", d}, {"seed", seed}}, var,
+                                          q, torch::Tensor(), options);
+}
+
+std::unique_ptr<Target> make_funnel(const json& spec, torch::TensorOptions options) {
+  return std::make_unique<FunnelTarget>(get_int(spec, "dim", 20, 2), get_positive(spec, "sigma", 3.0), options);
+}
+
+std::unique_ptr<Target> make_moon(const json&, torch::TensorOptions options) { return std::make_unique<MoonTarget>(options); }
+
+std::unique_ptr<Target> make_gaussian(const json& spec, torch::TensorOptions options) {
   torch::Tensor var;
   json full = {{"name", "gaussian"}};
   if (spec.contains("scales")) {
@@ -196,6 +157,91 @@ std::unique_ptr<Target> make_target(const json& spec_in, torch::TensorOptions op
   }
   full["dim"] = var.size(0);
   return std::make_unique<GaussianTarget>("gaussian", full, var, torch::Tensor(), torch::Tensor(), options);
+}
+
+std::vector<TargetInfo> builtin_infos() {
+  return {
+      {"icg", "ill-conditioned Gaussian: diagonal, variances log-spaced from 1e-2 to 1e2", {{"dim", "dimension (50)"}}},
+      {"scg", "strongly correlated 2-d Gaussian: variances 1e2 and 1e-1 rotated by pi/4", {}},
+      {"rotated_icg",
+       "Gaussian with Gamma(0.5, 1) eigenvalues and a random rotation",
+       {{"dim", "dimension (100)"}, {"seed", "seed of the eigenvalues and rotation (1)"}}},
+      {"funnel",
+       "Neal's funnel: x0 ~ N(0, sigma^2), x_i | x0 ~ N(0, exp(-x0)); Funnel-1 = (100, 1), Funnel-3 = (20, 3)",
+       {{"dim", "dimension (20)"}, {"sigma", "sd of x0 (3)"}}},
+      {"moon", "2-d banana: U = x0^2/2 + (x1 - x0^2 + 4)^2/2", {}},
+      {"logistic",
+       "Bayesian logistic regression, N(0, 10^2) prior, standardised features, intercept first",
+       {{"dataset", "german | australian | heart (shipped in data/uci)"},
+        {"file", "or a whitespace/comma-separated table of your own"},
+        {"label_column", "label column of 'file', negative counts from the end (-1)"},
+        {"prior_sd", "prior standard deviation (10)"}}},
+      {"gaussian",
+       "Gaussian with diagonal covariance: standard normal, or given scales",
+       {{"dim", "dimension (2)"}, {"scales", "list of standard deviations (all 1)"}}},
+  };
+}
+
+
+/// The registry: built-ins first, then registered targets, in order.
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::pair<TargetInfo, TargetFactory>> entries;
+  Registry() {
+    const std::map<std::string, TargetFactory> factories = {
+        {"icg", make_icg},     {"scg", make_scg},   {"rotated_icg", make_rotated_icg}, {"funnel", make_funnel},
+        {"moon", make_moon},   {"logistic", make_logistic}, {"gaussian", make_gaussian}};
+    for (auto& info : builtin_infos()) entries.emplace_back(info, factories.at(info.name));
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void register_target(TargetInfo info, TargetFactory factory) {
+  if (info.name.empty()) throw UsageError("register_target: a target needs a name");
+  if (!factory) throw UsageError("register_target: target '" + info.name + "' needs a factory");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& [existing, f] : r.entries) {
+    if (existing.name == info.name) throw UsageError("register_target: a target named '" + info.name + "' exists already");
+  }
+  r.entries.emplace_back(std::move(info), std::move(factory));
+}
+
+std::vector<TargetInfo> target_catalogue() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<TargetInfo> out;
+  for (const auto& [info, f] : r.entries) out.push_back(info);
+  return out;
+}
+
+std::unique_ptr<Target> make_target(const json& spec, torch::TensorOptions options) {
+  if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
+    throw UsageError("a target spec needs a \"name\" (see `nmcmc targets`)");
+  }
+  const std::string name = spec["name"].get<std::string>();
+  TargetInfo info;
+  TargetFactory factory;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = std::find_if(r.entries.begin(), r.entries.end(), [&](const auto& e) { return e.first.name == name; });
+    if (it == r.entries.end()) throw UsageError("unknown target '" + name + "' (see `nmcmc targets`)");
+    info = it->first;
+    factory = it->second;
+  }
+  for (auto& [key, value] : spec.items()) {
+    if (key == "name") continue;
+    const bool known = std::any_of(info.options.begin(), info.options.end(), [&](const auto& o) { return o.first == key; });
+    if (!known) throw UsageError("target '" + name + "' has no option '" + key + "' (see `nmcmc targets`)");
+  }
+  return factory(spec, options);
 }
 
 }  // namespace nmcmc

@@ -10,6 +10,7 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/checkpoint.hpp"
+#include "nmcmc/io/config.hpp"
 
 namespace nmcmc {
 
@@ -18,43 +19,10 @@ using json = nlohmann::json;
 /// Version 2: per-sub-step weight tensors (w_in0, w_in1, ...).
 constexpr int kCheckpointVersion = 2;
 
-json TrainOptions::to_json() const {
-  return {{"accept_target", accept_target}, {"lr", lr}, {"min_lr", min_lr}, {"batch", batch}, {"steps", steps},
-          {"warmup_steps", warmup_steps}, {"beta", beta}, {"beta_min", beta_min}, {"beta_max", beta_max},
-          {"rho", rho}, {"clip", clip}, {"amsgrad", amsgrad}, {"data", data}, {"buffer_size", buffer_size},
-          {"buffer_init_scale", buffer_init_scale}, {"stop_grad", stop_grad}, {"seed", seed},
-          {"checkpoint_every", checkpoint_every}, {"log_every", log_every}};
-}
+json TrainOptions::to_json() const { return json(*this); }
 
 TrainOptions TrainOptions::from_json(const json& j) {
-  TrainOptions o;
-  const json known = o.to_json();
-  for (auto& [key, value] : j.items()) {
-    if (!known.contains(key)) throw UsageError("train option '" + key + "' is unknown");
-  }
-  try {
-    o.accept_target = j.value("accept_target", o.accept_target);
-    o.lr = j.value("lr", o.lr);
-    o.min_lr = j.value("min_lr", o.min_lr);
-    o.batch = j.value("batch", o.batch);
-    o.steps = j.value("steps", o.steps);
-    o.warmup_steps = j.value("warmup_steps", o.warmup_steps);
-    o.beta = j.value("beta", o.beta);
-    o.beta_min = j.value("beta_min", o.beta_min);
-    o.beta_max = j.value("beta_max", o.beta_max);
-    o.rho = j.value("rho", o.rho);
-    o.clip = j.value("clip", o.clip);
-    o.amsgrad = j.value("amsgrad", o.amsgrad);
-    o.data = j.value("data", o.data);
-    o.buffer_size = j.value("buffer_size", o.buffer_size);
-    o.buffer_init_scale = j.value("buffer_init_scale", o.buffer_init_scale);
-    o.stop_grad = j.value("stop_grad", o.stop_grad);
-    o.seed = j.value("seed", o.seed);
-    o.checkpoint_every = j.value("checkpoint_every", o.checkpoint_every);
-    o.log_every = j.value("log_every", o.log_every);
-  } catch (const json::exception& e) {
-    throw UsageError(std::string("train options: ") + e.what());
-  }
+  TrainOptions o = options_from_json<TrainOptions>(j, "train options");
   if (!(o.accept_target > 0 && o.accept_target < 1)) throw UsageError("train: accept_target must be in (0, 1)");
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr) throw UsageError("train: need lr > 0 and 0 <= min_lr <= lr");
   if (o.batch < 1 || o.steps < 0) throw UsageError("train: batch must be positive and steps non-negative");

@@ -33,8 +33,12 @@
 namespace nmcmc {
 
 enum class Variant { kFull, kNoGrad, kLangevin };
+/// "full" | "no-grad" | "langevin"; UsageError for anything else.
 Variant parse_variant(const std::string& name);
 std::string variant_name(Variant v);
+/// JSON as the variant's name (strict: an unknown name is a UsageError, never a default).
+inline void to_json(nlohmann::json& j, Variant v) { j = variant_name(v); }
+inline void from_json(const nlohmann::json& j, Variant& v) { v = parse_variant(j.get<std::string>()); }
 
 /// Model hyper-parameters (the paper's "hidden width / steps N", plus the rest).
 struct LearnedOptions {
@@ -57,6 +61,8 @@ struct LearnedOptions {
   nlohmann::json to_json() const;
   static LearnedOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hidden, steps, shared_layers, activation,
+                                                eps, mask_seed)
 
 /// An MLP whose first and last layers have separate weights per sub-step k and whose middle
 /// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden

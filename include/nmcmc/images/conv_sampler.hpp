@@ -37,6 +37,7 @@ struct ConvSamplerOptions {
   nlohmann::json to_json() const;
   static ConvSamplerOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ConvSamplerOptions, channels, height, width, filters, layers, steps, eps)
 
 /// A plain convnet: 3x3 convolutions (padding 1), ELU between them, tanh after the last hidden
 /// layer, zero-initialised output layer. [B, in, H, W] -> [B, out, H, W].

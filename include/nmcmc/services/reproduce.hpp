@@ -15,7 +15,7 @@ struct ReproduceOptions {
   std::string profile = "cpu";          // smoke | cpu | paper
   std::vector<std::string> only;        // experiment names; empty = all
   std::string output = "results";
-  std::string configs = "configs";      // where the experiment configs live
+  std::string configs;                  // where the experiment configs live (empty: configs_directory())
   bool figures = true;
 };
 

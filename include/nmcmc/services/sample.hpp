@@ -78,6 +78,20 @@ struct SampleResult {
   uint64_t seed = 0;
 };
 
+/// A trained learned sampler ready to run: its proposal, the target it was trained on, the
+/// checkpoint's metadata and the tensor options to run it with.
+struct LearnedRun {
+  std::shared_ptr<Proposal> proposal;
+  nlohmann::json target_spec;
+  nlohmann::json meta;
+  torch::TensorOptions options;
+};
+/// Loads the checkpoint at `model_path` (DataError if unreadable). A given `target_spec` must
+/// describe the model's own target (UsageError otherwise). The model runs in `options`' dtype
+/// when `dtype_given`, else in the dtype it was trained in.
+LearnedRun load_learned_run(const std::string& model_path, const std::optional<nlohmann::json>& target_spec,
+                            torch::TensorOptions options, bool dtype_given);
+
 /// Initial positions [C, D] by the named scheme.
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen);
 /// Stan's heuristic: doubles or halves eps until the mean accept probability crosses 0.5.

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "nmcmc/io/config.hpp"
 #include "nmcmc/training/trainer.hpp"
 
 namespace nmcmc {
@@ -20,10 +21,6 @@ struct TrainConfig {
 };
 /// Parses and validates a configuration (UsageError on bad values).
 TrainConfig parse_train_config(const nlohmann::json& j);
-/// Reads a configuration file (DataError if it is not valid JSON).
-nlohmann::json read_config_file(const std::string& path);
-/// Applies an override "section.key=value" (value parsed as JSON, else taken as a string).
-void apply_override(nlohmann::json& config, const std::string& assignment);
 
 struct TrainProgress {
   TrainStats stats;

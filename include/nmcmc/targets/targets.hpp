@@ -3,6 +3,7 @@
 /// Bayesian logistic regression, plus a registry that builds any of them from a JSON spec.
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,8 +124,19 @@ struct TargetInfo {
   std::string description;
   std::vector<std::pair<std::string, std::string>> options;  // option, meaning/default
 };
-/// All built-in targets.
-const std::vector<TargetInfo>& target_catalogue();
+
+/// Builds a target from its spec. The spec's keys have been checked against the TargetInfo's
+/// options (and "name"); the factory validates their values (UsageError) and fills in defaults,
+/// so that the target's spec() is complete and recreates it.
+using TargetFactory = std::function<std::unique_ptr<Target>(const nlohmann::json& spec, torch::TensorOptions options)>;
+
+/// Adds a target to the registry under info.name, so that make_target, the training service,
+/// `reproduce`-style configs and everything else that takes a spec can build it by name.
+/// Throws UsageError if the name is taken or empty. Thread-safe.
+void register_target(TargetInfo info, TargetFactory factory);
+
+/// Every registered target (the built-ins first, then the user's in registration order).
+std::vector<TargetInfo> target_catalogue();
 
 /// Builds a target from a spec such as {"name": "funnel", "dim": 20, "sigma": 3}.
 /// Missing options take their defaults; the returned target's spec() is complete.

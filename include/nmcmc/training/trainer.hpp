@@ -35,6 +35,9 @@ struct TrainOptions {
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr, min_lr, batch, steps, warmup_steps, beta,
+                                                beta_min, beta_max, rho, clip, amsgrad, data, buffer_size,
+                                                buffer_init_scale, stop_grad, seed, checkpoint_every, log_every)
 
 /// One logged training step.
 struct TrainStats {

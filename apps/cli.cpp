@@ -1,0 +1,167 @@
+#include "cli.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <iostream>
+
+#include "nmcmc/core/blas_check.hpp"
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/version.hpp"
+
+namespace nmcmc::cli {
+
+using json = nlohmann::json;
+
+namespace {
+std::string g_command_line;
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop = true; }
+const char* const kTargetOptions[] = {"--target", "--dim", "--sigma", "--dataset", "--data-file", "--label-column",
+                                      "--target-seed", "--target-json"};
+}  // namespace
+
+const std::string& command_line() { return g_command_line; }
+void set_command_line(int argc, char** argv) {
+  g_command_line.clear();
+  for (int i = 0; i < argc; ++i) g_command_line += (i ? " " : "") + std::string(argv[i]);
+}
+
+bool stop_requested() { return g_stop.load(); }
+void install_stop_handler() {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+}
+
+void warn_blas() {
+  auto report = check_blas(false);
+  if (!report.ok) std::cerr << "\n" << report.message << "\n\n";
+}
+
+std::string version_text(bool measure_blas) {
+  auto report = check_blas(measure_blas);
+  std::string blas = report.library.empty() ? "unknown" : report.library;
+  if (measure_blas) blas += fmt::format(" ({:.1f} GFLOP/s on a 512x512 sgemm, {} threads)", report.gflops, torch::get_num_threads());
+  return fmt::format("nmcmc {}\nLibTorch {}\nBLAS: {}", NMCMC_VERSION, TORCH_VERSION, blas);
+}
+
+void TargetArgs::add(CLI::App* cmd) {
+  cmd->add_option("--target", name, "target name (see `nmcmc targets`)")->capture_default_str();
+  cmd->add_option("--dim", dim, "dimension (targets that take one)");
+  cmd->add_option("--sigma", sigma, "funnel: sd of x0");
+  cmd->add_option("--dataset", dataset, "logistic: german | australian | heart");
+  cmd->add_option("--data-file", file, "logistic: your own whitespace/comma-separated table");
+  cmd->add_option("--label-column", label_column, "logistic: label column of --data-file (negative from the end)");
+  cmd->add_option("--target-seed", target_seed, "rotated_icg: seed of its eigenvalues and rotation");
+  cmd->add_option("--target-json", spec_json, "the whole target spec as JSON, e.g. '{\"name\":\"funnel\",\"dim\":100,\"sigma\":1}'");
+}
+
+json TargetArgs::spec() const {
+  if (spec_json) {
+    try {
+      return json::parse(*spec_json);
+    } catch (const std::exception& e) {
+      throw UsageError(std::string("--target-json is not valid JSON: ") + e.what());
+    }
+  }
+  json s = {{"name", name}};
+  if (dim) s["dim"] = *dim;
+  if (sigma) s["sigma"] = *sigma;  // non-finite values are refused by the target, never replaced
+  if (dataset) s["dataset"] = *dataset;
+  if (file) {
+    s["file"] = *file;
+    s["label_column"] = label_column.value_or(-1);
+  } else if (label_column) {
+    throw UsageError("--label-column goes with --data-file");
+  }
+  if (target_seed) s["seed"] = *target_seed;
+  return s;
+}
+
+bool TargetArgs::given(const CLI::App* cmd) {
+  for (const char* name : kTargetOptions) {
+    if (cmd->count(name) > 0) return true;
+  }
+  return false;
+}
+
+void ComputeArgs::add(CLI::App* cmd, const char* dtype_help) {
+  cmd->add_option("--device", device, "cpu | cuda | cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", dtype, dtype_help);
+  cmd->add_option("--threads", threads,
+                  "intra-op threads (0: LibTorch's default; 1 is fastest on 2 vCPUs, see BENCHMARKS.md)")
+      ->capture_default_str();
+}
+
+torch::TensorOptions ComputeArgs::options(const std::string& default_dtype) const {
+  const std::string dt = dtype.value_or(default_dtype);
+  torch::ScalarType st;
+  if (dt == "float32") st = torch::kFloat32;
+  else if (dt == "float64") st = torch::kFloat64;
+  else throw UsageError("--dtype must be float32 or float64, got '" + dt + "'");
+  torch::Device dev(torch::kCPU);
+  try {
+    dev = torch::Device(device);
+  } catch (const std::exception&) {
+    throw UsageError("--device must be cpu, cuda or cuda:N, got '" + device + "'");
+  }
+  if (dev.is_cuda() && !torch::cuda::is_available()) {
+    throw UsageError("--device " + device + ": this LibTorch build or machine has no CUDA device");
+  }
+  if (threads < 0) throw UsageError("--threads must be non-negative");
+  if (threads > 0) torch::set_num_threads(threads);
+  return torch::TensorOptions().dtype(st).device(dev);
+}
+
+std::string format_seconds(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}:{:02}:{:02}", t / 3600, (t / 60) % 60, t % 60);
+  return fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+ProgressLine::ProgressLine(bool quiet, std::string indent)
+    : quiet_(quiet), tty_(::isatty(STDERR_FILENO)), indent_(std::move(indent)), last_print_(std::make_shared<double>(-1e9)) {}
+
+void ProgressLine::update(const std::string& label, int64_t done, int64_t total, double rate, const std::string& stats,
+                          const char* unit) {
+  if (quiet_) return;
+  const bool last = done >= total;
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (!tty_ && !last && now - *last_print_ < 10.0) return;
+  *last_print_ = now;
+  const std::string msg =
+      fmt::format("{}[{}] {:>6}/{:<6} {:3.0f}%  {}  {:.2f} {}/s  ETA {}", indent_, label, done, total,
+                  100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(1, total)), stats, rate, unit,
+                  format_seconds(rate > 0 ? static_cast<double>(total - done) / rate : NAN));
+  if (tty_) std::cerr << "\r" << msg << "\033[K" << (last ? "\n" : "") << std::flush;
+  else std::cerr << msg << "\n";
+}
+
+ProgressFn sample_progress(bool quiet) {
+  if (quiet) return nullptr;
+  auto line = std::make_shared<ProgressLine>(false);
+  return [line](const Progress& p) {
+    line->update(fmt::format("{:>8}", p.phase), p.iteration, p.total, p.elapsed > 0 ? p.iteration / p.elapsed : 0,
+                 fmt::format("accept {:.3f}  eps {:.4g}", p.accept, p.step_size));
+  };
+}
+
+TrainProgressFn train_progress(bool quiet, const std::string& indent) {
+  if (quiet) return nullptr;
+  auto line = std::make_shared<ProgressLine>(false, indent);
+  auto first_step = std::make_shared<int64_t>(-1);
+  return [line, first_step](const TrainProgress& p) {
+    const auto& s = p.stats;
+    if (*first_step < 0) *first_step = s.step - 1;  // a resumed run starts mid-way
+    const double rate = p.elapsed > 0 ? static_cast<double>(s.step - *first_step) / p.elapsed : 0;
+    line->update("train", s.step, p.total, rate,
+                 fmt::format("accept {:.3f}  beta {:.3g}  entropy {:.4g}  eps {:.4g}  lr {:.2e}", s.accept, s.beta,
+                             s.entropy, s.eps, s.lr),
+                 "steps");
+  };
+}
+
+}  // namespace nmcmc::cli

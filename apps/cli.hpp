@@ -1,0 +1,97 @@
+#pragma once
+// What every `nmcmc` command shares: the option groups, the one progress line, the stop flag.
+// The commands themselves (one file each) only parse, validate and call services.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nmcmc/services/sample.hpp"
+#include "nmcmc/services/train.hpp"
+
+namespace nmcmc::cli {
+
+/// The whole command line, as typed (recorded in outputs).
+const std::string& command_line();
+void set_command_line(int argc, char** argv);
+
+/// A registered command: its CLI11 sub-app and what runs it once parsed.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+/// Options of every command that builds a target. Unset options are left out of the spec, so
+/// the target's own default applies; a given value is always passed on and validated there.
+struct TargetArgs {
+  std::string name = "funnel";
+  std::optional<int64_t> dim;
+  std::optional<double> sigma;
+  std::optional<std::string> dataset, file, spec_json;
+  std::optional<int> label_column;
+  std::optional<int64_t> target_seed;
+  void add(CLI::App* cmd);
+  /// The target spec; UsageError for malformed --target-json.
+  nlohmann::json spec() const;
+  /// Whether any target option was given on the command line of `cmd`.
+  static bool given(const CLI::App* cmd);
+};
+
+/// Options of every command that computes: device, dtype, threads.
+struct ComputeArgs {
+  std::string device = "cpu";
+  std::optional<std::string> dtype;
+  int threads = 1;
+  void add(CLI::App* cmd, const char* dtype_help = "float32 | float64 (default float32)");
+  /// Applies --threads and returns the tensor options; UsageError for bad values.
+  torch::TensorOptions options(const std::string& default_dtype = "float32") const;
+};
+
+/// The one progress line (stderr): "[label] done/total pct  stats  rate unit/s  ETA m:ss";
+/// rewritten in place on a terminal, at most every 10 s (and at the end) otherwise.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool quiet, std::string indent = "");
+  void update(const std::string& label, int64_t done, int64_t total, double rate, const std::string& stats,
+              const char* unit = "it");
+
+ private:
+  bool quiet_, tty_;
+  std::string indent_;
+  std::shared_ptr<double> last_print_;
+};
+
+/// The sampling progress line (warm-up and sampling phases) on a ProgressLine.
+ProgressFn sample_progress(bool quiet);
+/// The training progress line of `train`, `reproduce` and `demo`.
+TrainProgressFn train_progress(bool quiet, const std::string& indent = "");
+
+/// "m:ss" or "h:mm:ss"; "--:--" when unknown.
+std::string format_seconds(double seconds);
+
+/// Set by SIGINT/SIGTERM once install_stop_handler() ran; services poll it between steps.
+bool stop_requested();
+void install_stop_handler();
+
+/// Prints the BLAS warning when LibTorch runs on a slow BLAS.
+void warn_blas();
+
+// The commands (one file each).
+Command add_targets_command(CLI::App& app);
+Command add_sample_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
+Command add_reference_command(CLI::App& app);
+Command add_info_command(CLI::App& app);
+Command add_reproduce_command(CLI::App& app);
+Command add_ebm_commands(CLI::App& app, Command& sample);  // returns `ebm train`; `ebm sample` in `sample`
+Command add_demo_command(CLI::App& app);
+
+/// The version line of --version and `info`: nmcmc, LibTorch and the BLAS in use.
+std::string version_text(bool measure_blas);
+
+}  // namespace nmcmc::cli

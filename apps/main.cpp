@@ -1,0 +1,65 @@
+// The `nmcmc` command line: parse, validate, call services, map errors to exit codes.
+// Each command lives in its own file (cmd_*.cpp); what they share is in cli.hpp.
+#include <iostream>
+
+#include "cli.hpp"
+#include "nmcmc/core/errors.hpp"
+
+int main(int argc, char** argv) {
+  using namespace nmcmc::cli;
+  set_command_line(argc, argv);
+  CLI::App app{"nmcmc: neural-network MCMC that maximises proposal entropy (Li, Chen & Sommer 2021)"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every command");
+  app.set_version_flag("--version", [] { return version_text(/*measure_blas=*/false); }, "nmcmc, LibTorch and BLAS versions");
+
+  std::vector<Command> commands = {add_targets_command(app), add_sample_command(app), add_train_command(app),
+                                   add_reference_command(app), add_info_command(app), add_reproduce_command(app)};
+  Command ebm_sample;
+  commands.push_back(add_ebm_commands(app, ebm_sample));
+  commands.push_back(ebm_sample);
+  commands.push_back(add_demo_command(app));
+
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string command = argv[1];
+    auto subs = app.get_subcommands([](CLI::App*) { return true; });
+    if (std::none_of(subs.begin(), subs.end(), [&](CLI::App* s) { return s->get_name() == command; })) {
+      std::cerr << "nmcmc: unknown command '" << command << "' (run `nmcmc --help`)\n";
+      return nmcmc::kExitUsage;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n(run `nmcmc --help` or `nmcmc COMMAND --help`)\n";
+    return nmcmc::kExitUsage;
+  }
+
+  try {
+    for (const auto& c : commands) {
+      if (c.app->parsed()) return c.run();
+    }
+  } catch (const nmcmc::UsageError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n";
+    return nmcmc::kExitUsage;
+  } catch (const nmcmc::DataError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n";
+    return nmcmc::kExitData;
+  } catch (const nmcmc::IoError& e) {
+    std::cerr << "nmcmc: " << e.what() << "\n";
+    return nmcmc::kExitIo;
+  } catch (const c10::Error& e) {
+    std::cerr << "nmcmc: internal error: " << e.what_without_backtrace() << "\n";
+    return nmcmc::kExitSoftware;
+  } catch (const std::exception& e) {
+    std::cerr << "nmcmc: internal error: " << e.what() << "\n";
+    return nmcmc::kExitSoftware;
+  }
+  return nmcmc::kExitUsage;
+}
