@@ -37,6 +37,7 @@ EbmOptions EbmOptions::from_json(const json& j, const std::string& profile_name)
   // The profile's settings over the defaults, then the user's over those; each layer's keys checked.
   json merged = json(EbmOptions{});
   for (const auto& [layer, what] : {std::pair<json, std::string>{profile(profile_name), "profile"}, {j, "ebm options"}}) {
+    if (layer.is_null()) continue;  // `{}` in C++ is JSON null: nothing to apply
     check_known_keys(layer, merged, what);
     merged.update(layer, /*merge_objects=*/true);
   }

@@ -137,23 +137,17 @@ json measures(const SampleResult& r, Target& target, double seconds_training, in
   return m;
 }
 
-/// The constants the authors' code used for the funnels' x1.. sd (not the analytic values).
-double authors_funnel_sd(const std::string& e) { return e == "funnel1" ? 1.622 : 7.4; }
-
-/// The German moments the authors' code normalised with: A-NICE-MC's constants
-/// (github.com/ermongroup/a-nice-mc, a_nice_mc/objectives/bayes_logistic_regression/german.py),
-/// published data, reordered to our parametrisation (intercept first; theirs is last).
-Moments authors_german_moments() {
-  const std::vector<double> mean = {-1.20507437, -0.73619639, 0.419458, -0.41486377, 0.12679717, -0.36520298,
-                                    -0.1790139, -0.15307771, 0.01321516, 0.18079792, -0.11101034, -0.22463548,
-                                    0.12258933, 0.02874339, -0.13638893, -0.29289896, 0.27896283, -0.29997425,
-                                    0.30485174, 0.27133239, 0.12250612, -0.06301813, -0.09286941, -0.02542205,
-                                    -0.02292937};
-  const std::vector<double> sd = {0.09891565, 0.09370191, 0.1066482, 0.097784, 0.11055009, 0.09572253, 0.09415687,
-                                  0.08297686, 0.0928196, 0.10530122, 0.09953667, 0.07978824, 0.09610339,
-                                  0.0867488, 0.09550436, 0.11943925, 0.08431934, 0.10446487, 0.12292658,
-                                  0.11318609, 0.14040756, 0.1456459, 0.09062331, 0.13020753, 0.12852231};
-  return {torch::tensor(mean, torch::kFloat64), torch::tensor(sd, torch::kFloat64)};
+/// Moments from a data/reference file ({"mean": [...], "sd": [...]}), e.g. the constants the
+/// authors' code normalised with (named in a config's "paper" section).
+Moments reference_file_moments(const std::string& file) {
+  const std::string path = (fs::path(data_directory()) / "reference" / file).string();
+  const json j = read_config_file(path);
+  try {
+    return {torch::tensor(j.at("mean").get<std::vector<double>>(), torch::kFloat64),
+            torch::tensor(j.at("sd").get<std::vector<double>>(), torch::kFloat64)};
+  } catch (const json::exception& e) {
+    throw DataError("reference file '" + path + "' is malformed: " + e.what());
+  }
 }
 
 SampleResult evaluate(Target& target, std::shared_ptr<Proposal> proposal, int64_t chains, int64_t warmup, int64_t draws,
@@ -277,17 +271,18 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     entry["paper"] = cfg.value("paper", json::object());
     entry["profile_changes"] = changes;
     entry["learned"] = measures(learned, *target, train_seconds, trained.grads);
-    if (name == "funnel1" || name == "funnel3") {
-      // The authors' normalising constants, for comparison (see the issue and README).
+    const json& paper_data = entry["paper"];
+    if (paper_data.contains("authors_sd_rest")) {
+      // The funnels: the authors' normalising constant for x2.., for comparison (README).
       auto m = target->reference_moments();
       torch::Tensor sd = m->sd.clone();
-      sd.narrow(0, 1, sd.size(0) - 1).fill_(authors_funnel_sd(name));
+      sd.narrow(0, 1, sd.size(0) - 1).fill_(paper_data["authors_sd_rest"].get<double>());
       torch::Tensor ratio = paper_ess_ratio(learned.draws, m->mean, sd);
       entry["learned"]["authors_constants_ess_per_step_rest_min"] = ratio.narrow(0, 1, ratio.size(0) - 1).min().item<double>();
     }
-    if (name == "german") {
-      // The authors' constants are off by up to ~0.1 sd from our reference run (see the issue).
-      Moments a = authors_german_moments();
+    if (paper_data.contains("authors_moments")) {
+      // German: the authors' constants are off by up to ~0.1 sd from our reference run (README).
+      Moments a = reference_file_moments(paper_data["authors_moments"].get<std::string>());
       torch::Tensor ratio = paper_ess_ratio(learned.draws, a.mean, a.sd);
       entry["learned"]["authors_constants_ess_5k_min"] = 5000.0 * ratio.min().item<double>();
       entry["learned"]["authors_constants_ess_5k_mean"] = 5000.0 * ratio.mean().item<double>();
@@ -414,34 +409,31 @@ std::string results_table(const json& results) {
     const json& m = section(e, "mala");
     const json& h = section(e, "hmc");
     const std::string tail = fmt::format("{:.3f}, {:.3f}", num(l, "accept"), num(l, "max_rhat"));
+    const json& p = section(e, "paper");
+    const std::string comp = p.contains("competitor") && p["competitor"].is_string() ? p["competitor"].get<std::string>() : "";
     if (name == "icg" || name == "scg") {
-      const std::string comp = name == "icg" ? "L2HMC 0.783, 0.0783" : "L2HMC 0.497, 0.0232";
-      const json& p = section(e, "paper");
       out += fmt::format("| {} | ESS/MH, ESS/grad (min) | {}, {} | {:.3g}, {:.3g} | {} | {:.3g}, {:.3g} | {:.3g}, {:.3g} | {} |\n", name,
                          num(p, "ess_per_step"), num(p, "ess_per_grad"), num(l, "ess_per_step_min"), num(l, "ess_per_grad_min"),
                          comp, num(m, "ess_per_step_min"), num(m, "ess_per_grad_min"), num(h, "ess_per_step_min"),
                          num(h, "ess_per_grad_min"), tail);
     } else if (name == "funnel1") {
-      out += fmt::format("| funnel1 | ESS/grad x1; x2..x100 min (with the authors' sd constant 1.622) | 3.7e-2; 7.2e-2 | {:.3g}; {:.3g} ({:.3g}) | NeuTra 8.9e-3; 4.9e-2 | {:.3g}; {:.3g} | {:.3g}; {:.3g} | {} |\n",
-                         num(l, "ess_per_grad_x1"), num(l, "ess_per_grad_rest_min"),
-                         num(l, "authors_constants_ess_per_step_rest_min") / num(l, "grads_per_step"), num(m, "ess_per_grad_x1"),
+      out += fmt::format("| funnel1 | ESS/grad x1; x2..x100 min (with the authors' sd constant {}) | {}; {} | {:.3g}; {:.3g} ({:.3g}) | {} | {:.3g}; {:.3g} | {:.3g}; {:.3g} | {} |\n",
+                         num(p, "authors_sd_rest"), num(p, "ess_per_grad_x1"), num(p, "ess_per_grad_rest"), num(l, "ess_per_grad_x1"), num(l, "ess_per_grad_rest_min"),
+                         num(l, "authors_constants_ess_per_step_rest_min") / num(l, "grads_per_step"), comp, num(m, "ess_per_grad_x1"),
                          num(m, "ess_per_grad_rest_min"), num(h, "ess_per_grad_x1"), num(h, "ess_per_grad_rest_min"), tail);
     } else if (name == "funnel3") {
       const json& hp = section(e, "hmc_paper");
-      out += fmt::format("| funnel3 | ESS/MH (min; x1) | 0.256 | {:.3g}; {:.3g} | HMC 0.0079 | {:.3g}; {:.3g} | {:.3g}; {:.3g} (paper protocol, eps {}: {:.3g}; {:.3g}) | {} |\n",
-                         num(l, "ess_per_step_min"), num(l, "ess_per_step_x1"), num(m, "ess_per_step_min"),
+      out += fmt::format("| funnel3 | ESS/MH (min; x1) | {} | {:.3g}; {:.3g} | {} | {:.3g}; {:.3g} | {:.3g}; {:.3g} (paper protocol, eps {}: {:.3g}; {:.3g}) | {} |\n",
+                         num(p, "ess_per_step"), num(l, "ess_per_step_min"), num(l, "ess_per_step_x1"), comp, num(m, "ess_per_step_min"),
                          num(m, "ess_per_step_x1"), num(h, "ess_per_step_min"), num(h, "ess_per_step_x1"),
                          num(hp, "step_size"), num(hp, "ess_per_step_min"), num(hp, "ess_per_step_x1"), tail);
     } else {
-      const std::map<std::string, std::string> comp = {{"german", "A-NICE-MC 926, NFLMC 1176.8"},
-                                                       {"australian", "A-NICE-MC 1015.75, NFLMC 1586.4"},
-                                                       {"heart", "A-NICE-MC 1251.16, NFLMC 2000"}};
       out += fmt::format("| {} | ESS per 5000 MH steps (min / mean over dims) | {} | {:.0f} / {:.0f} | {} | {:.0f} / {:.0f} | {:.0f} / {:.0f} | {} |\n",
-                         name, num(section(e, "paper"), "ess_per_5k"), num(l, "ess_5k_min"), num(l, "ess_5k_mean"), comp.at(name),
+                         name, num(p, "ess_per_5k"), num(l, "ess_5k_min"), num(l, "ess_5k_mean"), comp,
                          num(m, "ess_5k_min"), num(m, "ess_5k_mean"), num(h, "ess_5k_min"), num(h, "ess_5k_mean"), tail);
       if (name == "german" && l.contains("authors_constants_ess_5k_min")) {
-        out += fmt::format("| german | the same with the authors' (A-NICE-MC's) moment constants | 3150 | {:.0f} / {:.0f} | | | | |\n",
-                           num(l, "authors_constants_ess_5k_min"), num(l, "authors_constants_ess_5k_mean"));
+        out += fmt::format("| german | the same with the authors' (A-NICE-MC's) moment constants | {} | {:.0f} / {:.0f} | | | | |\n",
+                           num(p, "ess_per_5k"), num(l, "authors_constants_ess_5k_min"), num(l, "authors_constants_ess_5k_mean"));
       }
     }
   }
