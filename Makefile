@@ -26,12 +26,17 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory example
 
-# Installs the library into $(BUILD)/install, builds examples/custom_target against it, runs it.
+# Installs the library into $(BUILD)/install, builds the examples against it and runs them:
+# custom_target (sample your own density) and train_custom_target (register it, train the
+# learned sampler on it, sample, check the exact moments).
+EXAMPLES = custom_target train_custom_target
 example: build
 	cmake --install $(BUILD) --prefix $(abspath $(BUILD))/install > /dev/null
-	cmake -S examples/custom_target -B $(BUILD)/example -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/install -DCMAKE_BUILD_TYPE=Release > /dev/null
-	cmake --build $(BUILD)/example -j$(JOBS)
-	$(BUILD)/example/custom_target
+	set -e; for e in $(EXAMPLES); do \
+	  cmake -S examples/$$e -B $(BUILD)/examples/$$e -DCMAKE_PREFIX_PATH=$(abspath $(BUILD))/install -DCMAKE_BUILD_TYPE=Release > /dev/null; \
+	  cmake --build $(BUILD)/examples/$$e -j$(JOBS); \
+	  (cd $(BUILD)/examples/$$e && ./$$e); \
+	done
 
 demo: build
 	$(BUILD)/nmcmc demo --output demo_out

@@ -68,6 +68,11 @@ torch::Tensor rank_normalise(const torch::Tensor& values) {
   return torch::special::ndtri(u).reshape(values.sizes());
 }
 
+// Multi-chain ESS as Stan computes it (Stan Reference Manual, "Effective sample size"; Vehtari,
+// Gelman, Simpson, Carpenter & Buerkner 2021, eqs. 10-11): rho_t = 1 - (W - mean acov_t) / var+,
+// with var+ = (n-1)/n W + B/n (Gelman et al. BDA3 eq. 11.3), truncated by Geyer's (1992, Statistical
+// Science 7(4), section 3.3) initial positive sequence and made monotone by his initial monotone
+// sequence; tau = -1 + 2 sum rho_t, ESS = C n / tau, with tau >= 1 / log10(C n) as in Stan.
 double ess_geyer(const torch::Tensor& values_in) {
   torch::Tensor values = values_in.to(torch::kFloat64);
   const int64_t chains = values.size(0), n = values.size(1);
@@ -87,7 +92,8 @@ double ess_geyer(const torch::Tensor& values_in) {
   double rho_odd = 1.0 - (mean_var - a[1]) / var_plus;
   rho[1] = rho_odd;
   int64_t t = 1;
-  // Geyer's initial positive sequence: sum pairs (even, odd) while they stay positive.
+  // Geyer's initial positive sequence (Geyer 1992, 3.3): sum pairs Gamma_k = rho_2k + rho_2k+1
+  // while they stay positive.
   while (t < n - 3 && rho_even + rho_odd > 0.0) {
     rho_even = 1.0 - (mean_var - a[t + 1]) / var_plus;
     rho_odd = 1.0 - (mean_var - a[t + 2]) / var_plus;
@@ -99,7 +105,7 @@ double ess_geyer(const torch::Tensor& values_in) {
   }
   const int64_t max_t = t - 2;
   if (rho_odd > 0.0 && max_t + 1 < n) rho[max_t + 1] = rho_odd;
-  // Initial monotone sequence.
+  // Geyer's initial monotone sequence: Gamma_k <- min(Gamma_k, Gamma_k-1).
   for (t = 1; t <= max_t - 2; t += 2) {
     if (rho[t + 1] + rho[t + 2] > rho[t - 1] + rho[t]) {
       rho[t + 1] = 0.5 * (rho[t - 1] + rho[t]);

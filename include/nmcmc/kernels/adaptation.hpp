@@ -8,7 +8,11 @@
 
 namespace nmcmc {
 
-/// Nesterov dual averaging of log step size towards a target mean accept probability.
+/// Nesterov dual averaging of log step size towards a target mean accept probability: Hoffman &
+/// Gelman (2014, JMLR 15), section 3.2.1, eq. (6) and Algorithm 5:
+///   H_t = (1 - 1/(t + t0)) H_{t-1} + (delta - alpha_t) / (t + t0),
+///   log eps_t = mu - sqrt(t) / gamma * H_t,   log eps~_t = t^-kappa log eps_t + (1 - t^-kappa) log eps~_{t-1},
+/// with mu = log(10 eps_0), gamma = 0.05, t0 = 10, kappa = 0.75 (Stan's defaults).
 class DualAveraging {
  public:
   DualAveraging(double initial_step, double target_accept, double gamma = 0.05, double t0 = 10.0,
@@ -27,8 +31,9 @@ class DualAveraging {
   int64_t t_ = 0;
 };
 
-/// Stan's windowed warm-up: an initial fast buffer (75), doubling slow windows starting at
-/// 25, a terminal fast buffer (50); scaled down proportionally for short warm-ups.
+/// Stan's windowed warm-up (Stan Reference Manual, "HMC algorithm parameters", automatic
+/// parameter tuning): an initial fast buffer (75), doubling slow windows starting at 25, a
+/// terminal fast buffer (50); 15 % / 75 % / 10 % for warm-ups shorter than their sum.
 class WarmupSchedule {
  public:
   explicit WarmupSchedule(int64_t warmup, int64_t init_buffer = 75, int64_t term_buffer = 50,
@@ -46,7 +51,8 @@ class WarmupSchedule {
 class VarianceEstimator {
  public:
   void add(const torch::Tensor& x);  // x [C, D]
-  /// Stan's regularised estimate: (n / (n + 5)) var + 1e-3 (5 / (n + 5)).
+  /// Stan's regularised estimate (stan/mcmc/var_adaptation): (n / (n + 5)) var + 1e-3 (5 / (n + 5)),
+  /// shrinking the sample variance towards 1e-3 while n is small.
   torch::Tensor regularised_variance() const;
   void reset();
   int64_t count() const { return n_; }

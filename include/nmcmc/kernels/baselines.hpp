@@ -30,7 +30,10 @@ class RandomWalk : public ScaledProposal {
   ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
 };
 
-/// Metropolis-adjusted Langevin: x' = x - (eps^2/2) M^{-1} dU(x) + eps M^{-1/2} z.
+/// Metropolis-adjusted Langevin (Roberts & Tweedie 1996, Bernoulli 2(4), eq. 2.2; Girolami &
+/// Calderhead 2011, eq. 10 for the preconditioned form):
+///   x' = x - (eps^2/2) M^{-1} dU(x) + eps M^{-1/2} z,   q(x'|x) = N(x'; x - (eps^2/2) M^{-1} dU(x), eps^2 M^{-1}),
+/// and the MH correction log q(x|x') - log q(x'|x) computed from both Gaussian densities.
 /// With `drop_q_ratio` the q correction is omitted (a deliberately broken kernel for tests).
 class Mala : public ScaledProposal {
  public:
@@ -50,8 +53,10 @@ class Mala : public ScaledProposal {
 /// K(p) = K(-p) the flip changes neither the accept ratio nor the next state.)
 enum class HmcDefect { kNone, kWrongKineticSign, kNoFinalHalfStep };
 
-/// Hamiltonian Monte Carlo with L leapfrog steps and a diagonal (or identity) mass matrix.
-/// Momentum p ~ N(0, M); K(p) = p^T M^{-1} p / 2; log q ratio = K(p0) - K(pL).
+/// Hamiltonian Monte Carlo with L leapfrog steps and a diagonal (or identity) mass matrix (Neal
+/// 2011, "MCMC using Hamiltonian dynamics", Handbook of MCMC ch. 5: leapfrog eqs. 5.18-5.20,
+/// accept eq. 5.24). Momentum p ~ N(0, M); K(p) = p^T M^{-1} p / 2; log q ratio = K(p0) - K(pL)
+/// (the momentum flip that makes the proposal an involution is implied, K(p) = K(-p)).
 class Hmc : public ScaledProposal {
  public:
   Hmc(double step_size, int64_t leapfrog_steps, HmcDefect defect = HmcDefect::kNone);
