@@ -32,7 +32,7 @@ std::string data_directory() {
 namespace {
 
 int64_t get_int(const json& spec, const char* key, int64_t fallback, int64_t min_value) {
-  if (!spec.contains(key) || spec[key].is_null()) return fallback;
+  if (!spec.contains(key)) return fallback;
   const json& v = spec[key];
   if (!v.is_number_integer() && !(v.is_number() && std::floor(v.get<double>()) == v.get<double>())) {
     throw UsageError(std::string("target option '") + key + "' must be an integer");
@@ -45,7 +45,7 @@ int64_t get_int(const json& spec, const char* key, int64_t fallback, int64_t min
 }
 
 double get_positive(const json& spec, const char* key, double fallback) {
-  if (!spec.contains(key) || spec[key].is_null()) return fallback;
+  if (!spec.contains(key)) return fallback;
   if (!spec[key].is_number()) throw UsageError(std::string("target option '") + key + "' must be a number");
   double value = spec[key].get<double>();
   if (!(value > 0) || !std::isfinite(value)) throw UsageError(std::string("target option '") + key + "' must be positive and finite, got " + spec[key].dump());

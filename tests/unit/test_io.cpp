@@ -6,6 +6,8 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/config.hpp"
+#include "nmcmc/training/trainer.hpp"
 #include "nmcmc/io/stan_csv.hpp"
 
 using namespace nmcmc;
@@ -61,4 +63,37 @@ TEST(AtomicFile, FailedWriteKeepsTheOldFile) {
     EXPECT_EQ(entry.path().string().find("atomic.txt.tmp"), std::string::npos);
   }
   EXPECT_THROW(write_atomically("/nonexistent-dir/x.txt", [](std::ostream& os) { os << "x"; }), IoError);
+}
+
+TEST(Config, OverridesFollowDottedPaths) {
+  nlohmann::json c = {{"train", {{"steps", 10}}}};
+  apply_override(c, "train.steps=20");
+  apply_override(c, "model.hidden=64");
+  apply_override(c, "conv.a.b=[1,2]");
+  apply_override(c, "data=fashion-mnist");
+  apply_override(c, "name=\"quoted\"");
+  EXPECT_EQ(c["train"]["steps"], 20);
+  EXPECT_EQ(c["model"]["hidden"], 64);
+  EXPECT_EQ(c["conv"]["a"]["b"], nlohmann::json({1, 2}));
+  EXPECT_EQ(c["data"], "fashion-mnist");  // not JSON: taken as a string
+  EXPECT_EQ(c["name"], "quoted");
+  for (const char* bad : {"nokey", "=3", "a..b=1", "train.steps.x=1"}) EXPECT_THROW(apply_override(c, bad), UsageError) << bad;
+}
+
+TEST(Config, OptionStructsRejectUnknownKeysWrongTypesAndBadValues) {
+  EXPECT_EQ(TrainOptions::from_json({{"steps", 7}}).steps, 7);
+  EXPECT_EQ(TrainOptions::from_json(nlohmann::json::object()).batch, TrainOptions{}.batch);
+  EXPECT_THROW(TrainOptions::from_json({{"stepz", 7}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"steps", "many"}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"lr", -1}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"lr", nullptr}}), UsageError);
+  EXPECT_EQ(LearnedOptions::from_json({{"variant", "langevin"}}).variant, Variant::kLangevin);
+  EXPECT_THROW(LearnedOptions::from_json({{"variant", "fancy"}}), UsageError);  // never a default variant
+  EXPECT_THROW(LearnedOptions::from_json({{"hidden", 0}}), UsageError);
+  // The JSON round trip is exact (checkpoints compare it).
+  LearnedOptions lo = LearnedOptions().set_hidden(17).set_variant(Variant::kNoGrad).set_mask_seed(5);
+  EXPECT_EQ(LearnedOptions::from_json(lo.to_json()).to_json(), lo.to_json());
+  TrainOptions to;
+  to.data = "buffer";
+  EXPECT_EQ(TrainOptions::from_json(to.to_json()).to_json(), to.to_json());
 }

@@ -8,6 +8,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/services/sample.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/trainer.hpp"
@@ -219,4 +220,28 @@ TEST(Training, EntropyRisesWhileAcceptHoldsTarget) {
   const double accept_end = mean(350, 400, &TrainStats::accept);
   EXPECT_GT(entropy_end, entropy_start + 10.0) << entropy_start << " -> " << entropy_end;
   EXPECT_NEAR(accept_end, 0.7, 0.1);
+}
+
+TEST(LearnedProposal, StepSizeAdaptationIsRefusedNotIgnored) {
+  // The learned proposal's step size is learned: run_sampler adapts nothing by default, and
+  // refuses (rather than silently ignores) an explicit request to adapt it or a mass matrix.
+  auto t = make_target(tiny_config_target(), torch::kFloat32);
+  LearnedSampler sampler(LearnedOptions().set_dim(10).set_hidden(16).set_steps(1).set_eps(0.05));
+  sampler->to(torch::kFloat32);
+  sampler->eval();
+  auto proposal = std::make_shared<LearnedProposal>(sampler);
+  EXPECT_FALSE(proposal->has_tunable_step_size());
+  EXPECT_FALSE(proposal->has_metric());
+  EXPECT_THROW(proposal->set_step_size(0.1), c10::Error);
+  EXPECT_THROW(proposal->set_inv_mass(torch::ones({10})), c10::Error);
+  MetropolisHastings kernel(proposal);
+  RunOptions run;
+  run.set_chains(4).set_warmup(10).set_draws(5);
+  SampleResult r = run_sampler(*t, kernel, run, 1);  // unset: burn-in only, step size untouched
+  EXPECT_NEAR(r.step_size, 0.05, 1e-6);
+  EXPECT_THROW(run_sampler(*t, kernel, RunOptions(run).set_adapt_step(true), 1), UsageError);
+  EXPECT_THROW(run_sampler(*t, kernel, RunOptions(run).set_adapt_mass(true), 1), UsageError);
+  // A baseline with a tunable step size adapts it by default.
+  MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler("mala").set_step_size(1e-4)));
+  EXPECT_GT(run_sampler(*t, mala, run, 1).step_size, 1e-3);
 }

@@ -147,6 +147,57 @@ TEST(Targets, RegistryRejectsBadSpecs) {
 }
 
 namespace {
+/// A user's target for the registry tests: U(x) = |x - shift|^2 / 2.
+class Shifted : public Target {
+ public:
+  Shifted(int64_t d, double shift, torch::TensorOptions o) : Target(o), d_(d), shift_(shift) {}
+  std::string name() const override { return "shifted_test"; }
+  int64_t dim() const override { return d_; }
+  json spec() const override { return {{"name", "shifted_test"}, {"dim", d_}, {"shift", shift_}}; }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override { return 0.5 * (x - shift_).pow(2).sum(1); }
+
+ private:
+  int64_t d_;
+  double shift_;
+};
+}  // namespace
+
+TEST(Targets, RegistryIsOpenToUserTargets) {
+  register_target({"shifted_test", "N(shift, I)", {{"dim", "dimension (3)"}, {"shift", "mean of every coordinate (0)"}}},
+                  [](const json& spec, torch::TensorOptions o) -> std::unique_ptr<Target> {
+                    return std::make_unique<Shifted>(spec.value("dim", int64_t{3}), spec.value("shift", 0.0), o);
+                  });
+  auto t = make_target({{"name", "shifted_test"}, {"shift", 2.0}}, kF64);
+  EXPECT_EQ(t->dim(), 3);
+  EXPECT_EQ(t->spec(), (json{{"name", "shifted_test"}, {"dim", 3}, {"shift", 2.0}}));
+  EXPECT_NEAR(t->energy(torch::full({1, 3}, 2.0, kF64)).item<double>(), 0.0, 1e-15);
+  // Listed after the built-ins; its options are checked like theirs; the name cannot be taken twice.
+  auto cat = target_catalogue();
+  ASSERT_FALSE(cat.empty());
+  EXPECT_EQ(cat.front().name, "icg");
+  EXPECT_TRUE(std::any_of(cat.begin(), cat.end(), [](const TargetInfo& i) { return i.name == "shifted_test"; }));
+  EXPECT_THROW(make_target({{"name", "shifted_test"}, {"scale", 1}}, kF64), UsageError);
+  EXPECT_THROW(register_target({"shifted_test", "again", {}}, [](const json&, torch::TensorOptions) { return std::unique_ptr<Target>(); }),
+               UsageError);
+  EXPECT_THROW(register_target({"funnel", "a built-in name", {}}, [](const json&, torch::TensorOptions) { return std::unique_ptr<Target>(); }),
+               UsageError);
+  EXPECT_THROW(register_target({"", "no name", {}}, [](const json&, torch::TensorOptions) { return std::unique_ptr<Target>(); }),
+               UsageError);
+}
+
+TEST(Targets, GivenValuesAreNeverReplacedByDefaults) {
+  // A value the user gives is validated, never silently replaced (bring-your-own-density issue).
+  for (const json& bad : {json{{"name", "funnel"}, {"dim", 0}}, json{{"name", "funnel"}, {"sigma", -1.0}},
+                          json{{"name", "funnel"}, {"sigma", NAN}}, json{{"name", "funnel"}, {"sigma", INFINITY}},
+                          json{{"name", "funnel"}, {"sigma", nullptr}}, json{{"name", "icg"}, {"dim", 2.5}},
+                          json{{"name", "funnel"}, {"sigma", "three"}}}) {
+    EXPECT_THROW(make_target(bad, kF64), UsageError) << bad.dump();
+  }
+}
+
+namespace {
 std::string write_temp(const std::string& name, const std::string& text) {
   std::string path = ::testing::TempDir() + name;
   std::ofstream(path) << text;
