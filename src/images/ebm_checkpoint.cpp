@@ -76,8 +76,7 @@ void EbmTrainer::save(const std::string& path) const {
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
-  ar.write("meta", c10::IValue(meta.dump()));
-  write_atomically(path, [&](std::ostream& os) { ar.save_to(os); });
+  write_checkpoint(path, ar, meta);
 }
 
 void EbmTrainer::load(const std::string& path) {

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/io/atomic_file.hpp"
 
 namespace nmcmc {
 
@@ -30,6 +31,11 @@ nlohmann::json read_checkpoint_meta(torch::serialize::InputArchive& ar, const st
   }
   if (j.value("format", "") != format) throw DataError("'" + path + "' is not an nmcmc " + what);
   return j;
+}
+
+void write_checkpoint(const std::string& path, torch::serialize::OutputArchive& ar, const nlohmann::json& meta) {
+  ar.write("meta", c10::IValue(meta.dump()));
+  write_atomically(path, [&](std::ostream& os) { ar.save_to(os); });
 }
 
 }  // namespace nmcmc

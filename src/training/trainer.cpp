@@ -183,9 +183,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
-  ar.write("meta", c10::IValue(meta.dump()));
-  // The same atomic write (temporary file, fsync, rename) as every other output.
-  write_atomically(path, [&](std::ostream& os) { ar.save_to(os); });
+  write_checkpoint(path, ar, meta);
 }
 
 json Trainer::load(const std::string& path) {

@@ -1,6 +1,6 @@
 #pragma once
 /// Reading checkpoint archives (LibTorch serialisation with a JSON "meta" entry), shared by the
-/// sampler trainer and the EBM trainer. Writing goes through write_atomically.
+/// sampler trainer and the EBM trainer, and writing them (atomically).
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
@@ -16,5 +16,9 @@ torch::serialize::InputArchive open_checkpoint(const std::string& path, const st
 /// The archive's metadata; DataError unless it is JSON with "format" equal to `format`.
 nlohmann::json read_checkpoint_meta(torch::serialize::InputArchive& ar, const std::string& path,
                                     const std::string& what, const std::string& format);
+
+/// Adds `meta` (as its JSON "meta" entry) to the archive and writes it to `path` atomically
+/// (temporary file, fsync, rename: the same as every other output).
+void write_checkpoint(const std::string& path, torch::serialize::OutputArchive& ar, const nlohmann::json& meta);
 
 }  // namespace nmcmc
