@@ -29,17 +29,28 @@ void write_stan_csv(const std::string& path, const nlohmann::json& config, const
     out << "# nmcmc Stan-CSV draws\n";
     write_config_comments(out, config, "");
     const int64_t s = d.x.size(0), dim = d.x.size(1);
-    out << "lp__,accept_stat__,stepsize__,n_grad__,divergent__";
+    const bool nuts = d.tree_depth.defined();
+    out << (nuts ? "lp__,accept_stat__,stepsize__,treedepth__,n_leapfrog__,divergent__,energy__"
+                 : "lp__,accept_stat__,stepsize__,n_grad__,divergent__");
     for (int64_t j = 1; j <= dim; ++j) out << ",x." << j;
     out << "\n";
     out << "# Adaptation terminated\n";
     out << fmt::format("# Step size = {:.9g}\n", d.step_size);
-    if (d.inv_mass.defined()) {
+    if (d.inv_mass.defined() && d.inv_mass.dim() == 1) {
       out << "# Diagonal elements of inverse mass matrix:\n# ";
       auto m = d.inv_mass.to(torch::kFloat64).contiguous();
       auto ma = m.accessor<double, 1>();
       for (int64_t j = 0; j < ma.size(0); ++j) out << (j ? ", " : "") << fmt::format("{:.9g}", ma[j]);
       out << "\n";
+    } else if (d.inv_mass.defined()) {
+      out << "# Elements of inverse mass matrix:\n";
+      auto m = d.inv_mass.to(torch::kFloat64).contiguous();
+      auto ma = m.accessor<double, 2>();
+      for (int64_t i = 0; i < ma.size(0); ++i) {
+        out << "# ";
+        for (int64_t j = 0; j < ma.size(1); ++j) out << (j ? ", " : "") << fmt::format("{:.9g}", ma[i][j]);
+        out << "\n";
+      }
     }
     auto x = d.x.to(torch::kFloat64).contiguous();
     auto xa = x.accessor<double, 2>();
@@ -51,10 +62,19 @@ void write_stan_csv(const std::string& path, const nlohmann::json& config, const
     auto aca = acc.accessor<double, 1>();
     auto nga = ng.accessor<int64_t, 1>();
     auto dva = dv.accessor<int64_t, 1>();
+    const torch::Tensor td = nuts ? d.tree_depth.to(torch::kInt64).contiguous() : torch::zeros({s}, torch::kInt64);
+    const torch::Tensor en = nuts && d.energy.defined() ? d.energy.to(torch::kFloat64).contiguous() : torch::zeros({s}, torch::kFloat64);
+    auto tda = td.accessor<int64_t, 1>();
+    auto ena = en.accessor<double, 1>();
     fmt::memory_buffer buf;
     for (int64_t i = 0; i < s; ++i) {
       buf.clear();
-      fmt::format_to(std::back_inserter(buf), "{:.9g},{:.6g},{:.9g},{},{}", lpa[i], aca[i], d.step_size, nga[i], dva[i]);
+      if (nuts) {
+        fmt::format_to(std::back_inserter(buf), "{:.9g},{:.6g},{:.9g},{},{},{},{:.9g}", lpa[i], aca[i], d.step_size,
+                       tda[i], nga[i], dva[i], ena[i]);
+      } else {
+        fmt::format_to(std::back_inserter(buf), "{:.9g},{:.6g},{:.9g},{},{}", lpa[i], aca[i], d.step_size, nga[i], dva[i]);
+      }
       for (int64_t j = 0; j < dim; ++j) fmt::format_to(std::back_inserter(buf), ",{:.9g}", xa[i][j]);
       buf.push_back('\n');
       out.write(buf.data(), static_cast<std::streamsize>(buf.size()));

@@ -93,4 +93,36 @@ void VarianceEstimator::reset() {
   m2_ = torch::Tensor();
 }
 
+void CovarianceEstimator::add(const torch::Tensor& x) {
+  torch::Tensor x64 = x.detach().to(torch::kFloat64);  // [C, D]
+  const int64_t c = x64.size(0);
+  torch::Tensor batch_mean = x64.mean(0);
+  torch::Tensor centred = x64 - batch_mean;
+  torch::Tensor batch_m2 = torch::matmul(centred.t(), centred);  // [D, D]
+  if (n_ == 0) {
+    mean_ = batch_mean;
+    m2_ = batch_m2;
+    n_ = c;
+    return;
+  }
+  const double n_a = static_cast<double>(n_), n_b = static_cast<double>(c), n = n_a + n_b;
+  torch::Tensor delta = batch_mean - mean_;
+  mean_ = mean_ + delta * (n_b / n);
+  m2_ = m2_ + batch_m2 + torch::outer(delta, delta) * (n_a * n_b / n);
+  n_ += c;
+}
+
+torch::Tensor CovarianceEstimator::regularised_covariance() const {
+  TORCH_CHECK(n_ > 1, "CovarianceEstimator needs at least two draws");
+  const double n = static_cast<double>(n_);
+  torch::Tensor cov = m2_ / (n - 1.0);
+  return (n / (n + 5.0)) * cov + 1e-3 * (5.0 / (n + 5.0)) * torch::eye(cov.size(0), cov.options());
+}
+
+void CovarianceEstimator::reset() {
+  n_ = 0;
+  mean_ = torch::Tensor();
+  m2_ = torch::Tensor();
+}
+
 }  // namespace nmcmc

@@ -24,6 +24,19 @@ ChainState MetropolisHastings::init(Target& target, const torch::Tensor& x) cons
   return s;
 }
 
+void Kernel::set_step_size(double /*eps*/) { TORCH_CHECK(false, "kernel '", name(), "' has no tunable step size"); }
+
+void Kernel::set_inv_mass(torch::Tensor /*inv_mass*/) { TORCH_CHECK(false, "kernel '", name(), "' has no metric to adapt"); }
+
+torch::Tensor Kernel::probe_accept(Target&, const ChainState&, at::Generator&) {
+  TORCH_CHECK(false, "kernel '", name(), "' has no trial move for step-size search");
+}
+
+torch::Tensor MetropolisHastings::probe_accept(Target& target, const ChainState& state, at::Generator& gen) {
+  ProposalResult r = proposal_->propose(target, state, gen);
+  return mh_accept(state, r, gen).second.accept_prob;
+}
+
 void Proposal::set_step_size(double /*eps*/) {
   TORCH_CHECK(false, "proposal '", name(), "' has no tunable step size");
 }

@@ -34,7 +34,16 @@ std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& o) {
     hmc->set_jitter(o.jitter);
     return hmc;
   }
-  throw UsageError("unknown sampler '" + o.sampler + "' (rwm, mala, hmc, learned)");
+  throw UsageError("unknown sampler '" + o.sampler + "' (rwm, mala, hmc, nuts, learned)");
+}
+
+std::unique_ptr<Kernel> make_baseline_kernel(const ProposalOptions& o) {
+  if (o.sampler != "nuts") return std::make_unique<MetropolisHastings>(make_baseline_proposal(o));
+  if (o.step_size && !(*o.step_size > 0 && std::isfinite(*o.step_size))) {
+    throw UsageError("--step-size must be positive and finite");
+  }
+  if (o.max_depth < 1 || o.max_depth > 30) throw UsageError("--max-depth must be in [1, 30]");
+  return std::make_unique<Nuts>(NutsOptions().set_step_size(o.step_size.value_or(0.0)).set_max_depth(o.max_depth));
 }
 
 double default_target_accept(const std::string& sampler) {
@@ -71,15 +80,13 @@ torch::Tensor initial_positions(Target& target, const std::string& scheme, int64
   throw UsageError("unknown --init '" + scheme + "' (uniform, exact, zero)");
 }
 
-double find_reasonable_step_size(Target& target, MetropolisHastings& kernel, const ChainState& state,
-                                 at::Generator& gen, double start) {
-  Proposal& prop = kernel.proposal();
+double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainState& state, at::Generator& gen,
+                                 double start) {
+  Kernel& prop = kernel;
   double eps = start > 0 ? start : 1.0;
   auto mean_accept = [&](double e) {
     prop.set_step_size(e);
-    ProposalResult r = prop.propose(target, state, gen);
-    auto [unused, info] = mh_accept(state, r, gen);
-    return info.accept_prob.mean().item<double>();
+    return kernel.probe_accept(target, state, gen).mean().item<double>();
   };
   double a = mean_accept(eps);
   const int direction = a > 0.5 ? 1 : -1;
@@ -97,7 +104,7 @@ double find_reasonable_step_size(Target& target, MetropolisHastings& kernel, con
   return eps;
 }
 
-SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOptions& o, uint64_t seed,
+SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed,
                          const ProgressFn& progress) {
   if (o.chains < 1) throw UsageError("--chains must be at least 1");
   if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
@@ -106,7 +113,7 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
   torch::NoGradGuard no_grad;
   const auto device = target.options().device();
   at::Generator gen = make_generator(seed, device);
-  Proposal& prop = kernel.proposal();
+  Kernel& prop = kernel;
   SampleResult res;
   res.seed = seed;
 
@@ -144,6 +151,9 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
     throw UsageError("sampler '" + prop.name() + "' has no tunable step size: run it without step-size adaptation");
   }
   if (o.adapt_mass && !prop.has_metric()) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
+  if (o.adapt_mass && o.dense_mass && !prop.has_dense_metric()) {
+    throw UsageError("sampler '" + prop.name() + "' has no dense metric");
+  }
   const bool tune = o.adapt_step.value_or(tunable) && o.warmup > 0;
   if (tune || (tunable && prop.step_size() <= 0)) {
     find_reasonable_step_size(target, kernel, state, gen, prop.step_size() > 0 ? prop.step_size() : 1.0);
@@ -151,18 +161,29 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
   DualAveraging da(prop.step_size(), o.target_accept);
   WarmupSchedule schedule(o.warmup);
   VarianceEstimator variance;
+  CovarianceEstimator covariance;
   torch::Tensor acc_sum = torch::zeros({}, state.energy.options());
+  torch::Tensor warmup_grads_chain;  // [C] when the kernel reports per-chain counts
   for (int64_t i = 0; i < o.warmup; ++i) {
     auto [next, info] = kernel.step(target, state, gen);
     state = std::move(next);
     acc_sum += info.accept_prob.sum();
+    if (info.n_grad_chain.defined()) {
+      warmup_grads_chain = warmup_grads_chain.defined() ? warmup_grads_chain + info.n_grad_chain : info.n_grad_chain.clone();
+    }
     if (tune) prop.set_step_size(da.update(info.accept_prob.mean().item<double>()));
-    if (o.adapt_mass && schedule.in_slow_window(i)) variance.add(state.x);
-    if (o.adapt_mass && schedule.ends_window(i) && variance.count() > 1) {
-      torch::Tensor inv_mass = variance.regularised_variance().to(target.options());
+    if (o.adapt_mass && schedule.in_slow_window(i)) {
+      if (o.dense_mass) covariance.add(state.x);
+      else variance.add(state.x);
+    }
+    const int64_t collected = o.dense_mass ? covariance.count() : variance.count();
+    if (o.adapt_mass && schedule.ends_window(i) && collected > 1) {
+      torch::Tensor inv_mass =
+          (o.dense_mass ? covariance.regularised_covariance() : variance.regularised_variance()).to(target.options());
       prop.set_inv_mass(inv_mass);
       res.inv_mass = inv_mass.to(torch::kCPU, torch::kFloat64);
       variance.reset();
+      covariance.reset();
       if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));
     }
     report("warmup", i + 1, o.warmup, acc_sum, i + 1, i + 1 == o.warmup);
@@ -173,6 +194,10 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
   res.seconds_warmup = std::chrono::duration<double>(t1 - t0).count();
   res.grads_warmup = target.grad_evals() - g_start;
   res.energies_warmup = target.energy_evals() - e_start;
+  if (warmup_grads_chain.defined()) {
+    res.grads_warmup = std::llround(warmup_grads_chain.to(torch::kFloat64).mean().item<double>());
+  }
+  res.max_tree_depth = kernel.max_tree_depth();
 
   // ---- sampling: the kernel is frozen ----
   const int64_t s_count = o.draws, c = o.chains, d = target.dim();
@@ -193,12 +218,26 @@ SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOp
     res.accept_stat[i].copy_(info.accept_prob);
     res.divergent[i].copy_(info.divergent);
     n_grad[i] = info.n_grad;
+    if (info.n_grad_chain.defined()) {
+      if (i == 0) {
+        res.n_grad_chain = torch::empty({s_count, c}, torch::kInt64);
+        res.tree_depth = torch::empty({s_count, c}, torch::kInt64);
+        res.energy = torch::empty({s_count, c}, torch::kFloat64);
+      }
+      res.n_grad_chain[i].copy_(info.n_grad_chain);
+      if (info.tree_depth.defined()) res.tree_depth[i].copy_(info.tree_depth);
+      if (info.energy.defined()) res.energy[i].copy_(info.energy);
+    }
     acc_sum += info.accept_prob.sum();
     report("sampling", i + 1, s_count, acc_sum, i + 1, i + 1 == s_count);
   }
   res.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0).count();
   res.grads_sampling = target.grad_evals() - g_mid;
   res.energies_sampling = target.energy_evals() - e_mid;
+  if (res.n_grad_chain.defined()) {
+    // Each chain's own count (the target's counter sees the batch, i.e. the busiest chain).
+    res.grads_sampling = std::llround(res.n_grad_chain.to(torch::kFloat64).sum(0).mean().item<double>());
+  }
   return res;
 }
 
@@ -213,7 +252,9 @@ json summarise(const SampleResult& r, Target& target) {
   TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
   const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
   const double steps = static_cast<double>(s * c);
-  const double grads_per_step = static_cast<double>(r.grads_sampling) / static_cast<double>(s);
+  // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
+  const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
+                                                         : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
   StanSummary st = stan_summary(r.draws);
   json j;
   j["target"] = target.spec();
@@ -230,6 +271,11 @@ json summarise(const SampleResult& r, Target& target) {
   j["seconds_warmup"] = r.seconds_warmup;
   j["seconds_sampling"] = r.seconds_sampling;
   j["msjd"] = mean_squared_jump(r.draws);
+  if (r.tree_depth.defined()) {
+    j["max_tree_depth"] = r.max_tree_depth;
+    j["tree_depth_hits"] = (r.tree_depth >= r.max_tree_depth).sum().item<int64_t>();
+    j["mean_tree_depth"] = r.tree_depth.to(torch::kFloat64).mean().item<double>();
+  }
   json params = json::array();
   for (int64_t k = 0; k < d; ++k) {
     params.push_back({{"name", "x." + std::to_string(k + 1)},
@@ -314,6 +360,10 @@ std::string format_summary(const json& j, int64_t rows) {
     if (p.contains("ess_per_step_rest_min")) s += fmt::format("; x.2.. min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
     line(s);
   }
+  if (j.contains("tree_depth_hits")) {
+    line(fmt::format("NUTS: mean tree depth {:.2f}, {} of {} transitions hit the maximum depth {}", j["mean_tree_depth"].get<double>(),
+                     j["tree_depth_hits"].get<int64_t>(), static_cast<int64_t>(steps), j["max_tree_depth"].get<int64_t>()));
+  }
   line(fmt::format("time: warm-up {:.2f} s, sampling {:.2f} s;  mean squared jump {:.4g}", j["seconds_warmup"].get<double>(),
                    j["seconds_sampling"].get<double>(), j["msjd"].get<double>()));
   return out;
@@ -327,8 +377,10 @@ void write_run(const std::string& directory, const json& config, const SampleRes
     cd.x = r.draws.select(1, k);
     cd.lp = r.lp.select(1, k);
     cd.accept_stat = r.accept_stat.select(1, k);
-    cd.n_grad = r.n_grad;
+    cd.n_grad = r.n_grad_chain.defined() ? r.n_grad_chain.select(1, k) : r.n_grad;
     cd.divergent = r.divergent.select(1, k);
+    if (r.tree_depth.defined()) cd.tree_depth = r.tree_depth.select(1, k);
+    if (r.energy.defined()) cd.energy = r.energy.select(1, k);
     cd.step_size = r.step_size;
     cd.inv_mass = r.inv_mass;
     json cfg = config;

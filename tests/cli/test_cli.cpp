@@ -256,3 +256,28 @@ TEST(Cli, EbmTrainResumeSampleAndBadInput) {
   }
   EXPECT_FALSE(fs::exists(dir + "x/checkpoint.pt"));
 }
+
+TEST(Cli, NutsWritesCmdStanColumnsAndTreeStatistics) {
+  const std::string out = ::testing::TempDir() + "cli_nuts";
+  fs::remove_all(out);
+  CliRun r = run("sample --target scg --sampler nuts --metric dense --chains 2 --warmup 150 --draws 100 --seed 3 --quiet --output " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("mean tree depth"), std::string::npos) << r.out;
+  nmcmc::StanCsv csv = nmcmc::read_stan_csv(out + "/chain_1.csv");
+  const std::vector<std::string> head(csv.columns.begin(), csv.columns.begin() + 7);
+  EXPECT_EQ(head, (std::vector<std::string>{"lp__", "accept_stat__", "stepsize__", "treedepth__", "n_leapfrog__",
+                                            "divergent__", "energy__"}));
+  EXPECT_EQ(csv.values.size(0), 100);
+  // n_leapfrog__ is within the bounds its treedepth__ allows.
+  torch::Tensor depth = csv.values.select(1, 3), n = csv.values.select(1, 4);
+  EXPECT_TRUE((n >= torch::pow(2.0, depth) - 1).all().item<bool>());
+  EXPECT_TRUE((n <= torch::pow(2.0, depth + 1) - 1).all().item<bool>());
+  bool dense_metric_written = false;
+  for (const auto& c : csv.comments) dense_metric_written |= c.find("Elements of inverse mass matrix") != std::string::npos;
+  EXPECT_TRUE(dense_metric_written);
+  for (const char* bad : {"sample --sampler nuts --max-depth 0", "sample --sampler nuts --metric full",
+                          "sample --sampler learned --model x.pt --metric dense"}) {
+    CliRun b = run(std::string(bad) + " --draws 5 --warmup 5 --quiet");
+    EXPECT_EQ(b.code, 64) << bad << "\n" << b.out;
+  }
+}

@@ -74,9 +74,13 @@ InvarianceReport normal_tests(const torch::Tensor& z_in, int projections, uint64
 
 torch::Tensor run_from_exact(Target& target, std::shared_ptr<Proposal> proposal, int64_t n, int64_t k,
                              uint64_t seed) {
+  MetropolisHastings kernel(std::move(proposal));
+  return run_from_exact(target, kernel, n, k, seed);
+}
+
+torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed) {
   torch::NoGradGuard no_grad;
   at::Generator gen = make_generator(seed);
-  MetropolisHastings kernel(std::move(proposal));
   ChainState s = kernel.init(target, target.sample(n, gen));
   for (int64_t i = 0; i < k; ++i) s = kernel.step(target, s, gen).first;
   return s.x;

@@ -41,6 +41,9 @@ InvarianceReport normal_tests(const torch::Tensor& z, int projections, uint64_t 
 /// Starts n chains at exact draws of `target`, runs k MH steps with `proposal`, returns x [n, D].
 torch::Tensor run_from_exact(Target& target, std::shared_ptr<Proposal> proposal, int64_t n, int64_t k, uint64_t seed);
 
+/// The same with any kernel (e.g. NUTS).
+torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed);
+
 /// Whitens draws of a Gaussian target with covariance `cov` and mean `mean` (Cholesky).
 torch::Tensor whiten_gaussian(const torch::Tensor& x, const torch::Tensor& mean, const torch::Tensor& cov);
 /// Maps funnel draws to N(0, I): z0 = x0 / sigma, z_i = x_i exp(x0 / 2).

@@ -15,11 +15,15 @@ struct ChainDraws {
   torch::Tensor accept_stat;   // [S]
   torch::Tensor n_grad;        // [S]  gradient evaluations in each step
   torch::Tensor divergent;     // [S]  0/1
+  torch::Tensor tree_depth;    // [S]  NUTS (then n_grad is n_leapfrog__), else undefined
+  torch::Tensor energy;        // [S]  NUTS: the Hamiltonian
   double step_size = 0;
-  torch::Tensor inv_mass;      // [D] or undefined
+  torch::Tensor inv_mass;      // [D], [D, D] or undefined
 };
 
-/// Writes one chain's draws atomically. `config` goes into `#` comment lines (key = value).
+/// Writes one chain's draws atomically. Columns as CmdStan: lp__, accept_stat__, stepsize__,
+/// then for NUTS treedepth__, n_leapfrog__, divergent__, energy__, else n_grad__, divergent__;
+/// then the parameters. `config` goes into `#` comment lines (key = value).
 void write_stan_csv(const std::string& path, const nlohmann::json& config, const ChainDraws& draws,
                     double elapsed_warmup, double elapsed_sampling);
 

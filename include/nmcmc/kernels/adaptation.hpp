@@ -62,4 +62,19 @@ class VarianceEstimator {
   torch::Tensor mean_, m2_;
 };
 
+/// Accumulates the mean and covariance of draws over chains (Chan et al.'s parallel update,
+/// float64), for dense metric adaptation.
+class CovarianceEstimator {
+ public:
+  void add(const torch::Tensor& x);  // x [C, D]
+  /// Stan's regularised estimate (stan/mcmc/covar_adaptation): (n / (n + 5)) S + 1e-3 (5 / (n + 5)) I.
+  torch::Tensor regularised_covariance() const;
+  void reset();
+  int64_t count() const { return n_; }
+
+ private:
+  int64_t n_ = 0;
+  torch::Tensor mean_, m2_;  // [D], [D, D]
+};
+
 }  // namespace nmcmc

@@ -1,11 +1,13 @@
 #pragma once
 /// Baseline proposals: random walk, MALA and HMC (identity or diagonal mass matrix).
+#include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 
 namespace nmcmc {
 
-/// The state the baselines share: a global step size and an optional diagonal inverse mass
-/// matrix [D] (a variance estimate, in the target's dtype; undefined = identity).
+/// The state the baselines share: a global step size and an optional inverse mass matrix: [D]
+/// diagonal (a variance estimate, in the target's dtype; undefined = identity) or [D, D] dense
+/// (a covariance estimate; then `dense_` holds its factors).
 class ScaledProposal : public Proposal {
  public:
   explicit ScaledProposal(double step_size) : eps_(step_size) {}
@@ -13,12 +15,16 @@ class ScaledProposal : public Proposal {
   bool has_tunable_step_size() const override { return true; }
   void set_step_size(double eps) override { eps_ = eps; }
   bool has_metric() const override { return true; }
-  void set_inv_mass(torch::Tensor inv_mass) override { inv_mass_ = std::move(inv_mass); }
-  const torch::Tensor& inv_mass() const { return inv_mass_; }
+  bool has_dense_metric() const override { return true; }
+  void set_inv_mass(torch::Tensor inv_mass) override;
+  /// The inverse mass matrix: [D], [D, D] or undefined (identity).
+  torch::Tensor inv_mass() const { return is_dense() ? dense_.inv_mass() : inv_mass_; }
 
  protected:
+  bool is_dense() const { return dense_.kind() == MetricKind::kDense; }
   double eps_;
-  torch::Tensor inv_mass_;
+  torch::Tensor inv_mass_;  // diagonal [D] (undefined when identity or dense)
+  Metric dense_;            // the dense metric, else the unit placeholder
 };
 
 /// Random-walk Metropolis: x' = x + eps * M^{-1/2} z (symmetric: log q ratio 0).

@@ -14,31 +14,15 @@
 #include <string>
 
 #include "nmcmc/core/target.hpp"
+#include "nmcmc/kernels/kernel.hpp"
 
 namespace nmcmc {
-
-/// Carried from step to step. x [C, D] in the target's dtype; energy [C] float64;
-/// grad [C, D] (undefined for proposals that do not use the gradient).
-struct ChainState {
-  torch::Tensor x;
-  torch::Tensor energy;
-  torch::Tensor grad;
-};
 
 /// What a proposal returns: the proposed state and log q(x|x') - log q(x'|x) [C] float64.
 /// `extra` may carry proposal-specific per-chain statistics (e.g. the flow's log-det).
 struct ProposalResult {
   ChainState proposed;
   torch::Tensor log_q_ratio;
-};
-
-/// Reported by a step, never fed back. Tensors are [C].
-struct StepInfo {
-  torch::Tensor accept_prob;  // float64, min(1, a); 0 for divergent proposals
-  torch::Tensor accepted;     // bool
-  torch::Tensor divergent;    // bool: non-finite energy/ratio, or log a < -1000
-  int64_t n_grad = 0;         // target gradient evaluations per chain spent in this step
-  int64_t n_energy = 0;       // target energy evaluations per chain spent in this step
 };
 
 /// An uncalibrated proposal (see Note [Uncalibrated proposals]).
@@ -58,7 +42,10 @@ class Proposal {
   virtual void set_step_size(double eps);
   /// Whether warm-up may adapt a diagonal inverse mass matrix with set_inv_mass().
   virtual bool has_metric() const { return false; }
-  /// Sets a diagonal inverse mass matrix [D] (target dtype/device); throws if unsupported.
+  /// Whether the metric may be dense ([D, D]).
+  virtual bool has_dense_metric() const { return false; }
+  /// Sets the inverse mass matrix: [D] (diagonal) or [D, D] (dense), in the target's dtype and
+  /// device; throws if unsupported.
   virtual void set_inv_mass(torch::Tensor inv_mass);
   /// Called after each MH step with its outcome (for proposals with internal state).
   virtual void observe(const StepInfo& /*info*/) {}
@@ -67,15 +54,25 @@ class Proposal {
 /// Log acceptance below this counts as divergent (Stan's energy-error threshold).
 constexpr double kDivergenceThreshold = -1000.0;
 
-/// The Metropolis-Hastings kernel over a batch of chains.
-class MetropolisHastings {
+/// The Metropolis-Hastings kernel over a batch of chains: any proposal made exact.
+class MetropolisHastings : public Kernel {
  public:
   explicit MetropolisHastings(std::shared_ptr<Proposal> proposal);
 
-  /// Evaluates U (and dU if needed) at x [C, D] to start chains there.
-  ChainState init(Target& target, const torch::Tensor& x) const;
+  std::string name() const override { return proposal_->name(); }
+  ChainState init(Target& target, const torch::Tensor& x) const override;
   /// One MH step for every chain. The returned state never contains NaN from a proposal.
-  std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen);
+  std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) override;
+
+  // Tuning goes to the proposal.
+  double step_size() const override { return proposal_->step_size(); }
+  bool has_tunable_step_size() const override { return proposal_->has_tunable_step_size(); }
+  void set_step_size(double eps) override { proposal_->set_step_size(eps); }
+  bool has_metric() const override { return proposal_->has_metric(); }
+  bool has_dense_metric() const override { return proposal_->has_dense_metric(); }
+  void set_inv_mass(torch::Tensor inv_mass) override { proposal_->set_inv_mass(std::move(inv_mass)); }
+  /// One proposal and its MH accept probability (the chains do not move).
+  torch::Tensor probe_accept(Target& target, const ChainState& state, at::Generator& gen) override;
 
   Proposal& proposal() { return *proposal_; }
   const Proposal& proposal() const { return *proposal_; }

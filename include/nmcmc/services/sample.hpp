@@ -8,24 +8,29 @@
 #include <optional>
 #include <string>
 
+#include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {
 
-/// How to build a baseline proposal.
+/// How to build a baseline proposal or kernel.
 struct ProposalOptions {
-  std::string sampler = "hmc";  // rwm | mala | hmc
+  std::string sampler = "hmc";  // rwm | mala | hmc | nuts
   std::optional<double> step_size;  // unset: find a reasonable one (Stan's heuristic)
   int64_t leapfrog = 10;
   double jitter = 0.0;  // HMC per-chain step-size jitter
   ProposalOptions& set_jitter(double j) { jitter = j; return *this; }
   ProposalOptions& set_sampler(std::string s) { sampler = std::move(s); return *this; }
   ProposalOptions& set_step_size(std::optional<double> e) { step_size = e; return *this; }
+  int64_t max_depth = 10;  // NUTS tree-depth limit
   ProposalOptions& set_leapfrog(int64_t l) { leapfrog = l; return *this; }
+  ProposalOptions& set_max_depth(int64_t d) { max_depth = d; return *this; }
 };
 /// Builds rwm / mala / hmc; throws UsageError for anything else.
 std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& options);
+/// A baseline kernel: NUTS for "nuts", else MetropolisHastings over make_baseline_proposal.
+std::unique_ptr<Kernel> make_baseline_kernel(const ProposalOptions& options);
 /// The default accept-rate target of a sampler (rwm 0.234, mala 0.574, hmc 0.8, others 0.8).
 double default_target_accept(const std::string& sampler);
 
@@ -39,8 +44,9 @@ struct RunOptions {
   /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
   std::optional<bool> adapt_step;
   double target_accept = 0.8;
-  bool adapt_mass = false;     // diagonal mass matrix over Stan's windows (HMC, MALA, RWM); refused
-                               // for proposals without a metric
+  bool adapt_mass = false;     // a mass matrix over Stan's windows (HMC, MALA, RWM, NUTS); refused
+                               // for kernels without a metric
+  bool dense_mass = false;     // with adapt_mass: a dense (covariance) rather than diagonal metric
   bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
   std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
   torch::Tensor init_x;          // explicit starting points [C', D] (rows cycled); overrides `init`
@@ -50,6 +56,7 @@ struct RunOptions {
   RunOptions& set_target_accept(double a) { target_accept = a; return *this; }
   RunOptions& set_adapt_step(bool b) { adapt_step = b; return *this; }
   RunOptions& set_adapt_mass(bool b) { adapt_mass = b; return *this; }
+  RunOptions& set_dense_mass(bool b) { dense_mass = b; return *this; }
   RunOptions& set_keep_draws(bool b) { keep_draws = b; return *this; }
   RunOptions& set_init(std::string s) { init = std::move(s); return *this; }
   RunOptions& set_init_x(torch::Tensor x) { init_x = std::move(x); return *this; }
@@ -69,10 +76,14 @@ struct SampleResult {
   torch::Tensor lp;           // [S, C] float64 (-U)
   torch::Tensor accept_stat;  // [S, C] float64
   torch::Tensor divergent;    // [S, C] bool
-  torch::Tensor n_grad;       // [S] int64, gradient evaluations per chain per step
+  torch::Tensor n_grad;       // [S] int64, gradient evaluations per chain per step (NUTS: the most of any chain)
+  torch::Tensor n_grad_chain; // [S, C] int64, each chain's own count (kernels whose chains differ: NUTS)
+  torch::Tensor tree_depth;   // [S, C] int64 (NUTS)
+  torch::Tensor energy;       // [S, C] float64 Hamiltonian (NUTS)
+  int64_t max_tree_depth = 0; // NUTS: the depth limit (hits are reported)
   double step_size = 0;
-  torch::Tensor inv_mass;     // [D] or undefined
-  int64_t grads_warmup = 0, grads_sampling = 0;      // per chain
+  torch::Tensor inv_mass;     // [D], [D, D] or undefined
+  int64_t grads_warmup = 0, grads_sampling = 0;      // per chain (NUTS: the mean over chains, rounded)
   int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
   double seconds_warmup = 0, seconds_sampling = 0;
   uint64_t seed = 0;
@@ -95,11 +106,12 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<n
 /// Initial positions [C, D] by the named scheme.
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen);
 /// Stan's heuristic: doubles or halves eps until the mean accept probability crosses 0.5.
-double find_reasonable_step_size(Target& target, MetropolisHastings& kernel, const ChainState& state,
-                                 at::Generator& gen, double start);
+double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainState& state, at::Generator& gen,
+                                 double start);
 
-/// Warm-up (adaptation) then sampling with `kernel` on `target`.
-SampleResult run_sampler(Target& target, MetropolisHastings& kernel, const RunOptions& options, uint64_t seed,
+/// Warm-up (adaptation) then sampling with `kernel` (MetropolisHastings over any proposal, or
+/// Nuts) on `target`.
+SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
                          const ProgressFn& progress = nullptr);
 
 /// Summary statistics of a run: per-parameter Stan summary, ESS per step/gradient/second,

@@ -1,0 +1,63 @@
+#pragma once
+/// What every MCMC kernel shares: the chain state it carries, what it reports, and the interface
+/// run_sampler, adaptation and the diagnostics use (BlackJAX-style init + step).
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+
+#include "nmcmc/core/target.hpp"
+
+namespace nmcmc {
+
+/// Carried from step to step. x [C, D] in the target's dtype; energy [C] float64;
+/// grad [C, D] (undefined for proposals that do not use the gradient).
+struct ChainState {
+  torch::Tensor x;
+  torch::Tensor energy;
+  torch::Tensor grad;
+};
+
+/// Reported by a step, never fed back. Tensors are [C].
+struct StepInfo {
+  torch::Tensor accept_prob;  // float64, min(1, a); 0 for divergent proposals
+  torch::Tensor accepted;     // bool
+  torch::Tensor divergent;    // bool: non-finite energy/ratio, or log a < -1000
+  int64_t n_grad = 0;         // target gradient evaluations per chain spent in this step
+  int64_t n_energy = 0;       // target energy evaluations per chain spent in this step
+  // Kernels whose chains spend different amounts (NUTS) also report, per chain:
+  torch::Tensor n_grad_chain;  // [C] int64, exact gradient evaluations of each chain (n_grad: their maximum)
+  torch::Tensor tree_depth;    // [C] int64
+  torch::Tensor energy;        // [C] float64, the Hamiltonian at the new state
+};
+
+/// A Markov kernel over a batch of chains: MetropolisHastings (any proposal) or Nuts.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual std::string name() const = 0;
+  /// Evaluates U (and dU if needed) at x [C, D] to start chains there.
+  virtual ChainState init(Target& target, const torch::Tensor& x) const = 0;
+  /// One transition of every chain. The returned state never contains NaN.
+  virtual std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) = 0;
+
+  /// The step size, for reports (0 when there is none).
+  virtual double step_size() const { return 0.0; }
+  /// Whether warm-up may tune the step size (never a silent no-op: see set_step_size).
+  virtual bool has_tunable_step_size() const { return false; }
+  /// Throws for kernels without a tunable step size.
+  virtual void set_step_size(double eps);
+  /// Whether warm-up may adapt the metric.
+  virtual bool has_metric() const { return false; }
+  /// Whether the metric may be dense ([D, D]).
+  virtual bool has_dense_metric() const { return false; }
+  /// Sets the inverse mass matrix: [D] (diagonal) or [D, D] (dense); throws if unsupported.
+  virtual void set_inv_mass(torch::Tensor inv_mass);
+  /// The tree-depth limit of tree-building kernels (NUTS); 0 for the others.
+  virtual int64_t max_tree_depth() const { return 0; }
+  /// Accept probability [C] of one trial move from `state` at the current step size, without
+  /// moving the chains: what Stan's initial step-size heuristic looks at.
+  virtual torch::Tensor probe_accept(Target& target, const ChainState& state, at::Generator& gen);
+};
+
+}  // namespace nmcmc
