@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_ebm_commands(app, ebm_sample));
   commands.push_back(ebm_sample);
   commands.push_back(add_demo_command(app));
+  commands.push_back(add_compare_command(app));
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];

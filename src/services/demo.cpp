@@ -29,7 +29,7 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
   ensure_directory(output);
   json cfg = read_config_file((fs::path(configs_directory()) / "demo_funnel3.json").string());
   TrainConfig config = parse_train_config(cfg);
-  say("== nmcmc demo: Funnel-3 (d = 20, sigma = 3), the learned sampler against HMC ==\n");
+  say("== nmcmc demo: Funnel-3 (d = 20, sigma = 3), the learned sampler against HMC and NUTS ==\n");
   say(fmt::format("1. Train the learned sampler ({} steps, batch {}, width {}, N = {}); resumable.", config.train.steps,
                   config.train.batch, config.model.hidden, config.model.steps));
   const std::string model = output + "/model.pt", log = output + "/training_log.csv";
@@ -59,14 +59,19 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
   RunOptions hrun = run;
   hrun.set_warmup(1000).set_adapt_step(true).set_target_accept(0.8);
   auto hmc = run_sampler(*target, hmc_kernel, hrun, 1, sample_progress);
-  json sl = summarise(learned, *target), sh = summarise(hmc, *target);
+  // NUTS as Stan runs it: what users compare every sampler with.
+  Nuts nuts_kernel;
+  auto nuts = run_sampler(*target, nuts_kernel, RunOptions(hrun).set_adapt_mass(true), 1, sample_progress);
+  json sl = summarise(learned, *target), sh = summarise(hmc, *target), sn = summarise(nuts, *target);
   write_run(output + "/learned", {{"sampler", "learned"}, {"model", model}, {"seed", 1}}, learned, sl);
   write_run(output + "/hmc", {{"sampler", "hmc"}, {"leapfrog", grads}, {"seed", 1}}, hmc, sh);
+  write_run(output + "/nuts", {{"sampler", "nuts"}, {"metric", "diag"}, {"seed", 1}}, nuts, sn);
 
   say("\n3. Results (ESS with the true moments, paper convention; bulk-ESS and R-hat: Stan's)\n");
   say(fmt::format("{:<10} {:>7} {:>10} {:>12} {:>12} {:>13} {:>10} {:>8} {:>9}", "sampler", "accept", "grads/step",
                   "ESS/step x1", "ESS/grad x1", "ESS/step rest", "bulk-ESS x1", "max Rhat", "sample s"));
-  for (auto [name, s] : {std::pair<std::string, json*>{"learned", &sl}, std::pair<std::string, json*>{"HMC", &sh}}) {
+  for (auto [name, s] : {std::pair<std::string, json*>{"learned", &sl}, std::pair<std::string, json*>{"HMC", &sh},
+                         std::pair<std::string, json*>{"NUTS", &sn}}) {
     say(fmt::format("{:<10} {:>7.3f} {:>10.0f} {:>12.4f} {:>12.5f} {:>13.4f} {:>10.0f} {:>8.3f} {:>9.1f}", name,
                     (*s)["accept_rate"].get<double>(), (*s)["grads_per_step"].get<double>(),
                     paper_value(*s, "ess_per_step_x1"), paper_value(*s, "ess_per_grad_x1"),
@@ -74,15 +79,19 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
                     (*s)["max_rhat"].get<double>(), (*s)["seconds_sampling"].get<double>()));
   }
   const double gain = paper_value(sl, "ess_per_grad_x1") / paper_value(sh, "ess_per_grad_x1");
-  say(fmt::format("\nThe learned sampler gets {:.1f}x the ESS of x1 (the funnel's neck coordinate) per gradient of HMC.\n"
+  const double gain_nuts = paper_value(sl, "ess_per_grad_x1") / paper_value(sn, "ess_per_grad_x1");
+  say(fmt::format("\nThe learned sampler gets {:.1f}x the ESS of x1 (the funnel's neck coordinate) per gradient of HMC with\n"
+                  "{} leapfrog steps, and {:.2g}x that of NUTS ({:.1f} gradients per draw, {} divergences).\n"
                   "Training cost {} gradient evaluations per batch row ({:.0f} s{}).",
-                  gain, trained.grads, trained.log.empty() ? trained.seconds : trained.log.back().elapsed,
+                  gain, grads, gain_nuts, sn["grads_per_step"].get<double>(), sn["divergences"].get<int64_t>(), trained.grads, trained.log.empty() ? trained.seconds : trained.log.back().elapsed,
                   trained.seconds < 1 ? "; this run reused the trained model in " + output : std::string()));
   at::Generator gen = make_generator(7);
-  plot_traces(output + "/traces_x1.png", {{"HMC: x1 trace (chain 1)", hmc.draws}, {"learned: x1 trace (chain 1)", learned.draws}},
+  plot_traces(output + "/traces_x1.png",
+              {{"HMC: x1 trace (chain 1)", hmc.draws}, {"NUTS: x1 trace (chain 1)", nuts.draws},
+               {"learned: x1 trace (chain 1)", learned.draws}},
               0, 2000, "x1");
   plot_pairs(output + "/samples.png", {{"HMC", hmc.draws}, {"learned", learned.draws}}, 0, 1, target->sample(4000, gen));
-  say("\nWrote " + output + "/{training_curves,traces_x1,samples}.png, the Stan-CSV draws of both runs, and the model.");
+  say("\nWrote " + output + "/{training_curves,traces_x1,samples}.png, the Stan-CSV draws of the three runs, and the model.");
   return true;
 }
 

@@ -150,14 +150,19 @@ Moments reference_file_moments(const std::string& file) {
   }
 }
 
-SampleResult evaluate(Target& target, std::shared_ptr<Proposal> proposal, int64_t chains, int64_t warmup, int64_t draws,
-                      bool adapt, uint64_t seed, const torch::Tensor& init_x = {}) {
-  MetropolisHastings kernel(std::move(proposal));
+SampleResult evaluate(Target& target, Kernel& kernel, int64_t chains, int64_t warmup, int64_t draws, bool adapt,
+                      uint64_t seed, const torch::Tensor& init_x = {}) {
   RunOptions run;
   run.set_chains(chains).set_warmup(warmup).set_draws(draws).set_adapt_step(adapt).set_adapt_mass(adapt);
   run.set_init(target.has_sampler() ? "exact" : "uniform");
   if (init_x.defined()) run.set_init_x(init_x);
   return run_sampler(target, kernel, run, seed);
+}
+
+SampleResult evaluate(Target& target, std::shared_ptr<Proposal> proposal, int64_t chains, int64_t warmup, int64_t draws,
+                      bool adapt, uint64_t seed, const torch::Tensor& init_x = {}) {
+  MetropolisHastings kernel(std::move(proposal));
+  return evaluate(target, kernel, chains, warmup, draws, adapt, seed, init_x);
 }
 
 /// Funnel-3 HMC as in the paper: the largest step size whose chains still reach the neck.
@@ -295,6 +300,15 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       entry[b] = measures(r, *target, 0, 0);
       say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),
                       entry[b]["ess_per_grad_min"].get<double>()));
+    }
+    {
+      // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
+      Nuts nuts;
+      SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2);
+      entry["nuts"] = measures(r, *target, 0, 0);
+      say(fmt::format("  nuts: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
+                      entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
+                      entry["nuts"]["grads_per_step"].get<double>()));
     }
     say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f} (x1 {:.4f}), ESS/grad min {:.4g}, max R-hat {:.3f}, "
                     "x1 mean squared jump {:.3g} (MALA {:.3g}, HMC {:.3g})",
@@ -456,7 +470,7 @@ std::string results_table(const json& results) {
   for (const auto& name : experiment_names()) {
     if (!experiments.contains(name)) continue;
     const json& e = section(experiments, name);
-    for (const char* sampler : {"learned", "mala", "hmc"}) {
+    for (const char* sampler : {"learned", "mala", "hmc", "nuts"}) {
       if (!e.contains(sampler)) continue;
       const json& r = section(e, sampler);
       const bool learned = std::string(sampler) == "learned";

@@ -1,0 +1,54 @@
+// `nmcmc compare`: NUTS, HMC, MALA and the learned sampler on one target, on one footing.
+#include <iostream>
+
+#include "cli.hpp"
+#include "nmcmc/services/compare.hpp"
+
+namespace nmcmc::cli {
+
+namespace {
+struct CompareArgs {
+  TargetArgs target;
+  ComputeArgs compute;
+  CompareOptions options;
+  std::optional<std::string> table;
+  bool quiet = false;
+};
+
+int run(CompareArgs& a, const CLI::App* cmd) {
+  if (a.table) {
+    std::cout << compare_table(read_config_file(*a.table));
+    return 0;
+  }
+  a.compute.options(a.options.dtype);  // validates and applies --threads
+  if (a.compute.device != "cpu") throw UsageError("compare runs on the CPU for now (--device cpu)");
+  a.options.dtype = a.compute.dtype.value_or("float32");
+  a.options.target = TargetArgs::given(cmd) || (!a.options.model && !a.options.config) ? a.target.spec() : nlohmann::json();
+  warn_blas();
+  install_stop_handler();
+  auto say = [](const std::string& line) { std::cout << line << std::endl; };
+  nlohmann::json r = compare(a.options, say, train_progress(a.quiet), sample_progress(a.quiet), stop_requested);
+  std::cout << "\n" << compare_table(r) << "\nWrote " << a.options.output << "/compare.json, compare.md and compare_traces.png\n";
+  return 0;
+}
+}  // namespace
+
+Command add_compare_command(CLI::App& app) {
+  auto a = std::make_shared<CompareArgs>();
+  auto* cmd = app.add_subcommand("compare", "NUTS, HMC, MALA and the learned sampler on one target: ESS per draw, gradient and second");
+  a->target.add(cmd);
+  a->compute.add(cmd);
+  cmd->add_option("--model", a->options.model, "a trained learned sampler (from `nmcmc train`)");
+  cmd->add_option("--config,-c", a->options.config, "a training config: train the learned sampler first (resumable)");
+  cmd->add_option("--chains", a->options.chains, "chains per sampler")->capture_default_str();
+  cmd->add_option("--warmup", a->options.warmup, "warm-up steps")->capture_default_str();
+  cmd->add_option("--draws", a->options.draws, "draws per chain")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "random seed")->capture_default_str();
+  cmd->add_option("--leapfrog", a->options.hmc_leapfrog, "HMC leapfrog steps")->capture_default_str();
+  cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
+  cmd->add_option("--table", a->table, "only print the table of an existing compare.json");
+  cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
+  return {cmd, [a, cmd] { return run(*a, cmd); }};
+}
+
+}  // namespace nmcmc::cli
