@@ -36,7 +36,8 @@ json profile_settings(const std::string& profile, const std::string& e) {
             {"baseline", {{"warmup", 100}, {"draws", 100}}},
             {"hmc_long_steps", 500},
             {"aux_steps", 20},
-            {"ablation_steps", 20}};
+            {"ablation_steps", 20},
+            {"nuts_max_depth", 6}};  // 100-step warm-ups leave small step sizes: deep trees cost the smoke run 40 s
   }
   if (profile == "cpu") {
     // Reductions chosen to fit all seven experiments in 90 minutes on 2 vCPUs (1 thread). The
@@ -303,7 +304,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     }
     {
       // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
-      Nuts nuts;
+      Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
       SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2);
       entry["nuts"] = measures(r, *target, 0, 0);
       say(fmt::format("  nuts: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
