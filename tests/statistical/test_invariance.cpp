@@ -22,13 +22,7 @@ constexpr int kProjections = 20;
 test_support::InvarianceReport invariance(const json& spec, std::shared_ptr<Proposal> proposal, uint64_t seed) {
   auto target = make_target(spec, kF64);
   torch::Tensor x = test_support::run_from_exact(*target, std::move(proposal), kChains, kSteps, seed);
-  torch::Tensor z;
-  if (spec["name"] == "funnel") {
-    z = test_support::whiten_funnel(x, spec["sigma"].get<double>());
-  } else {
-    auto* g = dynamic_cast<GaussianTarget*>(target.get());
-    z = test_support::whiten_gaussian(x, g->reference_moments()->mean, g->covariance());
-  }
+  torch::Tensor z = test_support::whiten_known(spec, *target, x);
   return test_support::normal_tests(z, kProjections, seed + 1000);
 }
 

@@ -28,13 +28,7 @@ test_support::InvarianceReport nuts_invariance(const json& spec, double eps, con
   Nuts nuts(NutsOptions().set_step_size(eps).set_max_depth(max_depth), defect);
   if (inv_mass.defined()) nuts.set_inv_mass(inv_mass);
   torch::Tensor x = test_support::run_from_exact(*target, nuts, kChains, kSteps, seed);
-  torch::Tensor z;
-  if (spec["name"] == "funnel") {
-    z = test_support::whiten_funnel(x, spec["sigma"].get<double>());
-  } else {
-    auto* g = dynamic_cast<GaussianTarget*>(target.get());
-    z = test_support::whiten_gaussian(x, g->reference_moments()->mean, g->covariance());
-  }
+  torch::Tensor z = test_support::whiten_known(spec, *target, x);
   return test_support::normal_tests(z, kProjections, seed + 1000);
 }
 

@@ -1,5 +1,7 @@
 #include "stats.hpp"
 
+#include "nmcmc/targets/targets.hpp"
+
 #include <functional>
 
 #include <cmath>
@@ -84,6 +86,13 @@ torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t 
   ChainState s = kernel.init(target, target.sample(n, gen));
   for (int64_t i = 0; i < k; ++i) s = kernel.step(target, s, gen).first;
   return s.x;
+}
+
+torch::Tensor whiten_known(const nlohmann::json& spec, Target& target, const torch::Tensor& x) {
+  if (spec["name"] == "funnel") return whiten_funnel(x, spec["sigma"].get<double>());
+  auto* g = dynamic_cast<GaussianTarget*>(&target);
+  TORCH_CHECK(g, "whiten_known: a Gaussian or funnel target");
+  return whiten_gaussian(x, g->reference_moments()->mean, g->covariance());
 }
 
 torch::Tensor whiten_gaussian(const torch::Tensor& x, const torch::Tensor& mean, const torch::Tensor& cov) {

@@ -46,6 +46,9 @@ torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t 
 
 /// Whitens draws of a Gaussian target with covariance `cov` and mean `mean` (Cholesky).
 torch::Tensor whiten_gaussian(const torch::Tensor& x, const torch::Tensor& mean, const torch::Tensor& cov);
+/// Whitens draws of a built-in Gaussian or funnel target given by its spec (what the invariance
+/// tests test against N(0, I)).
+torch::Tensor whiten_known(const nlohmann::json& spec, Target& target, const torch::Tensor& x);
 /// Maps funnel draws to N(0, I): z0 = x0 / sigma, z_i = x_i exp(x0 / 2).
 torch::Tensor whiten_funnel(const torch::Tensor& x, double sigma);
 
