@@ -20,7 +20,7 @@ std::string g_command_line;
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
 const char* const kTargetOptions[] = {"--target", "--dim", "--sigma", "--dataset", "--data-file", "--label-column",
-                                      "--target-seed", "--target-json"};
+                                      "--target-seed", "--target-json", "--module", "--module-output"};
 }  // namespace
 
 const std::string& command_line() { return g_command_line; }
@@ -48,13 +48,15 @@ std::string version_text(bool measure_blas) {
 }
 
 void TargetArgs::add(CLI::App* cmd) {
-  cmd->add_option("--target", name, "target name (see `nmcmc targets`)")->capture_default_str();
+  cmd->add_option("--target", name, "target name (see `nmcmc targets`; default funnel)");
   cmd->add_option("--dim", dim, "dimension (targets that take one)");
   cmd->add_option("--sigma", sigma, "funnel: sd of x0");
   cmd->add_option("--dataset", dataset, "logistic: german | australian | heart");
   cmd->add_option("--data-file", file, "logistic: your own whitespace/comma-separated table");
   cmd->add_option("--label-column", label_column, "logistic: label column of --data-file (negative from the end)");
   cmd->add_option("--target-seed", target_seed, "rotated_icg: seed of its eigenvalues and rotation");
+  cmd->add_option("--module", module, "torchscript: your density, a module written by torch.jit.save (implies --target torchscript)");
+  cmd->add_option("--module-output", module_output, "torchscript: what forward returns: energy (U(x), default) | log_prob");
   cmd->add_option("--target-json", spec_json, "the whole target spec as JSON, e.g. '{\"name\":\"funnel\",\"dim\":100,\"sigma\":1}'");
 }
 
@@ -66,7 +68,14 @@ json TargetArgs::spec() const {
       throw UsageError(std::string("--target-json is not valid JSON: ") + e.what());
     }
   }
-  json s = {{"name", name}};
+  json s = {{"name", name.value_or(module ? "torchscript" : "funnel")}};
+  if (module) {
+    if (s["name"] != "torchscript") throw UsageError("--module goes with --target torchscript");
+    s["module"] = *module;
+    if (module_output) s["output"] = *module_output;
+  } else if (module_output) {
+    throw UsageError("--module-output goes with --module");
+  }
   if (dim) s["dim"] = *dim;
   if (sigma) s["sigma"] = *sigma;  // non-finite values are refused by the target, never replaced
   if (dataset) s["dataset"] = *dataset;

@@ -29,10 +29,10 @@ struct Command {
 /// Options of every command that builds a target. Unset options are left out of the spec, so
 /// the target's own default applies; a given value is always passed on and validated there.
 struct TargetArgs {
-  std::string name = "funnel";
+  std::optional<std::string> name;  // unset: funnel, or torchscript with --module
   std::optional<int64_t> dim;
   std::optional<double> sigma;
-  std::optional<std::string> dataset, file, spec_json;
+  std::optional<std::string> dataset, file, spec_json, module, module_output;
   std::optional<int> label_column;
   std::optional<int64_t> target_seed;
   void add(CLI::App* cmd);

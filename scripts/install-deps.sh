@@ -2,7 +2,8 @@
 # Installs the Debian packages nmcmc needs, if any is missing. Safe to run again.
 set -euo pipefail
 packages=(build-essential cmake ccache libtorch-dev libopenblas0-pthread libcli11-dev nlohmann-json3-dev
-          libfmt-dev libgtest-dev libstb-dev zlib1g-dev dataset-fashion-mnist)
+          libfmt-dev libgtest-dev libstb-dev zlib1g-dev dataset-fashion-mnist
+          pybind11-dev python3-dev python3-torch python3-pytest python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi

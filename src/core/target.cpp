@@ -19,6 +19,14 @@ EnergyGrad Target::energy_and_grad(const torch::Tensor& x, bool create_graph) {
   return compute_energy_and_grad(x, create_graph);
 }
 
+std::vector<std::string> parameter_labels(const Target& target) {
+  std::vector<std::string> names = target.parameter_names();
+  if (static_cast<int64_t>(names.size()) == target.dim()) return names;
+  names.clear();
+  for (int64_t k = 0; k < target.dim(); ++k) names.push_back("x." + std::to_string(k + 1));
+  return names;
+}
+
 torch::Tensor Target::sample(int64_t, at::Generator&) const {
   throw UsageError("target '" + name() + "' has no exact sampler");
 }

@@ -32,7 +32,12 @@ void write_stan_csv(const std::string& path, const nlohmann::json& config, const
     const bool nuts = d.tree_depth.defined();
     out << (nuts ? "lp__,accept_stat__,stepsize__,treedepth__,n_leapfrog__,divergent__,energy__"
                  : "lp__,accept_stat__,stepsize__,n_grad__,divergent__");
-    for (int64_t j = 1; j <= dim; ++j) out << ",x." << j;
+    TORCH_CHECK(d.names.empty() || static_cast<int64_t>(d.names.size()) == dim, "write_stan_csv: ", d.names.size(),
+                " names for ", dim, " parameters");
+    for (int64_t j = 1; j <= dim; ++j) {
+      if (d.names.empty()) out << ",x." << j;
+      else out << "," << d.names[j - 1];
+    }
     out << "\n";
     out << "# Adaptation terminated\n";
     out << fmt::format("# Step size = {:.9g}\n", d.step_size);

@@ -150,9 +150,9 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
                                num(n, "grads_per_draw"), num(n, "bulk_ess_per_draw"));
     l["break_even_draws_vs_nuts"] = be ? json(*be) : json(nullptr);
   }
-  plot_traces((fs::path(o.output) / "compare_traces.png").string(), traces, trace_dim, 1000,
-              "x." + std::to_string(trace_dim + 1));
-  results["trace_parameter"] = "x." + std::to_string(trace_dim + 1);
+  const std::string trace_name = parameter_labels(*target)[trace_dim];
+  plot_traces((fs::path(o.output) / "compare_traces.png").string(), traces, trace_dim, 1000, trace_name);
+  results["trace_parameter"] = trace_name;
   write_atomically((fs::path(o.output) / "compare.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
   const std::string table = compare_table(results);
   write_atomically((fs::path(o.output) / "compare.md").string(), [&](std::ostream& os) { os << table; });

@@ -80,6 +80,30 @@ torch::Tensor initial_positions(Target& target, const std::string& scheme, int64
   throw UsageError("unknown --init '" + scheme + "' (uniform, exact, zero)");
 }
 
+torch::Tensor finite_starting_points(Target& target, torch::Tensor x0, const std::string& scheme, at::Generator& gen) {
+  // Stan's rule: a random initial point whose log density or gradient is not finite is drawn
+  // again, up to 100 times; a given point is never replaced.
+  auto bad_rows = [&](const torch::Tensor& x) {
+    EnergyGrad eg = target.energy_and_grad(x);
+    return torch::logical_not(torch::isfinite(eg.energy) & torch::isfinite(eg.grad).all(1));
+  };
+  torch::Tensor bad = bad_rows(x0);
+  const bool random = scheme == "uniform" || scheme == "exact";
+  for (int attempt = 0; attempt < 100 && random && bad.any().item<bool>(); ++attempt) {
+    torch::Tensor fresh = initial_positions(target, scheme, x0.size(0), gen);
+    x0 = torch::where(bad.unsqueeze(1), fresh, x0);
+    bad = bad_rows(x0);
+  }
+  if (bad.any().item<bool>()) {
+    const int64_t chain = bad.nonzero()[0][0].item<int64_t>();
+    throw UsageError(fmt::format(
+        "the target's energy or gradient is not finite at the starting point of chain {}{}: give starting points "
+        "inside the support (init_x, or --init zero|exact where they apply)",
+        chain + 1, random ? " after 100 random draws (" + scheme + ")" : ""));
+  }
+  return x0;
+}
+
 double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainState& state, at::Generator& gen,
                                  double start) {
   Kernel& prop = kernel;
@@ -116,6 +140,7 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   Kernel& prop = kernel;
   SampleResult res;
   res.seed = seed;
+  res.names = parameter_labels(target);
 
   torch::Tensor x0;
   if (o.init_x.defined()) {
@@ -126,6 +151,7 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   } else {
     x0 = initial_positions(target, o.init, o.chains, gen);
   }
+  x0 = finite_starting_points(target, x0, o.init_x.defined() ? "" : o.init, gen);
   ChainState state = kernel.init(target, x0);
   const int64_t g_start = target.grad_evals(), e_start = target.energy_evals();
   auto t0 = Clock::now();
@@ -276,9 +302,15 @@ json summarise(const SampleResult& r, Target& target) {
     j["tree_depth_hits"] = (r.tree_depth >= r.max_tree_depth).sum().item<int64_t>();
     j["mean_tree_depth"] = r.tree_depth.to(torch::kFloat64).mean().item<double>();
   }
+  if (r.n_grad_chain.defined()) {
+    // Batched gradient evaluations per step: the busiest chain's count, which the lockstep batch
+    // pays in time; grads_per_step / this is the batch's gradient utilisation.
+    j["batch_grads_per_step"] = r.n_grad.to(torch::kFloat64).mean().item<double>();
+  }
   json params = json::array();
+  const std::vector<std::string> names = parameter_labels(target);
   for (int64_t k = 0; k < d; ++k) {
-    params.push_back({{"name", "x." + std::to_string(k + 1)},
+    params.push_back({{"name", names[k]},
                       {"mean", st.mean[k].item<double>()},
                       {"sd", st.sd[k].item<double>()},
                       {"mcse_mean", st.mcse_mean[k].item<double>()},
@@ -356,8 +388,9 @@ std::string format_summary(const json& j, int64_t rows) {
     const auto& p = j["paper_ess"];
     std::string s = fmt::format("paper ESS (true moments): min {:.4f}/MH step", p["ess_per_step_min"].get<double>());
     if (p.contains("ess_per_grad_min")) s += fmt::format(", {:.4g}/grad", p["ess_per_grad_min"].get<double>());
-    s += fmt::format("; x.1 {:.4f}/step", p["ess_per_step_x1"].get<double>());
-    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; x.2.. min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
+    const std::string first = params.empty() ? "x.1" : params[0]["name"].get<std::string>();
+    s += fmt::format("; {} {:.4f}/step", first, p["ess_per_step_x1"].get<double>());
+    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; the others min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
     line(s);
   }
   if (j.contains("tree_depth_hits")) {
@@ -383,6 +416,7 @@ void write_run(const std::string& directory, const json& config, const SampleRes
     if (r.energy.defined()) cd.energy = r.energy.select(1, k);
     cd.step_size = r.step_size;
     cd.inv_mass = r.inv_mass;
+    cd.names = r.names;
     json cfg = config;
     cfg["chain_id"] = k + 1;
     write_stan_csv((std::filesystem::path(directory) / fmt::format("chain_{}.csv", k + 1)).string(), cfg, cd,

@@ -8,6 +8,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "nmcmc/targets/torchscript.hpp"
 
 #ifndef NMCMC_SOURCE_DATA_DIR
 #define NMCMC_SOURCE_DATA_DIR ""
@@ -179,6 +180,11 @@ std::vector<TargetInfo> builtin_infos() {
       {"gaussian",
        "Gaussian with diagonal covariance: standard normal, or given scales",
        {{"dim", "dimension (2)"}, {"scales", "list of standard deviations (all 1)"}}},
+      {"torchscript",
+       "your density: a TorchScript module, forward(x [C, D]) -> U(x) [C] (see examples/torchscript)",
+       {{"module", "file written by torch.jit.save (--module)"},
+        {"dim", "dimension (the module's 'dim' attribute if it has one)"},
+        {"output", "energy (U(x), default) | log_prob (log p(x)) (--module-output)"}}},
   };
 }
 
@@ -190,7 +196,8 @@ struct Registry {
   Registry() {
     const std::map<std::string, TargetFactory> factories = {
         {"icg", make_icg},     {"scg", make_scg},   {"rotated_icg", make_rotated_icg}, {"funnel", make_funnel},
-        {"moon", make_moon},   {"logistic", make_logistic}, {"gaussian", make_gaussian}};
+        {"moon", make_moon},   {"logistic", make_logistic}, {"gaussian", make_gaussian},
+        {"torchscript", make_torchscript_target}};
     for (auto& info : builtin_infos()) entries.emplace_back(info, factories.at(info.name));
   }
 };

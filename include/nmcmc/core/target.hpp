@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace nmcmc {
 
@@ -53,6 +54,8 @@ class Target {
   virtual torch::Tensor sample(int64_t n, at::Generator& gen) const;
   /// True or reference mean and standard deviation, if known.
   virtual std::optional<Moments> reference_moments() const { return std::nullopt; }
+  /// Names of the D parameters, if the target has them (empty: outputs say x.1 ... x.D).
+  virtual std::vector<std::string> parameter_names() const { return {}; }
 
   const torch::TensorOptions& options() const { return options_; }
   int64_t energy_evals() const { return n_energy_; }
@@ -72,6 +75,9 @@ class Target {
   int64_t n_energy_ = 0;
   int64_t n_grad_ = 0;
 };
+
+/// The D labels of a target's parameters in outputs: its parameter_names(), else x.1 ... x.D.
+std::vector<std::string> parameter_labels(const Target& target);
 
 /// Autograd gradient of an energy function, shared by Target's default and tests.
 EnergyGrad autograd_energy_and_grad(const std::function<torch::Tensor(const torch::Tensor&)>& energy,

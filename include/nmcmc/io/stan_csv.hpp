@@ -19,6 +19,7 @@ struct ChainDraws {
   torch::Tensor energy;        // [S]  NUTS: the Hamiltonian
   double step_size = 0;
   torch::Tensor inv_mass;      // [D], [D, D] or undefined
+  std::vector<std::string> names;  // D parameter names (empty: x.1 ... x.D)
 };
 
 /// Writes one chain's draws atomically. Columns as CmdStan: lp__, accept_stat__, stepsize__,

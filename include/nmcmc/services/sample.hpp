@@ -83,6 +83,7 @@ struct SampleResult {
   int64_t max_tree_depth = 0; // NUTS: the depth limit (hits are reported)
   double step_size = 0;
   torch::Tensor inv_mass;     // [D], [D, D] or undefined
+  std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))
   int64_t grads_warmup = 0, grads_sampling = 0;      // per chain (NUTS: the mean over chains, rounded)
   int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
   double seconds_warmup = 0, seconds_sampling = 0;
@@ -105,6 +106,10 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<n
 
 /// Initial positions [C, D] by the named scheme.
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen);
+/// x0 with every row where the energy or its gradient is not finite drawn again by `scheme`
+/// (uniform or exact; up to 100 times, as Stan); UsageError if any remains (or `scheme` is
+/// neither, e.g. for given points).
+torch::Tensor finite_starting_points(Target& target, torch::Tensor x0, const std::string& scheme, at::Generator& gen);
 /// Stan's heuristic: doubles or halves eps until the mean accept probability crosses 0.5.
 double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainState& state, at::Generator& gen,
                                  double start);

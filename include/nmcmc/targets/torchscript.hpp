@@ -1,0 +1,58 @@
+#pragma once
+/// A density written by the user in PyTorch: a TorchScript module whose forward maps x [C, D]
+/// to the energy U(x) [C] (or, with output "log_prob", to log p(x) [C]).
+///
+/// Spec: {"name": "torchscript", "module": "energy.pt", "dim": D?, "output": "energy"|"log_prob"}.
+/// The module may carry, as attributes:
+///   dim: int                 the dimension (else "dim" is required in the spec)
+///   names: List[str]         parameter names for the outputs (else x.1 ... x.D)
+///   ref_mean, ref_sd: Tensor [D] (or List[float]): reference moments (then the paper's ESS is reported)
+/// Before anything runs the module is checked on a small batch (make_torchscript_target): an
+/// exception inside it, a wrong output shape or dtype, or an output that does not depend on x
+/// differentiably is a UsageError naming the module. NaN or infinite energies elsewhere are not
+/// errors: the kernels reject such proposals and count them as divergences.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nmcmc/core/target.hpp"
+
+namespace torch::jit {
+struct Module;
+}
+
+namespace nmcmc {
+
+class TorchScriptTarget : public Target {
+ public:
+  /// `module` is moved to `options`' device and dtype. `spec` is the complete spec.
+  TorchScriptTarget(std::shared_ptr<torch::jit::Module> module, nlohmann::json spec, int64_t dim, bool log_prob,
+                    std::vector<std::string> names, std::optional<Moments> reference, torch::TensorOptions options);
+  std::string name() const override { return "torchscript"; }
+  int64_t dim() const override { return dim_; }
+  nlohmann::json spec() const override { return spec_; }
+  std::optional<Moments> reference_moments() const override { return reference_; }
+  std::vector<std::string> parameter_names() const override { return names_; }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override;
+
+ private:
+  std::shared_ptr<torch::jit::Module> module_;
+  nlohmann::json spec_;
+  int64_t dim_;
+  bool log_prob_;
+  std::vector<std::string> names_;
+  std::optional<Moments> reference_;
+};
+
+/// The registry's factory for "torchscript" (validates the spec, loads and checks the module).
+std::unique_ptr<Target> make_torchscript_target(const nlohmann::json& spec, torch::TensorOptions options);
+
+/// Keeps a module loaded from bytes (a module scripted in this process, e.g. by the Python
+/// package) and returns the key that a spec's "module" may name instead of a path: "memory:N".
+/// The bytes are what torch.jit.save writes. UsageError if they are not a TorchScript module.
+std::string register_torchscript_module(const std::string& bytes);
+
+}  // namespace nmcmc
