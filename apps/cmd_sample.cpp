@@ -5,9 +5,7 @@
 
 #include "cli.hpp"
 #include "nmcmc/core/errors.hpp"
-#include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/services/sample.hpp"
-#include "nmcmc/version.hpp"
 
 namespace nmcmc::cli {
 
@@ -27,76 +25,33 @@ struct SampleArgs {
   bool adapt_mass = false, no_adapt = false, quiet = false;
 };
 
-json run_config(const SampleArgs& a, const Target& t) {
-  return {{"command", command_line()},
-          {"target", t.spec()},
-          {"sampler", a.sampler},
-          {"leapfrog", a.leapfrog},
-          {"chains", a.chains},
-          {"warmup", a.warmup},
-          {"draws", a.draws},
-          {"seed", a.seed},
-          {"init", a.init},
-          {"adapt_step", !a.no_adapt},
-          {"adapt_mass", a.adapt_mass},
-          {"dtype", a.compute.dtype.value_or("float32")},
-          {"device", a.compute.device},
-          {"threads", torch::get_num_threads()},
-          {"nmcmc_version", NMCMC_VERSION}};
-}
-
 int run(const SampleArgs& a, const CLI::App* cmd) {
-  auto options = a.compute.options();
-  std::unique_ptr<Kernel> kernel;
-  // The metric: --metric, or --adapt-mass (= diag); NUTS adapts a diagonal one by default, as Stan.
-  const bool nuts = a.sampler == "nuts";
-  if (a.metric && a.adapt_mass && *a.metric != "diag") throw UsageError("--adapt-mass means --metric diag");
-  const MetricKind metric = parse_metric(a.metric.value_or(a.adapt_mass || nuts ? "diag" : "unit"));
-  json target_spec = a.target.spec();
-  json model_meta;
-  const bool learned = a.sampler == "learned";
-  if (learned && metric != MetricKind::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
-  if (learned) {
-    if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
-    const bool target_given = TargetArgs::given(cmd);
-    LearnedRun lr = load_learned_run(*a.model, target_given ? std::optional<json>(target_spec) : std::nullopt, options,
-                                     a.compute.dtype.has_value());
-    kernel = std::make_unique<MetropolisHastings>(lr.proposal);
-    target_spec = lr.target_spec;
-    model_meta = lr.meta;
-    options = lr.options;
-  } else {
-    if (a.model) throw UsageError("--model goes with --sampler learned");
-    kernel = make_baseline_kernel(ProposalOptions()
-                                      .set_sampler(a.sampler)
-                                      .set_step_size(a.step_size)
-                                      .set_leapfrog(a.leapfrog)
-                                      .set_jitter(a.jitter)
-                                      .set_max_depth(a.max_depth));
-  }
-  if (a.no_adapt && !a.step_size) throw UsageError("--no-adapt needs --step-size");
-  if (learned && a.step_size) throw UsageError("--step-size does not apply to the learned sampler (its step size is learned)");
-  auto target = make_target(target_spec, options);
-  if (a.output) ensure_directory(*a.output);  // fail before the run, not after
-  RunOptions run;
-  run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(a.init);
-  run.set_adapt_mass(metric != MetricKind::kUnit).set_dense_mass(metric == MetricKind::kDense);
-  // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
-  if (!learned) run.set_adapt_step(!a.no_adapt);
-  run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
+  SampleRequest r;
+  r.sampler = a.sampler;
+  // A learned sampler runs on its model's own target unless one is given (then it must agree).
+  r.target = a.sampler == "learned" && !TargetArgs::given(cmd) ? json() : a.target.spec();
+  r.model = a.model;
+  r.metric = a.metric;
+  r.adapt_mass = a.adapt_mass;
+  r.step_size = a.step_size;
+  r.target_accept = a.target_accept;
+  r.no_adapt = a.no_adapt;
+  r.jitter = a.jitter;
+  r.leapfrog = a.leapfrog;
+  r.max_depth = a.max_depth;
+  r.chains = a.chains;
+  r.warmup = a.warmup;
+  r.draws = a.draws;
+  r.seed = a.seed;
+  r.init = a.init;
+  r.options = a.compute.options();
+  r.dtype_given = a.compute.dtype.has_value();
+  r.output = a.output;
+  r.command = command_line();
   warn_blas();
-  auto result = run_sampler(*target, *kernel, run, a.seed, sample_progress(a.quiet));
-  json summary = summarise(result, *target);
-  std::cout << format_summary(summary, a.rows);
-  if (a.output) {
-    json config = run_config(a, *target);
-    config["adapt_mass"] = run.adapt_mass;
-    if (nuts) config["max_depth"] = a.max_depth;
-    if (metric == MetricKind::kDense || nuts) config["metric"] = metric_name(metric);
-    if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
-    write_run(*a.output, config, result, summary);
-    std::cout << "wrote " << a.chains << " Stan-CSV files and summary.json to " << *a.output << "\n";
-  }
+  SampleOutcome out = sample(r, sample_progress(a.quiet));
+  std::cout << format_summary(out.summary, a.rows);
+  if (a.output) std::cout << "wrote " << a.chains << " Stan-CSV files and summary.json to " << *a.output << "\n";
   return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/training/objective.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
 #include "nmcmc/training/trainer.hpp"

@@ -58,7 +58,13 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
   const json trained_on = meta.at("target");
   if (target_spec) {
     auto probe = make_target(*target_spec, options);
-    if (probe->spec() != trained_on) {
+    // A TorchScript density is the module's content, not its location: a module saved elsewhere
+    // (or passed in memory from Python) is accepted when the rest of the spec (dim, output) agrees.
+    auto comparable = [](json s) {
+      if (s.value("name", "") == "torchscript") s.erase("module");
+      return s;
+    };
+    if (comparable(probe->spec()) != comparable(trained_on)) {
       throw UsageError("model '" + model_path + "' was trained on target " + trained_on.dump() + ", not " +
                        probe->spec().dump());
     }

@@ -75,6 +75,7 @@ std::vector<std::string> module_names(const torch::jit::Module& m, const std::st
   const std::string bad = where_label(where) + ": attribute 'names' must be a List[str] of " + std::to_string(dim) +
                           " distinct names without commas, quotes or spaces";
   if (!v.isList()) throw UsageError(bad);
+  if (v.toListRef().empty()) return {};  // an empty list: no names
   std::vector<std::string> names;
   for (const auto& e : v.toListRef()) {
     if (!e.isString()) throw UsageError(bad);

@@ -134,3 +134,41 @@ namespace nmcmc {
 /// for larger D, the worst `rows` by bulk ESS; then the efficiency lines.
 std::string format_summary(const nlohmann::json& summary, int64_t rows = 8);
 }  // namespace nmcmc
+
+namespace nmcmc {
+
+/// Everything `nmcmc sample` (and the Python package's nmcmc.sample) asks for, as one request:
+/// the sampler, its metric and settings, the run's size, where to write.
+struct SampleRequest {
+  nlohmann::json target;               // spec; null with a model: the model's own target
+  std::string sampler = "hmc";         // rwm | mala | hmc | nuts | learned
+  std::optional<std::string> model;    // checkpoint (learned)
+  std::optional<std::string> metric;   // unit | diag | dense; unset: diag for nuts (as Stan), else unit
+  bool adapt_mass = false;             // = metric diag (the older flag)
+  std::optional<double> step_size, target_accept;
+  bool no_adapt = false;               // keep step_size fixed during warm-up
+  double jitter = 0;
+  int64_t leapfrog = 10, max_depth = 10;
+  int64_t chains = 4, warmup = 1000, draws = 1000;
+  uint64_t seed = 1;
+  std::string init = "uniform";
+  torch::Tensor init_x;                // explicit starting points (overrides init)
+  torch::TensorOptions options;        // dtype and device
+  bool dtype_given = false;            // the learned sampler: else it runs in the dtype it was trained in
+  std::optional<std::string> output;   // directory for Stan-CSV and summary.json
+  std::string command;                 // recorded in the outputs' config
+};
+
+/// A finished request: the draws, their summary, the config written with them, the target.
+struct SampleOutcome {
+  SampleResult result;
+  nlohmann::json summary;
+  nlohmann::json config;
+  std::shared_ptr<Target> target;
+};
+
+/// Validates the request (UsageError), builds the target and kernel, runs, summarises and, with
+/// an output directory (checked before the run), writes it.
+SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress = nullptr);
+
+}  // namespace nmcmc

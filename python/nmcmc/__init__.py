@@ -1,0 +1,387 @@
+"""nmcmc: exact MCMC with the learned, entropy-maximising proposal of Li, Chen and Sommer (2021).
+
+A target is a density p(x) = exp(-U(x)) / Z: a built-in one by name, or your own, written in
+PyTorch::
+
+    import torch, nmcmc
+
+    def energy(x: torch.Tensor) -> torch.Tensor:          # x [C, D] -> U(x) [C]
+        return 0.5 * (x ** 2).sum(-1)
+
+    t = nmcmc.from_function(energy, dim=10)
+    run = nmcmc.sample(t, sampler="nuts", chains=4, warmup=1000, draws=1000)
+    run.draws            # torch.Tensor [draws, chains, D], float64
+    run.summary          # dict: per-parameter mean, sd, ESS, R-hat; ESS per gradient; ...
+
+    model = nmcmc.train(t, steps=2000, batch=256)          # the learned sampler
+    run = nmcmc.sample(t, sampler="learned", model=model)
+    nmcmc.compare(t, model=model)                          # against NUTS, HMC, MALA
+
+Everything runs in nmcmc's C++ core (the same code as the `nmcmc` command); tensors are shared
+with PyTorch without copies. Errors in what you pass raise ValueError with one clear message.
+"""
+import io as _io
+import json as _json
+import os as _os
+import shutil as _shutil
+import sys as _sys
+import tempfile as _tempfile
+import time as _time
+from typing import List as _List, Optional as _Optional
+
+import torch  # before _nmcmc: it loads the LibTorch both share
+
+from . import _nmcmc as _C
+
+__version__ = _C.version()
+__all__ = ["Target", "target", "from_module", "from_function", "targets", "sample", "Run", "train", "Model",
+           "compare", "UsageError", "DataError"]
+
+UsageError = _C.UsageError
+DataError = _C.DataError
+
+
+def _dtype_name(dtype) -> _Optional[str]:
+    if dtype is None:
+        return None
+    if dtype in (torch.float32, "float32"):
+        return "float32"
+    if dtype in (torch.float64, "float64"):
+        return "float64"
+    raise ValueError(f"nmcmc: dtype must be float32 or float64, not {dtype!r}")
+
+
+class Target:
+    """A density nmcmc can sample. Build one with target(), from_module() or from_function()."""
+
+    def __init__(self, spec: dict, dtype="float32", device="cpu"):
+        if not isinstance(spec, dict):
+            raise ValueError("nmcmc: a target spec is a dict with a 'name' (see nmcmc.targets())")
+        self._device = str(device)
+        self._dtype = _dtype_name(dtype)
+        self._t = _C.make_target(_json.dumps(spec), self._dtype, self._device)
+        self._keep = None  # what must outlive this target (a scripted module)
+
+    @property
+    def spec(self) -> dict:
+        """The complete spec: recreates the target (and is what outputs and checkpoints record)."""
+        return _json.loads(self._t.spec)
+
+    @property
+    def name(self) -> str:
+        return self._t.name
+
+    @property
+    def dim(self) -> int:
+        return self._t.dim
+
+    @property
+    def names(self) -> _List[str]:
+        """Parameter names (x.1 ... x.D unless the target names them)."""
+        return list(self._t.names)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float64 if self._dtype == "float64" else torch.float32
+
+    @property
+    def reference_moments(self):
+        """(mean, sd) as float64 tensors [D], or None."""
+        return self._t.reference_moments
+
+    def energy(self, x: torch.Tensor) -> torch.Tensor:
+        """U(x) for x [C, D] (in the target's dtype) -> [C]."""
+        return self._t.energy(x)
+
+    def energy_and_grad(self, x: torch.Tensor):
+        """(U(x) [C], dU/dx [C, D])."""
+        return self._t.energy_and_grad(x)
+
+    def __repr__(self):
+        return f"nmcmc.Target({_json.dumps(self.spec)}, dtype={self._dtype})"
+
+
+def targets() -> _List[dict]:
+    """Every target nmcmc knows: name, description, options."""
+    return _json.loads(_C.targets())
+
+
+def target(name: str, dtype="float32", device="cpu", **options) -> Target:
+    """A built-in target by name, e.g. target("funnel", dim=100, sigma=1.0),
+    target("logistic", dataset="german"); see targets() for the options."""
+    return Target(dict(name=name, **options), dtype=dtype, device=device)
+
+
+def from_module(module, dim: _Optional[int] = None, output: str = "energy", dtype="float32",
+                device="cpu") -> Target:
+    """Your density as a TorchScript module: forward(x [C, D]) -> U(x) [C] (output="energy") or
+    log p(x) [C] (output="log_prob"). `module` is a torch.nn.Module (scripted here), a
+    torch.jit.ScriptModule, or the path of a file written by torch.jit.save. The module may carry
+    `dim`, `names` (List[str]) and reference moments `ref_mean`, `ref_sd` as attributes."""
+    spec = {"name": "torchscript", "output": output}
+    if dim is not None:
+        spec["dim"] = int(dim)
+    keep = None
+    if isinstance(module, (str, _os.PathLike)):
+        spec["module"] = _os.fspath(module)
+    else:
+        if not isinstance(module, torch.jit.ScriptModule):
+            if not isinstance(module, torch.nn.Module):
+                raise ValueError("nmcmc.from_module: give a torch.nn.Module, a ScriptModule or a path; "
+                                 "for a plain function use nmcmc.from_function")
+            try:
+                module = torch.jit.script(module)
+            except Exception as e:  # TorchScript's own message says where and why
+                raise ValueError(f"nmcmc.from_module: TorchScript cannot compile this module:\n{e}") from None
+        buf = _io.BytesIO()
+        torch.jit.save(module, buf)
+        spec["module"] = _C.register_module(buf.getvalue())
+        keep = module
+    t = Target(spec, dtype=dtype, device=device)
+    t._keep = keep
+    return t
+
+
+def from_function(fn, dim: int, names: _Optional[_List[str]] = None, output: str = "energy",
+                  dtype="float32", device="cpu") -> Target:
+    """Your density as a plain Python function fn(x [C, D]) -> U(x) [C] that TorchScript can
+    compile (type-annotated tensors, torch operations). Raises ValueError with TorchScript's
+    message when it cannot."""
+    try:
+        scripted = torch.jit.script(fn)
+    except Exception as e:
+        raise ValueError(f"nmcmc.from_function: TorchScript cannot compile {getattr(fn, '__name__', fn)!r} "
+                         f"(write it with torch operations on tensors, annotate non-tensor arguments):\n{e}") from None
+    if names is not None:
+        names = [str(n) for n in names]
+
+    class _Function(torch.nn.Module):
+        dim: int
+        names: _List[str]
+
+        def __init__(self):
+            super().__init__()
+            self.dim = int(dim)
+            self.names = names if names is not None else []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return scripted(x)
+
+    try:
+        module = torch.jit.script(_Function())
+    except Exception as e:
+        raise ValueError(f"nmcmc.from_function: TorchScript cannot compile a module around {fn!r}:\n{e}") from None
+    return from_module(module, dim=dim, output=output, dtype=dtype, device=device)
+
+
+class _Progress:
+    """One progress line on stderr: phase, done/total, accept, step size, rate and ETA."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and _sys.stderr is not None
+        self.last = 0.0
+        self.tty = bool(getattr(_sys.stderr, "isatty", lambda: False)())
+
+    def __call__(self, p: dict):
+        if not self.enabled:
+            return
+        if "message" in p:
+            print(p["message"], file=_sys.stderr)
+            return
+        now = _time.monotonic()
+        done, total = p.get("iteration", p.get("step", 0)), p["total"]
+        final = done >= total
+        if not final and now - self.last < (0.25 if self.tty else 10.0):
+            return
+        self.last = now
+        rate = done / p["elapsed"] if p["elapsed"] > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else 0.0
+        label = p.get("phase", "training")
+        stats = f"accept {p['accept']:.3f}"
+        stats += f"  step {p['step_size']:.3g}" if "step_size" in p else f"  beta {p['beta']:.3g}  eps {p['eps']:.3g}"
+        line = f"[{label}] {done}/{total} {100.0 * done / max(total, 1):3.0f}%  {stats}  {rate:.1f} it/s  ETA {eta:.0f} s"
+        end = "\n" if final or not self.tty else ""
+        print(("\r" if self.tty else "") + line + "\x1b[K" * self.tty, end=end, file=_sys.stderr, flush=True)
+
+
+class Run:
+    """A finished sampling run. Tensors are CPU float64 unless noted, shaped [draws, chains, ...]."""
+
+    def __init__(self, d: dict):
+        self.draws: torch.Tensor = d["draws"]            # [S, C, D]
+        self.lp: torch.Tensor = d["lp"]                  # [S, C]: -U(x)
+        self.accept_stat: torch.Tensor = d["accept_stat"]
+        self.divergent: torch.Tensor = d["divergent"]    # bool
+        self.n_grad: torch.Tensor = d["n_grad"]          # int64: gradients each chain spent per draw
+        self.tree_depth: _Optional[torch.Tensor] = d.get("tree_depth")  # NUTS
+        self.energy: _Optional[torch.Tensor] = d.get("energy")          # NUTS: the Hamiltonian
+        self.inv_mass: _Optional[torch.Tensor] = d.get("inv_mass")
+        self.step_size: float = d["step_size"]
+        self.names: _List[str] = list(d["names"])
+        self.summary: dict = _json.loads(d["summary"])
+        self.config: dict = _json.loads(d["config"])
+        self._text = d["summary_text"]
+
+    def __repr__(self):
+        return self._text
+
+    def __str__(self):
+        return self._text
+
+
+def _spec_of(t) -> dict:
+    if isinstance(t, Target):
+        return t.spec
+    if isinstance(t, dict):
+        return t
+    raise ValueError("nmcmc: give a Target (nmcmc.target, from_module, from_function) or a spec dict")
+
+
+def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int = 1000, draws: int = 1000,
+           seed: int = 1, model=None, metric: _Optional[str] = None, step_size: _Optional[float] = None,
+           target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
+           max_depth: int = 10, jitter: float = 0.0, init: str = "uniform", init_x: _Optional[torch.Tensor] = None,
+           dtype=None, device="cpu", output: _Optional[str] = None, progress: bool = True) -> Run:
+    """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
+    `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
+    metric="unit" | "diag" | "dense", diag by default for NUTS), then `draws` per chain.
+    With `output` a directory, also writes Stan-CSV files and summary.json there.
+    Ctrl-C raises KeyboardInterrupt."""
+    if sampler == "learned":
+        if model is None:
+            raise ValueError("nmcmc.sample: sampler='learned' needs model= (from nmcmc.train or nmcmc.Model.load)")
+        model_path = model.path if isinstance(model, Model) else _os.fspath(model)
+    elif model is not None:
+        raise ValueError("nmcmc.sample: model= goes with sampler='learned'")
+    else:
+        model_path = None
+    if target is None and sampler != "learned":
+        raise ValueError("nmcmc.sample: give a target")
+    if dtype is None and isinstance(target, Target) and sampler != "learned":
+        dtype = target._dtype
+    request = {
+        "target": None if target is None else _spec_of(target), "sampler": sampler, "model": model_path,
+        "metric": metric, "step_size": step_size, "target_accept": target_accept, "no_adapt": not adapt_step,
+        "jitter": float(jitter), "leapfrog": int(leapfrog), "max_depth": int(max_depth), "chains": int(chains),
+        "warmup": int(warmup), "draws": int(draws), "seed": int(seed), "init": init, "dtype": _dtype_name(dtype),
+        "device": str(device), "output": None if output is None else _os.fspath(output),
+    }
+    return Run(_C.sample(_json.dumps(request), init_x, _Progress(progress)))
+
+
+class Model:
+    """A trained learned sampler: a checkpoint file and what it records (target, options, log)."""
+
+    def __init__(self, path: str):
+        self.path = _os.fspath(path)
+        self.meta: dict = _json.loads(_C.model_meta(self.path))  # ValueError if it is not a model
+
+    @classmethod
+    def load(cls, path) -> "Model":
+        return cls(path)
+
+    def save(self, path) -> "Model":
+        """Copies the checkpoint to `path` (atomically) and returns the model at its new place."""
+        path = _os.fspath(path)
+        tmp = path + ".tmp"
+        _shutil.copyfile(self.path, tmp)
+        _os.replace(tmp, path)
+        self.path = path
+        return self
+
+    @property
+    def target_spec(self) -> dict:
+        return self.meta["target"]
+
+    @property
+    def steps(self) -> int:
+        return int(self.meta["step"])
+
+    def __repr__(self):
+        return f"nmcmc.Model({self.path!r}, trained {self.steps} steps on {_json.dumps(self.target_spec)})"
+
+
+def _load_config(config) -> dict:
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return _json.loads(_json.dumps(config))
+    with open(_os.fspath(config)) as f:
+        try:
+            return _json.load(f)
+        except ValueError as e:
+            raise ValueError(f"nmcmc.train: {config} is not valid JSON: {e}") from None
+
+
+def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Optional[int] = None,
+          model: _Optional[dict] = None, options: _Optional[dict] = None, dtype=None, device="cpu",
+          output: _Optional[str] = None, resume: bool = False, progress: bool = True) -> Model:
+    """Trains the learned sampler on `target` and returns the Model.
+
+    config: a training config (dict or the path of a configs/*.json file) whose "target", "model"
+    (network: variant, hidden, ...) and "train" (steps, batch, lr, ...) sections are the starting
+    point; `target`, `steps`, `batch`, `model` and `options` (more "train" keys) override them.
+    output: the checkpoint's path (a temporary file if not given; Model.save copies it).
+    resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves."""
+    cfg = _load_config(config)
+    if target is not None:
+        cfg["target"] = _spec_of(target)
+        if dtype is None and isinstance(target, Target):
+            dtype = target._dtype
+    if "target" not in cfg:
+        raise ValueError("nmcmc.train: give a target (or a config with one)")
+    cfg.setdefault("name", cfg["target"].get("name", "model"))
+    cfg.setdefault("model", {})
+    cfg.setdefault("train", {})
+    if model:
+        cfg["model"].update(model)
+    if options:
+        cfg["train"].update(options)
+    if steps is not None:
+        cfg["train"]["steps"] = int(steps)
+    if batch is not None:
+        cfg["train"]["batch"] = int(batch)
+    if dtype is not None:
+        cfg["dtype"] = _dtype_name(dtype)
+    if output is None:
+        output = _os.path.join(_tempfile.mkdtemp(prefix="nmcmc-"), "model.pt")
+    output = _os.fspath(output)
+    log = _os.path.splitext(output)[0] + ".log.csv"
+    result = _C.train(_json.dumps(cfg), output, log, bool(resume), str(device), _Progress(progress))
+    m = Model(output)
+    m.log_path = log
+    m.training = result
+    if result["interrupted"]:
+        print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "
+              f"(resume=True continues it)", file=_sys.stderr)
+    return m
+
+
+def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: int = 1000, draws: int = 1000,
+            seed: int = 1, dtype: str = "float32", hmc_leapfrog: int = 10, output: _Optional[str] = None,
+            progress: bool = True) -> dict:
+    """Runs NUTS, HMC, MALA and (with `model`, or `config` to train one first) the learned sampler
+    on the same target with the same chains, warm-up and draws; returns what compare.json holds
+    (per sampler: accept, gradients per draw, ESS per draw, per gradient and per second, R-hat,
+    divergences; the learned sampler's break-even against NUTS). result["table"] is the markdown
+    table. Writes compare.json, compare.md and the trace figure into `output` (a temporary
+    directory if not given)."""
+    if isinstance(model, Model):
+        model = model.path
+    if isinstance(config, dict):
+        tmpdir = _tempfile.mkdtemp(prefix="nmcmc-")
+        path = _os.path.join(tmpdir, "config.json")
+        with open(path, "w") as f:
+            _json.dump(config, f)
+        config = path
+    if output is None:
+        output = _tempfile.mkdtemp(prefix="nmcmc-compare-")
+    opts = {"target": None if target is None else _spec_of(target),
+            "model": None if model is None else _os.fspath(model),
+            "config": None if config is None else _os.fspath(config), "output": _os.fspath(output),
+            "chains": int(chains), "warmup": int(warmup), "draws": int(draws), "seed": int(seed),
+            "dtype": _dtype_name(dtype), "hmc_leapfrog": int(hmc_leapfrog)}
+    result = _json.loads(_C.compare(_json.dumps(opts), _Progress(progress)))
+    result["table"] = _C.compare_table(_json.dumps(result))
+    result["output"] = _os.fspath(output)
+    return result

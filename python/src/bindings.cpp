@@ -1,0 +1,251 @@
+// The Python package's C++ half (`nmcmc._nmcmc`): thin bindings over the services, built with
+// pybind11 against the same LibTorch as python3-torch, so tensors cross without copies.
+// Structured values cross as JSON text; python/nmcmc/__init__.py is the API users see.
+#include <torch/extension.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "nmcmc/nmcmc.hpp"
+#include "nmcmc/services/compare.hpp"
+#include "nmcmc/targets/torchscript.hpp"
+#include "nmcmc/version.hpp"
+
+namespace py = pybind11;
+using json = nlohmann::json;
+
+namespace {
+
+torch::TensorOptions tensor_options(const std::string& dtype, const std::string& device) {
+  torch::TensorOptions o;
+  if (dtype == "float32") o = o.dtype(torch::kFloat32);
+  else if (dtype == "float64") o = o.dtype(torch::kFloat64);
+  else throw nmcmc::UsageError("dtype must be float32 or float64, not '" + dtype + "'");
+  try {
+    return o.device(torch::Device(device));
+  } catch (const c10::Error&) {
+    throw nmcmc::UsageError("unknown device '" + device + "' (cpu, cuda, cuda:N)");
+  }
+}
+
+/// Calls `report` (a Python callable or None) with a dict, holding the GIL, and turns a pending
+/// Ctrl-C into KeyboardInterrupt (thrown through the C++ run as error_already_set).
+struct PythonHook {
+  py::object report;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  void check_signals() {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  void call(py::dict d) {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (!report.is_none()) report(d);
+  }
+};
+
+py::dict sample(const std::string& request_json, std::optional<torch::Tensor> init_x, py::object report) {
+  json j = json::parse(request_json);
+  nmcmc::SampleRequest r;
+  r.target = j.value("target", json());
+  r.sampler = j.at("sampler").get<std::string>();
+  if (!j["model"].is_null()) r.model = j["model"].get<std::string>();
+  if (!j["metric"].is_null()) r.metric = j["metric"].get<std::string>();
+  if (!j["step_size"].is_null()) r.step_size = j["step_size"].get<double>();
+  if (!j["target_accept"].is_null()) r.target_accept = j["target_accept"].get<double>();
+  r.no_adapt = j.at("no_adapt").get<bool>();
+  r.jitter = j.at("jitter").get<double>();
+  r.leapfrog = j.at("leapfrog").get<int64_t>();
+  r.max_depth = j.at("max_depth").get<int64_t>();
+  r.chains = j.at("chains").get<int64_t>();
+  r.warmup = j.at("warmup").get<int64_t>();
+  r.draws = j.at("draws").get<int64_t>();
+  r.seed = j.at("seed").get<uint64_t>();
+  r.init = j.at("init").get<std::string>();
+  r.dtype_given = !j["dtype"].is_null();
+  r.options = tensor_options(j["dtype"].is_null() ? "float32" : j["dtype"].get<std::string>(), j.at("device").get<std::string>());
+  if (!j["output"].is_null()) r.output = j["output"].get<std::string>();
+  r.command = "python: nmcmc.sample";
+  if (init_x) r.init_x = *init_x;
+  PythonHook hook{report};
+  nmcmc::SampleOutcome out;
+  {
+    py::gil_scoped_release release;
+    out = nmcmc::sample(r, [&](const nmcmc::Progress& p) {
+      py::gil_scoped_acquire gil;
+      py::dict d;
+      d["phase"] = p.phase;
+      d["iteration"] = p.iteration;
+      d["total"] = p.total;
+      d["accept"] = p.accept;
+      d["step_size"] = p.step_size;
+      d["elapsed"] = p.elapsed;
+      hook.call(d);
+    });
+  }
+  const nmcmc::SampleResult& s = out.result;
+  py::dict d;
+  d["draws"] = s.draws;
+  d["lp"] = s.lp;
+  d["accept_stat"] = s.accept_stat;
+  d["divergent"] = s.divergent;
+  d["n_grad"] = s.n_grad_chain.defined() ? s.n_grad_chain : s.n_grad.unsqueeze(1).expand({-1, s.lp.size(1)}).contiguous();
+  if (s.tree_depth.defined()) d["tree_depth"] = s.tree_depth;
+  if (s.energy.defined()) d["energy"] = s.energy;
+  if (s.inv_mass.defined()) d["inv_mass"] = s.inv_mass;
+  d["step_size"] = s.step_size;
+  d["names"] = s.names;
+  d["summary"] = out.summary.dump();
+  d["config"] = out.config.dump();
+  d["summary_text"] = nmcmc::format_summary(out.summary);
+  return d;
+}
+
+py::dict train(const std::string& config_json, const std::string& output, const std::string& log_path, bool resume,
+               const std::string& device, py::object report) {
+  nmcmc::TrainConfig cfg = nmcmc::parse_train_config(json::parse(config_json));
+  PythonHook hook{report};
+  bool interrupted_by_signal = false;
+  nmcmc::TrainResult res;
+  {
+    py::gil_scoped_release release;
+    res = nmcmc::train(
+        cfg, torch::Device(device), output, log_path, resume,
+        [&](const nmcmc::TrainProgress& p) {
+          py::gil_scoped_acquire gil;
+          if (report.is_none()) return;
+          py::dict d;
+          d["step"] = p.stats.step;
+          d["total"] = p.total;
+          d["accept"] = p.stats.accept;
+          d["beta"] = p.stats.beta;
+          d["eps"] = p.stats.eps;
+          d["elapsed"] = p.elapsed;
+          report(d);
+        },
+        [&]() {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) {
+            PyErr_Clear();
+            interrupted_by_signal = true;
+            return true;
+          }
+          return false;
+        });
+  }
+  py::dict d;
+  d["steps"] = res.steps;
+  d["seconds"] = res.seconds;
+  d["grads"] = res.grads;
+  d["interrupted"] = res.interrupted || interrupted_by_signal;
+  return d;
+}
+
+std::string compare(const std::string& options_json, py::object report) {
+  json j = json::parse(options_json);
+  nmcmc::CompareOptions o;
+  o.target = j.value("target", json());
+  if (!j["model"].is_null()) o.model = j["model"].get<std::string>();
+  if (!j["config"].is_null()) o.config = j["config"].get<std::string>();
+  o.output = j.at("output").get<std::string>();
+  o.chains = j.at("chains").get<int64_t>();
+  o.warmup = j.at("warmup").get<int64_t>();
+  o.draws = j.at("draws").get<int64_t>();
+  o.seed = j.at("seed").get<uint64_t>();
+  o.dtype = j.at("dtype").get<std::string>();
+  o.hmc_leapfrog = j.at("hmc_leapfrog").get<int64_t>();
+  PythonHook hook{report};
+  json result;
+  {
+    py::gil_scoped_release release;
+    result = nmcmc::compare(
+        o,
+        [&](const std::string& line) {
+          py::gil_scoped_acquire gil;
+          if (!report.is_none()) report(py::dict(py::arg("message") = line));
+        },
+        nullptr, [&](const nmcmc::Progress&) { hook.check_signals(); }, nullptr);
+  }
+  return result.dump();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_nmcmc, m) {
+  m.doc() = "nmcmc's C++ core (use the nmcmc package, not this module)";
+  py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
+  py::register_exception<nmcmc::DataError>(m, "DataError", PyExc_ValueError);
+  py::register_exception<nmcmc::IoError>(m, "IoError", PyExc_OSError);
+
+  m.def("version", [] { return std::string(NMCMC_VERSION); });
+  m.def("torch_version", [] { return std::string(TORCH_VERSION); });
+  m.def("targets", [] {
+    json out = json::array();
+    for (const auto& info : nmcmc::target_catalogue()) {
+      json opts = json::object();
+      for (const auto& [k, v] : info.options) opts[k] = v;
+      out.push_back({{"name", info.name}, {"description", info.description}, {"options", opts}});
+    }
+    return out.dump();
+  });
+  m.def(
+      "register_module",
+      [](py::bytes b) {
+        std::string bytes(b);
+        py::gil_scoped_release release;
+        return nmcmc::register_torchscript_module(bytes);
+      },
+      "keep a TorchScript module (torch.jit.save bytes) in this process; returns its key");
+
+  py::class_<nmcmc::Target, std::shared_ptr<nmcmc::Target>>(m, "Target")
+      .def_property_readonly("name", &nmcmc::Target::name)
+      .def_property_readonly("dim", &nmcmc::Target::dim)
+      .def_property_readonly("spec", [](const nmcmc::Target& t) { return t.spec().dump(); })
+      .def_property_readonly("names", [](const nmcmc::Target& t) { return nmcmc::parameter_labels(t); })
+      .def_property_readonly("has_sampler", &nmcmc::Target::has_sampler)
+      .def_property_readonly("reference_moments",
+                             [](const nmcmc::Target& t) -> py::object {
+                               auto m = t.reference_moments();
+                               if (!m) return py::none();
+                               return py::make_tuple(m->mean, m->sd);
+                             })
+      .def(
+          "energy",
+          [](nmcmc::Target& t, const torch::Tensor& x) {
+            torch::NoGradGuard g;
+            return t.energy(x);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "energy_and_grad",
+          [](nmcmc::Target& t, const torch::Tensor& x) {
+            auto eg = t.energy_and_grad(x);
+            return std::make_tuple(eg.energy, eg.grad);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "sample",
+          [](nmcmc::Target& t, int64_t n, uint64_t seed) {
+            at::Generator gen = nmcmc::make_generator(seed, t.options().device());
+            return t.sample(n, gen);
+          },
+          py::call_guard<py::gil_scoped_release>());
+  m.def("make_target",
+        [](const std::string& spec, const std::string& dtype, const std::string& device) {
+          return std::shared_ptr<nmcmc::Target>(nmcmc::make_target(json::parse(spec), tensor_options(dtype, device)));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sample", &sample, py::arg("request"), py::arg("init_x"), py::arg("report"));
+  m.def("train", &train);
+  m.def("parse_train_config", [](const std::string& j) { return nmcmc::parse_train_config(json::parse(j)).to_json().dump(); });
+  m.def(
+      "model_meta",
+      [](const std::string& path) {
+        auto run = nmcmc::load_learned_run(path, std::nullopt, torch::TensorOptions(), false);
+        return run.meta.dump();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("compare", &compare);
+  m.def("compare_table", [](const std::string& j) { return nmcmc::compare_table(json::parse(j)); });
+  m.def("format_summary", [](const std::string& j, int64_t rows) { return nmcmc::format_summary(json::parse(j), rows); });
+}
