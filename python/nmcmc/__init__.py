@@ -22,6 +22,7 @@ with PyTorch without copies. Errors in what you pass raise ValueError with one c
 """
 import io as _io
 import json as _json
+import math
 import os as _os
 import shutil as _shutil
 import sys as _sys
@@ -51,6 +52,21 @@ def _dtype_name(dtype) -> _Optional[str]:
     raise ValueError(f"nmcmc: dtype must be float32 or float64, not {dtype!r}")
 
 
+def _to_json(value, what: str) -> str:
+    """JSON for the core; a NaN or infinity (which JSON cannot hold) is a ValueError naming it."""
+    def check(v, key):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"nmcmc: {what} '{key}' must be a finite number, got {v}")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                check(x, k)
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                check(x, key)
+    check(value, "")
+    return _json.dumps(value)
+
+
 class Target:
     """A density nmcmc can sample. Build one with target(), from_module() or from_function()."""
 
@@ -59,7 +75,7 @@ class Target:
             raise ValueError("nmcmc: a target spec is a dict with a 'name' (see nmcmc.targets())")
         self._device = str(device)
         self._dtype = _dtype_name(dtype)
-        self._t = _C.make_target(_json.dumps(spec), self._dtype, self._device)
+        self._t = _C.make_target(_to_json(spec, "target option"), self._dtype, self._device)
         self._keep = None  # what must outlive this target (a scripted module)
 
     @property
@@ -266,7 +282,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "warmup": int(warmup), "draws": int(draws), "seed": int(seed), "init": init, "dtype": _dtype_name(dtype),
         "device": str(device), "output": None if output is None else _os.fspath(output),
     }
-    return Run(_C.sample(_json.dumps(request), init_x, _Progress(progress)))
+    return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 
 
 class Model:
@@ -347,7 +363,7 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         output = _os.path.join(_tempfile.mkdtemp(prefix="nmcmc-"), "model.pt")
     output = _os.fspath(output)
     log = _os.path.splitext(output)[0] + ".log.csv"
-    result = _C.train(_json.dumps(cfg), output, log, bool(resume), str(device), _Progress(progress))
+    result = _C.train(_to_json(cfg, "config value"), output, log, bool(resume), str(device), _Progress(progress))
     m = Model(output)
     m.log_path = log
     m.training = result

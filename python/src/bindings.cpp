@@ -176,6 +176,14 @@ PYBIND11_MODULE(_nmcmc, m) {
   py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
   py::register_exception<nmcmc::DataError>(m, "DataError", PyExc_ValueError);
   py::register_exception<nmcmc::IoError>(m, "IoError", PyExc_OSError);
+  // A malformed value in what Python passed (its JSON) is the caller's error too.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const json::exception& e) {
+      PyErr_SetString(PyExc_ValueError, (std::string("nmcmc: ") + e.what()).c_str());
+    }
+  });
 
   m.def("version", [] { return std::string(NMCMC_VERSION); });
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });

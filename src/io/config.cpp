@@ -14,11 +14,22 @@ namespace fs = std::filesystem;
 json read_config_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw DataError("cannot open config '" + path + "'");
+  json config;
   try {
-    return json::parse(in);
+    config = json::parse(in);
   } catch (const json::exception& e) {
     throw DataError("config '" + path + "' is not valid JSON: " + e.what());
   }
+  // A file the target names (a TorchScript module) is relative to the config's own directory.
+  if (config.is_object() && config.contains("target") && config["target"].is_object() &&
+      config["target"].value("name", "") == "torchscript" && config["target"].contains("module") &&
+      config["target"]["module"].is_string()) {
+    const std::string module = config["target"]["module"].get<std::string>();
+    if (module.rfind("memory:", 0) != 0 && std::filesystem::path(module).is_relative()) {
+      config["target"]["module"] = (std::filesystem::path(path).parent_path() / module).lexically_normal().string();
+    }
+  }
+  return config;
 }
 
 void apply_override(json& config, const std::string& assignment) {

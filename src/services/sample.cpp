@@ -335,7 +335,7 @@ json summarise(const SampleResult& r, Target& target) {
   j["ess_bulk_per_step"] = min_bulk / steps;
   j["ess_bulk_per_grad"] = grads_per_step > 0 ? min_bulk / (steps * grads_per_step) : std::nan("");
   j["ess_bulk_per_second"] = min_bulk / r.seconds_sampling;
-  if (auto m = target.reference_moments()) {
+  if (auto m = target.reference_moments(); m && s >= 2) {  // (ESS needs two draws)
     torch::Tensor ratio = paper_ess_ratio(r.draws, m->mean, m->sd);  // ESS / S per dimension
     json p;
     p["convention"] = "L2HMC/A-NICE-MC: known moments, cutoff 0.05, averaged over chains";
