@@ -37,6 +37,12 @@ example: build
 	  cmake --build $(BUILD)/examples/$$e -j$(JOBS); \
 	  (cd $(BUILD)/examples/$$e && ./$$e); \
 	done
+	@py=$$(ls -d $(abspath $(BUILD))/install/lib/python3*/dist-packages 2>/dev/null | head -1); \
+	if [ -n "$$py" ] && [ -d "$$py/nmcmc" ]; then \
+	  cd /tmp && PYTHONPATH=$$py /usr/bin/python3 -c "import nmcmc; t = nmcmc.target('icg', dim=4); \
+	    r = nmcmc.sample(t, 'nuts', chains=2, warmup=100, draws=100, progress=False); \
+	    print('installed Python package nmcmc', nmcmc.__version__, 'from', nmcmc.__file__, '- draws', tuple(r.draws.shape))"; \
+	fi
 
 demo: build
 	$(BUILD)/nmcmc demo --output demo_out

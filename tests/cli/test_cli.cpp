@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <torch/script.h>
+
 #include "nmcmc/io/stan_csv.hpp"
 
 namespace fs = std::filesystem;
@@ -70,6 +72,11 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --target-json '{\"name\":'", 64, "JSON"},
            {"sample --target logistic --data-file /nonexistent.txt", 65, "cannot open"},
            {"sample --target logistic --data-file " + bad_data, 65, "not a finite number"},
+           {"sample --module /nonexistent.pt", 64, "does not exist"},
+           {"sample --module " + bad_data, 64, "is not a TorchScript module"},
+           {"sample --target icg --module " + bad_data, 64, "--module goes with --target torchscript"},
+           {"sample --module-output log_prob", 64, "--module-output goes with --module"},
+           {"sample --target torchscript", 64, "give the module file"},
        }) {
     std::string out_dir = ::testing::TempDir() + "cli_bad_out";
     fs::remove_all(out_dir);
@@ -280,4 +287,31 @@ TEST(Cli, NutsWritesCmdStanColumnsAndTreeStatistics) {
     CliRun b = run(std::string(bad) + " --draws 5 --warmup 5 --quiet");
     EXPECT_EQ(b.code, 64) << bad << "\n" << b.out;
   }
+}
+
+TEST(Cli, TorchScriptModuleWithNamesAndBadModules) {
+  // Modules built here (no Python): a named 2-d Gaussian, and one that sums the whole batch.
+  const std::string dir = ::testing::TempDir() + "cli_torchscript";
+  fs::create_directories(dir);
+  {
+    torch::jit::Module m("named");
+    m.register_attribute("dim", c10::IntType::get(), int64_t{2});
+    m.register_attribute("names", c10::ListType::ofStrings(), c10::List<std::string>({"alpha", "beta"}));
+    m.define("def forward(self, x):\n    return 0.5 * (x * x).sum(-1)\n");
+    m.save(dir + "/named.pt");
+    torch::jit::Module b("scalar");
+    b.define("def forward(self, x):\n    return (x * x).sum()\n");
+    b.save(dir + "/scalar.pt");
+  }
+  fs::remove_all(dir + "/run");
+  CliRun r = run("sample --module " + dir + "/named.pt --sampler nuts --chains 2 --warmup 50 --draws 20 -q -o " + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("alpha"), std::string::npos) << r.out;
+  nmcmc::StanCsv csv = nmcmc::read_stan_csv(dir + "/run/chain_1.csv");
+  EXPECT_EQ(csv.columns[csv.columns.size() - 2], "alpha");
+  EXPECT_EQ(csv.columns.back(), "beta");
+  CliRun bad = run("sample --module " + dir + "/scalar.pt --dim 2 -q -o " + dir + "/bad");
+  EXPECT_EQ(bad.code, 64) << bad.out;
+  EXPECT_NE(bad.out.find(".sum(-1)"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(dir + "/bad/chain_1.csv"));
 }
