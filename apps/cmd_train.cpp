@@ -16,7 +16,9 @@ namespace fs = std::filesystem;
 namespace {
 
 struct TrainArgs {
-  std::string config, output;
+  std::optional<std::string> config;
+  std::string output;
+  TargetArgs target;
   std::optional<std::string> log;
   std::vector<std::string> sets;
   std::optional<int64_t> steps, batch;
@@ -26,8 +28,13 @@ struct TrainArgs {
   ComputeArgs compute;
 };
 
-int run(const TrainArgs& a) {
-  json cfg = read_config_file(a.config);
+int run(const TrainArgs& a, const CLI::App* cmd) {
+  const bool target_given = TargetArgs::given(cmd);
+  if (!a.config && !target_given) throw UsageError("give --config FILE, or a target (--target ..., --module FILE)");
+  // A config, or the defaults of the model and training options; target options replace its target.
+  json cfg = a.config ? read_config_file(*a.config) : json{{"model", json::object()}, {"train", json::object()}};
+  if (target_given) cfg["target"] = a.target.spec();
+  if (!cfg.contains("name") && cfg.contains("target") && cfg["target"].is_object()) cfg["name"] = cfg["target"].value("name", "model");
   if (a.steps) cfg["train"]["steps"] = *a.steps;
   if (a.batch) cfg["train"]["batch"] = *a.batch;
   if (a.lr) cfg["train"]["lr"] = *a.lr;
@@ -58,7 +65,8 @@ int run(const TrainArgs& a) {
 Command add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "train the learned sampler (resumable; checkpoints written atomically)");
-  cmd->add_option("--config,-c", a->config, "configuration JSON (see configs/)")->required();
+  cmd->add_option("--config,-c", a->config, "configuration JSON (see configs/); or give a target and train with the defaults");
+  a->target.add(cmd);
   cmd->add_option("--output,-o", a->output, "checkpoint file to write")->required();
   cmd->add_option("--log", a->log, "training log CSV (default: OUTPUT without extension + .log.csv)");
   cmd->add_option("--steps", a->steps, "override train.steps");
@@ -70,7 +78,7 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
   a->compute.add(cmd, "float32 | float64 (default: the config's)");
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
-  return {cmd, [a] { return run(*a); }};
+  return {cmd, [a, cmd] { return run(*a, cmd); }};
 }
 
 }  // namespace nmcmc::cli
