@@ -49,9 +49,21 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
   r.output = a.output;
   r.command = command_line();
   warn_blas();
+  install_stop_handler();
+  r.should_stop = stop_requested;
   SampleOutcome out = sample(r, sample_progress(a.quiet));
+  if (out.summary.is_null()) {
+    std::cerr << "\nnmcmc: interrupted during warm-up; nothing was drawn or written\n";
+    return 130;
+  }
   std::cout << format_summary(out.summary, a.rows);
   if (a.output) std::cout << "wrote " << a.chains << " Stan-CSV files and summary.json to " << *a.output << "\n";
+  if (!out.result.complete) {
+    std::cerr << "\nnmcmc: interrupted after " << out.result.draws.size(0) << " of " << a.draws
+              << " draws; the summary above and the files" << (a.output ? " (marked complete = false)" : "")
+              << " hold what was drawn\n";
+    return 130;
+  }
   return 0;
 }
 

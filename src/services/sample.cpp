@@ -5,6 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <cstdlib>
+#include <unistd.h>
+#include <fcntl.h>
+#include <limits>
+#include <fstream>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
@@ -18,6 +23,7 @@
 namespace nmcmc {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& o) {
@@ -134,12 +140,83 @@ double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainStat
   return eps;
 }
 
+namespace {
+constexpr double kStateCopiesPerChain = 32;  // [C, D] tensors a kernel keeps alive (NUTS's trees: ~20)
+constexpr double kStatBytesPerDraw = 48;     // lp, accept, divergent, n_grad, tree depth, energy per chain
+
+/// A float64 tensor backed by a scratch file that is unlinked at once: the kernel pages it out
+/// as needed and frees the space when the tensor goes.
+torch::Tensor disk_backed_tensor(torch::IntArrayRef shape, const std::string& directory) {
+  fs::path dir = directory.empty() ? fs::temp_directory_path() : fs::path(directory);
+  std::string pattern = (dir / "nmcmc-draws-XXXXXX").string();
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) throw IoError("cannot create a scratch file for the draws in '" + dir.string() + "'");
+  int64_t numel = 1;
+  for (int64_t n : shape) numel *= n;
+  const bool sized = ::ftruncate(fd, static_cast<off_t>(numel * 8)) == 0;
+  ::close(fd);
+  if (!sized) {
+    fs::remove(name.data());
+    throw IoError("cannot size the scratch file for the draws in '" + dir.string() + "'");
+  }
+  torch::Tensor t = at::from_file(name.data(), /*shared=*/true, numel, torch::TensorOptions().dtype(torch::kFloat64));
+  fs::remove(name.data());  // the mapping keeps the data; nothing is left behind
+  return t.view(shape);
+}
+
+double available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024.0;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(int64_t{1} << 30)); }
+}  // namespace
+
+RunFootprint estimate_footprint(const RunOptions& o, int64_t dim, int64_t dtype_bytes) {
+  const double c = static_cast<double>(o.chains), s = static_cast<double>(o.draws), d = static_cast<double>(dim);
+  RunFootprint f;
+  f.memory_bytes = kStateCopiesPerChain * c * d * static_cast<double>(dtype_bytes) + kStatBytesPerDraw * s * c;
+  const double draws = o.keep_draws ? s * c * d * 8.0 : 0.0;
+  if (draws > static_cast<double>(o.draws_in_memory_limit) && o.draws_in_memory_limit > 0) f.disk_bytes = draws;
+  else f.memory_bytes += draws;
+  return f;
+}
+
+void check_footprint(const RunOptions& o, int64_t dim, int64_t dtype_bytes) {
+  const RunFootprint f = estimate_footprint(o, dim, dtype_bytes);
+  const double mem = available_memory_bytes();
+  if (f.memory_bytes > mem) {
+    throw UsageError(fmt::format(
+        "this run needs about {} of memory ({} chains x {} dimensions of sampler state, {} draws of statistics per "
+        "chain) but {} is available: use fewer chains or draws",
+        gib(f.memory_bytes), o.chains, dim, o.draws, gib(mem)));
+  }
+  if (f.disk_bytes > 0) {
+    std::error_code ec;
+    const fs::path dir = o.scratch_directory.empty() ? fs::temp_directory_path() : fs::path(o.scratch_directory);
+    const auto space = fs::space(dir, ec);
+    if (!ec && static_cast<double>(space.available) < f.disk_bytes) {
+      throw UsageError(fmt::format("the draws need {} of scratch disk in '{}' but {} is free: use fewer draws or chains",
+                                   gib(f.disk_bytes), dir.string(), gib(static_cast<double>(space.available))));
+    }
+  }
+}
+
 SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed,
                          const ProgressFn& progress) {
   if (o.chains < 1) throw UsageError("--chains must be at least 1");
   if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
   if (o.draws < 1) throw UsageError("--draws must be at least 1");
   if (!(o.target_accept > 0 && o.target_accept < 1)) throw UsageError("--target-accept must be in (0, 1)");
+  check_footprint(o, target.dim(), static_cast<int64_t>(c10::elementSize(target.options().dtype().toScalarType())));
   torch::NoGradGuard no_grad;
   const auto device = target.options().device();
   at::Generator gen = make_generator(seed, device);
@@ -147,6 +224,8 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   SampleResult res;
   res.seed = seed;
   res.names = parameter_labels(target);
+  res.draws_planned = o.draws;
+  auto stop = [&] { return o.should_stop && o.should_stop(); };
 
   torch::Tensor x0;
   if (o.init_x.defined()) {
@@ -197,6 +276,10 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   torch::Tensor acc_sum = torch::zeros({}, state.energy.options());
   torch::Tensor warmup_grads_chain;  // [C] when the kernel reports per-chain counts
   for (int64_t i = 0; i < o.warmup; ++i) {
+    if (stop()) {  // nothing drawn yet: nothing to keep
+      res.complete = false;
+      return res;
+    }
     auto [next, info] = kernel.step(target, state, gen);
     state = std::move(next);
     acc_sum += info.accept_prob.sum();
@@ -233,7 +316,12 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
 
   // ---- sampling: the kernel is frozen ----
   const int64_t s_count = o.draws, c = o.chains, d = target.dim();
-  if (o.keep_draws) res.draws = torch::empty({s_count, c, d}, torch::kFloat64);
+  if (o.keep_draws) {
+    const double bytes = 8.0 * static_cast<double>(s_count) * static_cast<double>(c) * static_cast<double>(d);
+    res.draws = o.draws_in_memory_limit > 0 && bytes > static_cast<double>(o.draws_in_memory_limit)
+                    ? disk_backed_tensor({s_count, c, d}, o.scratch_directory)
+                    : torch::empty({s_count, c, d}, torch::kFloat64);
+  }
   res.lp = torch::empty({s_count, c}, torch::kFloat64);
   res.accept_stat = torch::empty({s_count, c}, torch::kFloat64);
   res.divergent = torch::empty({s_count, c}, torch::kBool);
@@ -242,9 +330,12 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   const int64_t g_mid = target.grad_evals(), e_mid = target.energy_evals();
   acc_sum.zero_();
   t0 = Clock::now();
+  int64_t done = 0;
   for (int64_t i = 0; i < s_count; ++i) {
+    if (stop()) break;
     auto [next, info] = kernel.step(target, state, gen);
     state = std::move(next);
+    done = i + 1;
     if (o.keep_draws) res.draws[i].copy_(state.x);
     res.lp[i].copy_(-state.energy);
     res.accept_stat[i].copy_(info.accept_prob);
@@ -263,6 +354,13 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
     acc_sum += info.accept_prob.sum();
     report("sampling", i + 1, s_count, acc_sum, i + 1, i + 1 == s_count);
   }
+  if (done < s_count) {  // stopped: keep what was drawn
+    res.complete = false;
+    for (torch::Tensor* t : {&res.draws, &res.lp, &res.accept_stat, &res.divergent, &res.n_grad, &res.n_grad_chain,
+                             &res.tree_depth, &res.energy}) {
+      if (t->defined()) *t = t->narrow(0, 0, done);
+    }
+  }
   res.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0).count();
   res.grads_sampling = target.grad_evals() - g_mid;
   res.energies_sampling = target.energy_evals() - e_mid;
@@ -274,26 +372,73 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
 }
 
 namespace {
+/// Parameters per block so that one block of draws [S, C, k] and the summaries' temporaries
+/// (about 8 copies) stay near 256 MiB: the summary of disk-backed draws reads them in blocks.
+int64_t g_block_bytes = int64_t{256} << 20;  // set per call by summarise
+int64_t parameter_block(const torch::Tensor& draws) {
+  const double per_parameter = 8.0 * 8.0 * static_cast<double>(draws.size(0)) * static_cast<double>(draws.size(1));
+  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(g_block_bytes) / per_parameter));
+}
+
+StanSummary blocked_stan_summary(const torch::Tensor& draws) {
+  const int64_t d = draws.size(2), block = parameter_block(draws);
+  if (block >= d) return stan_summary(draws);
+  std::vector<StanSummary> parts;
+  for (int64_t k = 0; k < d; k += block) parts.push_back(stan_summary(draws.narrow(2, k, std::min(block, d - k))));
+  auto cat = [&](torch::Tensor StanSummary::*field) {
+    std::vector<torch::Tensor> v;
+    for (auto& p : parts) v.push_back(p.*field);
+    return torch::cat(v);
+  };
+  StanSummary st;
+  for (auto field : {&StanSummary::mean, &StanSummary::sd, &StanSummary::mcse_mean, &StanSummary::ess_bulk,
+                     &StanSummary::ess_tail, &StanSummary::rhat, &StanSummary::q05, &StanSummary::q50, &StanSummary::q95}) {
+    st.*field = cat(field);
+  }
+  return st;
+}
+
+double blocked_msjd(const torch::Tensor& draws) {
+  const int64_t d = draws.size(2), block = parameter_block(draws);
+  double total = 0;  // |x' - x|^2 sums over parameters, so blocks add up
+  for (int64_t k = 0; k < d; k += block) total += mean_squared_jump(draws.narrow(2, k, std::min(block, d - k)));
+  return total;
+}
+
+torch::Tensor blocked_paper_ess(const torch::Tensor& draws, const Moments& m) {
+  const int64_t d = draws.size(2), block = parameter_block(draws);
+  std::vector<torch::Tensor> v;
+  for (int64_t k = 0; k < d; k += block) {
+    const int64_t n = std::min(block, d - k);
+    v.push_back(paper_ess_ratio(draws.narrow(2, k, n), m.mean.narrow(0, k, n), m.sd.narrow(0, k, n)));
+  }
+  return torch::cat(v);
+}
+
 double finite_min(const torch::Tensor& t) {
   torch::Tensor f = t.masked_select(torch::isfinite(t));
   return f.numel() ? f.min().item<double>() : std::nan("");
 }
 }  // namespace
 
-json summarise(const SampleResult& r, Target& target) {
+json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
+  g_block_bytes = block_bytes;
   TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
+  if (r.draws.size(0) == 0) throw UsageError("no draws to summarise (the run stopped before its first draw)");
   const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
   const double steps = static_cast<double>(s * c);
   // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
   const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
                                                          : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
-  StanSummary st = stan_summary(r.draws);
+  StanSummary st = blocked_stan_summary(r.draws);
   json j;
   j["target"] = target.spec();
   j["chains"] = c;
   j["draws"] = s;
   j["dim"] = d;
   j["seed"] = r.seed;
+  j["complete"] = r.complete;
+  j["draws_planned"] = r.draws_planned;
   j["step_size"] = r.step_size;
   j["accept_rate"] = r.accept_stat.mean().item<double>();
   j["divergences"] = r.divergent.sum().item<int64_t>();
@@ -302,7 +447,7 @@ json summarise(const SampleResult& r, Target& target) {
   j["grads_warmup_per_chain"] = r.grads_warmup;
   j["seconds_warmup"] = r.seconds_warmup;
   j["seconds_sampling"] = r.seconds_sampling;
-  j["msjd"] = mean_squared_jump(r.draws);
+  j["msjd"] = blocked_msjd(r.draws);
   if (r.tree_depth.defined()) {
     j["max_tree_depth"] = r.max_tree_depth;
     j["tree_depth_hits"] = (r.tree_depth >= r.max_tree_depth).sum().item<int64_t>();
@@ -336,7 +481,7 @@ json summarise(const SampleResult& r, Target& target) {
   j["ess_bulk_per_grad"] = grads_per_step > 0 ? min_bulk / (steps * grads_per_step) : std::nan("");
   j["ess_bulk_per_second"] = min_bulk / r.seconds_sampling;
   if (auto m = target.reference_moments(); m && s >= 2) {  // (ESS needs two draws)
-    torch::Tensor ratio = paper_ess_ratio(r.draws, m->mean, m->sd);  // ESS / S per dimension
+    torch::Tensor ratio = blocked_paper_ess(r.draws, *m);  // ESS / S per dimension
     json p;
     p["convention"] = "L2HMC/A-NICE-MC: known moments, cutoff 0.05, averaged over chains";
     p["ess_per_step_min"] = ratio.min().item<double>();

@@ -49,10 +49,13 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
   // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
   if (!learned) run.set_adapt_step(!a.no_adapt);
   run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
+  run.should_stop = a.should_stop;
+  if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
 
   SampleOutcome out;
   out.target = target;
   out.result = run_sampler(*target, *kernel, run, a.seed, progress);
+  if (!out.result.draws.defined() || out.result.draws.size(0) == 0) return out;  // stopped before any draw
   out.summary = summarise(out.result, *target);
   json& config = out.config;
   config = {{"command", a.command},
@@ -72,6 +75,10 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
             {"nmcmc_version", NMCMC_VERSION}};
   if (nuts) config["max_depth"] = a.max_depth;
   if (metric == MetricKind::kDense || nuts) config["metric"] = metric_name(metric);
+  if (!out.result.complete) {
+    config["complete"] = false;
+    config["draws_written"] = out.result.draws.size(0);
+  }
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
   if (a.output) write_run(*a.output, config, out.result, out.summary);
   return out;

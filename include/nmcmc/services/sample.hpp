@@ -50,6 +50,14 @@ struct RunOptions {
   bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
   std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
   torch::Tensor init_x;          // explicit starting points [C', D] (rows cycled); overrides `init`
+  /// Polled between steps: true stops the run. In warm-up nothing is kept (UsageError-free:
+  /// result.complete is false with no draws); in sampling the draws so far are kept.
+  std::function<bool()> should_stop;
+  /// Draws larger than this many bytes live in a memory-mapped scratch file (unlinked at once,
+  /// so nothing is left behind) instead of RAM; the summary reads them a block of parameters at
+  /// a time. 0: always in RAM.
+  int64_t draws_in_memory_limit = int64_t{512} << 20;
+  std::string scratch_directory;   // for that file (empty: the system's temporary directory)
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }
@@ -88,7 +96,19 @@ struct SampleResult {
   int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
   double seconds_warmup = 0, seconds_sampling = 0;
   uint64_t seed = 0;
+  bool complete = true;       // false: stopped early (should_stop); the tensors hold what was drawn
+  int64_t draws_planned = 0;  // the draws per chain that were asked for
 };
+
+/// Bytes of RAM a run needs beyond the target itself (the kernel's per-chain state and the
+/// per-draw statistics; the draws when they stay in RAM), and of scratch disk for the draws.
+struct RunFootprint {
+  double memory_bytes = 0, disk_bytes = 0;
+};
+RunFootprint estimate_footprint(const RunOptions& options, int64_t dim, int64_t dtype_bytes);
+/// UsageError when the footprint exceeds the memory available (/proc/meminfo) or the free space
+/// of the scratch directory, with the numbers and what to change.
+void check_footprint(const RunOptions& options, int64_t dim, int64_t dtype_bytes);
 
 /// A trained learned sampler ready to run: its proposal, the target it was trained on, the
 /// checkpoint's metadata and the tensor options to run it with.
@@ -121,7 +141,9 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
 
 /// Summary statistics of a run: per-parameter Stan summary, ESS per step/gradient/second,
 /// accept rate, divergences, MSJD, and (when the target has reference moments) the paper's ESS.
-nlohmann::json summarise(const SampleResult& result, Target& target);
+/// The draws are read a block of parameters at a time, each block about `block_bytes` with its
+/// temporaries (so disk-backed draws of any size are summarised within memory).
+nlohmann::json summarise(const SampleResult& result, Target& target, int64_t block_bytes = int64_t{256} << 20);
 
 /// Writes one Stan CSV per chain (chain_1.csv ...) and summary.json into `directory`.
 void write_run(const std::string& directory, const nlohmann::json& config, const SampleResult& result,
@@ -157,6 +179,7 @@ struct SampleRequest {
   bool dtype_given = false;            // the learned sampler: else it runs in the dtype it was trained in
   std::optional<std::string> output;   // directory for Stan-CSV and summary.json
   std::string command;                 // recorded in the outputs' config
+  std::function<bool()> should_stop;   // polled between steps (Ctrl-C): the draws so far are kept
 };
 
 /// A finished request: the draws, their summary, the config written with them, the target.
@@ -168,7 +191,10 @@ struct SampleOutcome {
 };
 
 /// Validates the request (UsageError), builds the target and kernel, runs, summarises and, with
-/// an output directory (checked before the run), writes it.
+/// an output directory (checked before the run), writes it. Stopped early (should_stop), the
+/// outcome's result.complete is false; what was drawn is summarised and written, marked
+/// incomplete (summary.json "complete": false, "# complete = false" in every Stan-CSV); stopped
+/// in warm-up, nothing is written and the summary is null.
 SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress = nullptr);
 
 }  // namespace nmcmc
