@@ -330,9 +330,16 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   const int64_t g_mid = target.grad_evals(), e_mid = target.energy_evals();
   acc_sum.zero_();
   t0 = Clock::now();
-  int64_t done = 0;
+  int64_t done = 0, flushed = 0;
+  auto last_flush = Clock::now();
+  if (o.sink && !o.keep_draws) throw UsageError("a draw sink needs keep_draws");
   for (int64_t i = 0; i < s_count; ++i) {
     if (stop()) break;
+    if (o.sink && done > flushed && std::chrono::duration<double>(Clock::now() - last_flush).count() >= 2.0) {
+      o.sink->append(res, flushed, done);  // rows as they are drawn, about every 2 s
+      flushed = done;
+      last_flush = Clock::now();
+    }
     auto [next, info] = kernel.step(target, state, gen);
     state = std::move(next);
     done = i + 1;
@@ -362,12 +369,14 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
     }
   }
   res.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (o.sink && done > flushed) o.sink->append(res, flushed, done);
   res.grads_sampling = target.grad_evals() - g_mid;
   res.energies_sampling = target.energy_evals() - e_mid;
   if (res.n_grad_chain.defined()) {
     // Each chain's own count (the target's counter sees the batch, i.e. the busiest chain).
     res.grads_sampling = std::llround(res.n_grad_chain.to(torch::kFloat64).sum(0).mean().item<double>());
   }
+  if (o.sink) o.sink->finish(res);
   return res;
 }
 
@@ -553,30 +562,84 @@ std::string format_summary(const json& j, int64_t rows) {
   return out;
 }
 
-void write_run(const std::string& directory, const json& config, const SampleResult& r, const json& summary) {
+ChainDraws chain_draws(const SampleResult& r, int64_t k) {
+  ChainDraws cd;
+  cd.x = r.draws.select(1, k);
+  cd.lp = r.lp.select(1, k);
+  cd.accept_stat = r.accept_stat.select(1, k);
+  cd.n_grad = r.n_grad_chain.defined() ? r.n_grad_chain.select(1, k) : r.n_grad;
+  cd.divergent = r.divergent.select(1, k);
+  if (r.tree_depth.defined()) cd.tree_depth = r.tree_depth.select(1, k);
+  if (r.energy.defined()) cd.energy = r.energy.select(1, k);
+  cd.step_size = r.step_size;
+  cd.inv_mass = r.inv_mass;
+  cd.names = r.names;
+  return cd;
+}
+
+void write_run(const std::string& directory, const json& config, const SampleResult& r, const json& summary,
+               bool draws_written) {
   ensure_directory(directory);
   const int64_t c = r.draws.size(1);
-  for (int64_t k = 0; k < c; ++k) {
-    ChainDraws cd;
-    cd.x = r.draws.select(1, k);
-    cd.lp = r.lp.select(1, k);
-    cd.accept_stat = r.accept_stat.select(1, k);
-    cd.n_grad = r.n_grad_chain.defined() ? r.n_grad_chain.select(1, k) : r.n_grad;
-    cd.divergent = r.divergent.select(1, k);
-    if (r.tree_depth.defined()) cd.tree_depth = r.tree_depth.select(1, k);
-    if (r.energy.defined()) cd.energy = r.energy.select(1, k);
-    cd.step_size = r.step_size;
-    cd.inv_mass = r.inv_mass;
-    cd.names = r.names;
+  for (int64_t k = 0; k < c && !draws_written; ++k) {
     json cfg = config;
     cfg["chain_id"] = k + 1;
-    write_stan_csv((std::filesystem::path(directory) / fmt::format("chain_{}.csv", k + 1)).string(), cfg, cd,
-                   r.seconds_warmup, r.seconds_sampling);
+    write_stan_csv((std::filesystem::path(directory) / fmt::format("chain_{}.csv", k + 1)).string(), cfg,
+                   chain_draws(r, k), r.seconds_warmup, r.seconds_sampling);
   }
   json out = summary;
   out["config"] = config;
   write_atomically((std::filesystem::path(directory) / "summary.json").string(),
                    [&](std::ostream& os) { os << out.dump(2) << "\n"; });
+}
+
+StanCsvStream::StanCsvStream(std::string directory, json config)
+    : directory_(std::move(directory)), config_(std::move(config)) {
+  ensure_directory(directory_);
+}
+
+std::string StanCsvStream::path(int64_t chain, bool part) const {
+  return (fs::path(directory_) / fmt::format("chain_{}.csv{}", chain + 1, part ? ".part" : "")).string();
+}
+
+void StanCsvStream::append(const SampleResult& r, int64_t from, int64_t to) {
+  const int64_t c = r.lp.size(1);
+  std::string text;
+  for (int64_t k = 0; k < c; ++k) {
+    ChainDraws cd = chain_draws(r, k);
+    text.clear();
+    if (!started_) {
+      json cfg = config_;
+      cfg["chain_id"] = k + 1;
+      text = stan_csv_header(cfg, cd);
+    }
+    append_stan_csv_rows(text, cd.rows(from, to - from));
+    std::ofstream out(path(k, true), started_ ? std::ios::app : std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.flush();
+    if (!out) throw IoError("cannot write '" + path(k, true) + "'");
+  }
+  started_ = true;
+}
+
+void StanCsvStream::finish(const SampleResult& r) {
+  if (!started_) return;  // nothing drawn
+  const int64_t c = r.lp.size(1);
+  std::string trailer = stan_csv_trailer(r.seconds_warmup, r.seconds_sampling);
+  if (!r.complete) {
+    trailer += fmt::format("# nmcmc: incomplete run: {} of {} draws (interrupted)\n", r.lp.size(0), r.draws_planned);
+  }
+  for (int64_t k = 0; k < c; ++k) {
+    {
+      std::ofstream out(path(k, true), std::ios::app);
+      out << trailer;
+      out.flush();
+      if (!out) throw IoError("cannot write '" + path(k, true) + "'");
+    }
+    std::error_code ec;
+    fs::rename(path(k, true), path(k, false), ec);
+    if (ec) throw IoError("cannot rename '" + path(k, true) + "': " + ec.message());
+  }
 }
 
 }  // namespace nmcmc

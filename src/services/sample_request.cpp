@@ -54,9 +54,6 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
 
   SampleOutcome out;
   out.target = target;
-  out.result = run_sampler(*target, *kernel, run, a.seed, progress);
-  if (!out.result.draws.defined() || out.result.draws.size(0) == 0) return out;  // stopped before any draw
-  out.summary = summarise(out.result, *target);
   json& config = out.config;
   config = {{"command", a.command},
             {"target", target->spec()},
@@ -69,18 +66,28 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
             {"init", a.init_x.defined() ? "given" : a.init},
             {"adapt_step", !a.no_adapt},
             {"adapt_mass", run.adapt_mass},
-            {"dtype", std::string(c10::toString(options.dtype().toScalarType())) == "Double" ? "float64" : "float32"},
+            {"dtype", options.dtype().toScalarType() == torch::kFloat64 ? "float64" : "float32"},
             {"device", options.device().str()},
             {"threads", torch::get_num_threads()},
             {"nmcmc_version", NMCMC_VERSION}};
   if (nuts) config["max_depth"] = a.max_depth;
   if (metric == MetricKind::kDense || nuts) config["metric"] = metric_name(metric);
+  if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
+
+  // With an output directory the Stan-CSV rows go to disk as they are drawn.
+  std::unique_ptr<StanCsvStream> stream;
+  if (a.output) {
+    stream = std::make_unique<StanCsvStream>(*a.output, config);
+    run.sink = stream.get();
+  }
+  out.result = run_sampler(*target, *kernel, run, a.seed, progress);
+  if (!out.result.draws.defined() || out.result.draws.size(0) == 0) return out;  // stopped before any draw
+  out.summary = summarise(out.result, *target);
   if (!out.result.complete) {
     config["complete"] = false;
     config["draws_written"] = out.result.draws.size(0);
   }
-  if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
-  if (a.output) write_run(*a.output, config, out.result, out.summary);
+  if (a.output) write_run(*a.output, config, out.result, out.summary, /*draws_written=*/true);
   return out;
 }
 

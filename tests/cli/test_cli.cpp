@@ -315,3 +315,23 @@ TEST(Cli, TorchScriptModuleWithNamesAndBadModules) {
   EXPECT_NE(bad.out.find(".sum(-1)"), std::string::npos) << bad.out;
   EXPECT_FALSE(fs::exists(dir + "/bad/chain_1.csv"));
 }
+
+TEST(Cli, InterruptedSampleKeepsWhatWasDrawnAndSaysSo) {
+  // SIGINT after 4 s (warm-up is 50 steps): the rows drawn so far are written and marked.
+  const std::string dir = ::testing::TempDir() + "cli_interrupt";
+  fs::remove_all(dir);
+  CliRun r = run_with_prefix("timeout --preserve-status -s INT 4 ",
+                             "sample --target funnel --dim 10 --sampler nuts --chains 2 --warmup 50 --draws 100000000 "
+                             "-q -o " + dir);
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("interrupted after"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(dir + "/chain_2.csv")) << r.out;
+  EXPECT_FALSE(fs::exists(dir + "/chain_1.csv.part"));
+  nmcmc::StanCsv csv = nmcmc::read_stan_csv(dir + "/chain_1.csv");
+  EXPECT_GT(csv.values.size(0), 0);
+  EXPECT_NE(csv.comments.back().find("incomplete run"), std::string::npos);
+  std::ifstream in(dir + "/summary.json");
+  std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(summary.find("\"complete\": false"), std::string::npos);
+  EXPECT_NE(summary.find("\"draws\": " + std::to_string(csv.values.size(0))), std::string::npos);
+}

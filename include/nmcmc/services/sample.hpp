@@ -9,6 +9,7 @@
 #include <string>
 
 #include "nmcmc/kernels/nuts.hpp"
+#include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -34,6 +35,18 @@ std::unique_ptr<Kernel> make_baseline_kernel(const ProposalOptions& options);
 /// The default accept-rate target of a sampler (rwm 0.234, mala 0.574, hmc 0.8, others 0.8).
 double default_target_accept(const std::string& sampler);
 
+struct SampleResult;
+/// Receives the draws while run_sampler runs, e.g. to write them to disk as they are drawn.
+class DrawSink {
+ public:
+  virtual ~DrawSink() = default;
+  /// Rows [from, to) of the result's per-draw tensors are final (called about every 2 s and at
+  /// the end; the first call comes after the first draw, when the adaptation is known).
+  virtual void append(const SampleResult& result, int64_t from, int64_t to) = 0;
+  /// The run ended (result.complete false: it was stopped) and its timings are set.
+  virtual void finish(const SampleResult& result) = 0;
+};
+
 /// Run settings.
 struct RunOptions {
   int64_t chains = 4;
@@ -58,6 +71,7 @@ struct RunOptions {
   /// a time. 0: always in RAM.
   int64_t draws_in_memory_limit = int64_t{512} << 20;
   std::string scratch_directory;   // for that file (empty: the system's temporary directory)
+  DrawSink* sink = nullptr;        // gets the draws as they come (needs keep_draws)
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }
@@ -145,9 +159,29 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
 /// temporaries (so disk-backed draws of any size are summarised within memory).
 nlohmann::json summarise(const SampleResult& result, Target& target, int64_t block_bytes = int64_t{256} << 20);
 
-/// Writes one Stan CSV per chain (chain_1.csv ...) and summary.json into `directory`.
+/// Writes one Stan CSV per chain (chain_1.csv ...) and summary.json into `directory`; with
+/// `draws_written` (a StanCsvStream wrote them during the run) only summary.json.
 void write_run(const std::string& directory, const nlohmann::json& config, const SampleResult& result,
-               const nlohmann::json& summary);
+               const nlohmann::json& summary, bool draws_written = false);
+
+/// Chain k's draws of a result, for the Stan-CSV writers.
+ChainDraws chain_draws(const SampleResult& result, int64_t chain);
+
+/// Writes Stan-CSV rows per chain as they are drawn: chain_K.csv.part during the run (so an
+/// interrupted or killed run keeps every row written), renamed to chain_K.csv at the end with the
+/// timing trailer; a stopped run's files end with "# nmcmc: incomplete run: N of M draws".
+class StanCsvStream : public DrawSink {
+ public:
+  StanCsvStream(std::string directory, nlohmann::json config);
+  void append(const SampleResult& result, int64_t from, int64_t to) override;
+  void finish(const SampleResult& result) override;
+
+ private:
+  std::string path(int64_t chain, bool part) const;
+  std::string directory_;
+  nlohmann::json config_;
+  bool started_ = false;
+};
 
 }  // namespace nmcmc
 
