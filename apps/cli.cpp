@@ -18,7 +18,14 @@ using json = nlohmann::json;
 namespace {
 std::string g_command_line;
 std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop = true; }
+// The first Ctrl-C asks the running command to stop cleanly (at its next step, saving what it
+// has); a second one, e.g. while a long summary is computed, ends the process at once.
+void on_signal(int sig) {
+  if (g_stop.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
 const char* const kTargetOptions[] = {"--target", "--dim", "--sigma", "--dataset", "--data-file", "--label-column",
                                       "--target-seed", "--target-json", "--module", "--module-output"};
 }  // namespace
