@@ -318,8 +318,11 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   const int64_t s_count = o.draws, c = o.chains, d = target.dim();
   if (o.keep_draws) {
     const double bytes = 8.0 * static_cast<double>(s_count) * static_cast<double>(c) * static_cast<double>(d);
+    // On disk the layout is parameter-major ([D, S, C] seen as [S, C, D]): a step writes D short
+    // runs, and the summary's blocks of parameters read contiguous stretches of the file instead
+    // of every page of it once per block.
     res.draws = o.draws_in_memory_limit > 0 && bytes > static_cast<double>(o.draws_in_memory_limit)
-                    ? disk_backed_tensor({s_count, c, d}, o.scratch_directory)
+                    ? disk_backed_tensor({d, s_count, c}, o.scratch_directory).permute({1, 2, 0})
                     : torch::empty({s_count, c, d}, torch::kFloat64);
   }
   res.lp = torch::empty({s_count, c}, torch::kFloat64);
