@@ -386,14 +386,13 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
 namespace {
 /// Parameters per block so that one block of draws [S, C, k] and the summaries' temporaries
 /// (about 8 copies) stay near 256 MiB: the summary of disk-backed draws reads them in blocks.
-int64_t g_block_bytes = int64_t{256} << 20;  // set per call by summarise
-int64_t parameter_block(const torch::Tensor& draws) {
+int64_t parameter_block(const torch::Tensor& draws, int64_t block_bytes) {
   const double per_parameter = 8.0 * 8.0 * static_cast<double>(draws.size(0)) * static_cast<double>(draws.size(1));
-  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(g_block_bytes) / per_parameter));
+  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(block_bytes) / per_parameter));
 }
 
-StanSummary blocked_stan_summary(const torch::Tensor& draws) {
-  const int64_t d = draws.size(2), block = parameter_block(draws);
+StanSummary blocked_stan_summary(const torch::Tensor& draws, int64_t block_bytes) {
+  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
   if (block >= d) return stan_summary(draws);
   std::vector<StanSummary> parts;
   for (int64_t k = 0; k < d; k += block) parts.push_back(stan_summary(draws.narrow(2, k, std::min(block, d - k))));
@@ -410,15 +409,15 @@ StanSummary blocked_stan_summary(const torch::Tensor& draws) {
   return st;
 }
 
-double blocked_msjd(const torch::Tensor& draws) {
-  const int64_t d = draws.size(2), block = parameter_block(draws);
+double blocked_msjd(const torch::Tensor& draws, int64_t block_bytes) {
+  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
   double total = 0;  // |x' - x|^2 sums over parameters, so blocks add up
   for (int64_t k = 0; k < d; k += block) total += mean_squared_jump(draws.narrow(2, k, std::min(block, d - k)));
   return total;
 }
 
-torch::Tensor blocked_paper_ess(const torch::Tensor& draws, const Moments& m) {
-  const int64_t d = draws.size(2), block = parameter_block(draws);
+torch::Tensor blocked_paper_ess(const torch::Tensor& draws, const Moments& m, int64_t block_bytes) {
+  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
   std::vector<torch::Tensor> v;
   for (int64_t k = 0; k < d; k += block) {
     const int64_t n = std::min(block, d - k);
@@ -434,7 +433,6 @@ double finite_min(const torch::Tensor& t) {
 }  // namespace
 
 json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
-  g_block_bytes = block_bytes;
   TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
   if (r.draws.size(0) == 0) throw UsageError("no draws to summarise (the run stopped before its first draw)");
   const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
@@ -442,7 +440,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
   // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
   const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
                                                          : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
-  StanSummary st = blocked_stan_summary(r.draws);
+  StanSummary st = blocked_stan_summary(r.draws, block_bytes);
   json j;
   j["target"] = target.spec();
   j["chains"] = c;
@@ -459,7 +457,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
   j["grads_warmup_per_chain"] = r.grads_warmup;
   j["seconds_warmup"] = r.seconds_warmup;
   j["seconds_sampling"] = r.seconds_sampling;
-  j["msjd"] = blocked_msjd(r.draws);
+  j["msjd"] = blocked_msjd(r.draws, block_bytes);
   if (r.tree_depth.defined()) {
     j["max_tree_depth"] = r.max_tree_depth;
     j["tree_depth_hits"] = (r.tree_depth >= r.max_tree_depth).sum().item<int64_t>();
@@ -493,7 +491,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
   j["ess_bulk_per_grad"] = grads_per_step > 0 ? min_bulk / (steps * grads_per_step) : std::nan("");
   j["ess_bulk_per_second"] = min_bulk / r.seconds_sampling;
   if (auto m = target.reference_moments(); m && s >= 2) {  // (ESS needs two draws)
-    torch::Tensor ratio = blocked_paper_ess(r.draws, *m);  // ESS / S per dimension
+    torch::Tensor ratio = blocked_paper_ess(r.draws, *m, block_bytes);  // ESS / S per dimension
     json p;
     p["convention"] = "L2HMC/A-NICE-MC: known moments, cutoff 0.05, averaged over chains";
     p["ess_per_step_min"] = ratio.min().item<double>();
