@@ -124,3 +124,44 @@ TEST(Jumps, MeanSquaredJumpByHand) {
   torch::Tensor x = torch::tensor({0.0, 0.0, 1.0, 0.0, 1.0, 2.0}, kF64).reshape({3, 1, 2});
   EXPECT_DOUBLE_EQ(mean_squared_jump(x), 2.5);
 }
+
+namespace {
+void expect_summaries_agree(const torch::Tensor& x, const char* what) {
+  SCOPED_TRACE(what);
+  StanSummary fast = stan_summary(x), ref = simple::stan_summary(x);
+  for (auto field : {&StanSummary::mean, &StanSummary::sd, &StanSummary::mcse_mean, &StanSummary::ess_bulk,
+                     &StanSummary::ess_tail, &StanSummary::rhat, &StanSummary::q05, &StanSummary::q50, &StanSummary::q95}) {
+    EXPECT_TRUE(torch::allclose(fast.*field, ref.*field, 1e-9, 1e-12, /*equal_nan=*/true))
+        << "fast " << fast.*field << "\nreference " << ref.*field;
+  }
+}
+}  // namespace
+
+TEST(StanEss, FastSummaryMatchesTheWholeTensorReference) {
+  // The fast summary (one sort per parameter, lazy direct autocovariances, FFT past 128 lags)
+  // against the plain implementation: even and odd draw counts (an odd count drops each chain's
+  // middle draw from the split chains), ties (rounded values), one chain, a stuck chain, slow
+  // mixing that needs the FFT path, antithetic chains, and too few draws (NaN).
+  at::Generator gen = make_generator(41);
+  expect_summaries_agree(torch::randn({400, 4, 3}, gen, kF64), "independent, even S");
+  expect_summaries_agree(torch::randn({401, 3, 2}, gen, kF64), "independent, odd S");
+  expect_summaries_agree(torch::round(torch::randn({300, 4, 2}, gen, kF64) * 2), "many ties");
+  expect_summaries_agree(ar1(0.5, 2001, 1, 42), "one chain");
+  expect_summaries_agree(ar1(0.995, 6000, 4, 43), "slow mixing (FFT path)");
+  expect_summaries_agree(ar1(0.9, 3000, 4, 44), "moderate mixing (direct lags)");
+  expect_summaries_agree(ar1(-0.6, 3000, 4, 45), "antithetic");
+  torch::Tensor stuck = torch::randn({500, 4, 1}, gen, kF64);
+  stuck.select(1, 2).fill_(0.25);
+  expect_summaries_agree(stuck, "one stuck chain");
+  expect_summaries_agree(torch::randn({5, 2, 2}, gen, kF64), "five draws");
+  expect_summaries_agree(torch::randn({2, 2, 1}, gen, kF64), "two draws");
+}
+
+TEST(PaperEss, LazyLagsMatchTheFftReference) {
+  for (double phi : {0.3, 0.9, 0.995}) {
+    torch::Tensor x = ar1(phi, 4000, 5, 46);
+    torch::Tensor m = torch::zeros({1}, kF64), sd = torch::ones({1}, kF64);
+    EXPECT_NEAR(paper_ess_ratio(x, m, sd).item<double>(), simple::paper_ess_ratio(x, m, sd).item<double>(), 1e-12)
+        << "phi " << phi;
+  }
+}
