@@ -1,4 +1,4 @@
-// `nmcmc sample`: any sampler on any target; Stan-CSV and a summary.
+// `nmcmc sample`: any sampler on any target; Stan CSV, ArviZ InferenceData and a summary.
 #include <fmt/format.h>
 
 #include <iostream>
@@ -16,7 +16,7 @@ namespace {
 struct SampleArgs {
   TargetArgs target;
   ComputeArgs compute;
-  std::string sampler = "hmc", init = "uniform";
+  std::string sampler = "hmc", init = "uniform", format = "csv,netcdf";
   std::optional<std::string> output, model, metric;
   std::optional<double> step_size, target_accept;
   double jitter = 0;
@@ -47,6 +47,7 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
   r.options = a.compute.options();
   r.dtype_given = a.compute.dtype.has_value();
   r.output = a.output;
+  r.formats = parse_formats(a.format);
   r.command = command_line();
   warn_blas();
   install_stop_handler();
@@ -57,7 +58,12 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
     return 130;
   }
   std::cout << format_summary(out.summary, a.rows);
-  if (a.output) std::cout << "wrote " << a.chains << " Stan-CSV files and summary.json to " << *a.output << "\n";
+  if (a.output) {
+    std::string what;
+    if (r.formats.csv) what += fmt::format("{} Stan-CSV files (chain_N.csv), ", a.chains);
+    if (r.formats.netcdf) what += "ArviZ InferenceData (inference_data.nc), ";
+    std::cout << "wrote " << what << "summary.json to " << *a.output << "\n";
+  }
   if (!out.result.complete) {
     std::cerr << "\nnmcmc: interrupted after " << out.result.draws.size(0) << " of " << a.draws
               << " draws; the summary above and the files" << (a.output ? " (marked complete = false)" : "")
@@ -91,7 +97,11 @@ Command add_sample_command(CLI::App& app) {
   cmd->add_flag("--adapt-mass", a->adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows (= --metric diag)");
   cmd->add_flag("--no-adapt", a->no_adapt, "keep --step-size fixed during warm-up");
   cmd->add_option("--init", a->init, "uniform (U(-2,2)) | exact | zero")->capture_default_str();
-  cmd->add_option("--output,-o", a->output, "directory for chain_N.csv and summary.json");
+  cmd->add_option("--output,-o", a->output, "directory for the draws and summary.json");
+  cmd->add_option("--format", a->format,
+                  "draw files with --output: csv (Stan CSV per chain), netcdf (ArviZ InferenceData, "
+                  "inference_data.nc) or csv,netcdf")
+      ->capture_default_str();
   cmd->add_option("--rows", a->rows, "summary rows to show (first and worst)")->capture_default_str();
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
   return {cmd, [a, cmd] { return run(*a, cmd); }};

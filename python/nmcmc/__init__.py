@@ -257,11 +257,14 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            seed: int = 1, model=None, metric: _Optional[str] = None, step_size: _Optional[float] = None,
            target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
            max_depth: int = 10, jitter: float = 0.0, init: str = "uniform", init_x: _Optional[torch.Tensor] = None,
-           dtype=None, device="cpu", output: _Optional[str] = None, progress: bool = True) -> Run:
+           dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
+           progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense", diag by default for NUTS), then `draws` per chain.
-    With `output` a directory, also writes Stan-CSV files and summary.json there.
+    With `output` a directory, also writes the draws there as they are drawn, in `formats`: "csv"
+    (Stan CSV per chain), "netcdf" (ArviZ InferenceData, inference_data.nc: arviz.from_netcdf or
+    xarray.open_dataset(path, group="posterior")) or both, and summary.json.
     Ctrl-C raises KeyboardInterrupt."""
     if sampler == "learned":
         if model is None:
@@ -280,7 +283,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "metric": metric, "step_size": step_size, "target_accept": target_accept, "no_adapt": not adapt_step,
         "jitter": float(jitter), "leapfrog": int(leapfrog), "max_depth": int(max_depth), "chains": int(chains),
         "warmup": int(warmup), "draws": int(draws), "seed": int(seed), "init": init, "dtype": _dtype_name(dtype),
-        "device": str(device), "output": None if output is None else _os.fspath(output),
+        "device": str(device), "output": None if output is None else _os.fspath(output), "formats": formats,
     }
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 

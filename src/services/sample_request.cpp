@@ -74,10 +74,10 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
   if (metric == MetricKind::kDense || nuts) config["metric"] = metric_name(metric);
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
 
-  // With an output directory the Stan-CSV rows go to disk as they are drawn.
-  std::unique_ptr<StanCsvStream> stream;
-  if (a.output) {
-    stream = std::make_unique<StanCsvStream>(*a.output, config);
+  // With an output directory the draws go to disk as they are drawn.
+  std::unique_ptr<DrawSink> stream;
+  if (a.output && (a.formats.csv || a.formats.netcdf)) {
+    stream = make_output_sink(*a.output, config, a.formats, learned ? model_meta.value("log", json()) : json());
     run.sink = stream.get();
   }
   out.result = run_sampler(*target, *kernel, run, a.seed, progress);
@@ -87,7 +87,7 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
     config["complete"] = false;
     config["draws_written"] = out.result.draws.size(0);
   }
-  if (a.output) write_run(*a.output, config, out.result, out.summary, /*draws_written=*/true);
+  if (a.output) write_run(*a.output, config, out.result, out.summary, /*draws_written=*/true, a.formats);
   return out;
 }
 

@@ -135,6 +135,11 @@ namespace {
 json stats_to_json(const TrainStats& s) {
   return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped, s.elapsed};
 }
+const std::vector<std::string>& log_fields() {
+  static const std::vector<std::string> fields = {"step", "loss",    "accept",  "beta",    "entropy", "eps",
+                                                  "lr",   "seconds", "grads",   "skipped", "elapsed"};
+  return fields;
+}
 TrainStats stats_from_json(const json& j) {
   TrainStats s;
   s.step = j.at(0);
@@ -250,6 +255,17 @@ torch::Tensor load_buffer(const std::string& path) {
     return torch::Tensor();
   }
   return b;
+}
+
+std::map<std::string, std::vector<double>> training_log_columns(const json& rows) {
+  std::map<std::string, std::vector<double>> columns;
+  const auto& fields = log_fields();
+  for (const auto& row : rows) {
+    if (!row.is_array() || row.size() != fields.size()) throw DataError("training log: malformed row " + row.dump());
+    for (size_t k = 0; k < fields.size(); ++k)
+      columns[fields[k]].push_back(row[k].is_number() ? row[k].get<double>() : std::nan(""));
+  }
+  return columns;
 }
 
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows) {

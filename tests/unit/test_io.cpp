@@ -8,6 +8,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/training/trainer.hpp"
+#include "nmcmc/io/netcdf.hpp"
 #include "nmcmc/io/stan_csv.hpp"
 
 using namespace nmcmc;
@@ -96,4 +97,49 @@ TEST(Config, OptionStructsRejectUnknownKeysWrongTypesAndBadValues) {
   TrainOptions to;
   to.data = "buffer";
   EXPECT_EQ(TrainOptions::from_json(to.to_json()).to_json(), to.to_json());
+}
+
+TEST(NetcdfLayout, IndexedNamesBecomeVectorsAndClashesFallBack) {
+  PosteriorLayout a = posterior_layout({"x.1", "x.2", "x.3"});
+  ASSERT_EQ(a.variables.size(), 1u);
+  EXPECT_EQ(a.variables[0].name, "x");
+  EXPECT_EQ(a.variables[0].size, 3);
+  EXPECT_TRUE(a.variables[0].vector);
+  EXPECT_FALSE(a.labelled);
+  PosteriorLayout b = posterior_layout({"mu", "log_tau", "eta.1", "eta.2", "theta.2", "1st", "a/b"});
+  ASSERT_EQ(b.variables.size(), 6u);
+  EXPECT_EQ(b.variables[2].name, "eta");
+  EXPECT_EQ(b.variables[2].first, 2);
+  EXPECT_EQ(b.variables[2].size, 2);
+  EXPECT_EQ(b.variables[3].name, "theta.2");  // an index run must start at 1
+  EXPECT_FALSE(b.variables[3].vector);
+  EXPECT_EQ(b.variables[4].name, "_1st");     // NetCDF names start with a letter or '_'
+  EXPECT_EQ(b.variables[5].name, "a_b");
+  for (auto labels : {std::vector<std::string>{"a", "a"}, std::vector<std::string>{"draw", "y"},
+                      std::vector<std::string>{"a.1", "a.2", "a"}, std::vector<std::string>{"a/b", "a_b"}}) {
+    PosteriorLayout f = posterior_layout(labels);
+    ASSERT_EQ(f.variables.size(), 1u);
+    EXPECT_TRUE(f.labelled);
+    EXPECT_EQ(f.variables[0].size, static_cast<int64_t>(labels.size()));
+  }
+}
+
+TEST(NetcdfWriter, UnwritablePathIsAnIoErrorAndPartFilesAreRenamedAtTheEnd) {
+  EXPECT_THROW(InferenceDataWriter("/nonexistent-dir/x.nc", 2, {"a"}, {}, {}), IoError);
+  const std::string dir = ::testing::TempDir() + "/nmcmc_netcdf_writer";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/d.nc";
+  std::filesystem::remove(path);
+  {
+    InferenceDataWriter w(path, 2, {"a", "b.1", "b.2"}, {{"lp", StatColumn::Kind::kFloat}}, {{"k", 1}});
+    w.append(torch::zeros({5, 2, 3}), {{"lp", torch::zeros({5, 2})}});
+    EXPECT_THROW(w.append(torch::zeros({5, 3, 3}), {{"lp", torch::zeros({5, 3})}}), c10::Error);  // wrong chains
+    EXPECT_THROW(w.append(torch::zeros({5, 2, 3}), {}), c10::Error);  // a statistic missing
+    EXPECT_TRUE(std::filesystem::exists(path + ".part"));
+    EXPECT_FALSE(std::filesystem::exists(path));
+    w.finish({{"done", true}});
+    EXPECT_EQ(w.draws_written(), 5);
+  }
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".part"));
 }

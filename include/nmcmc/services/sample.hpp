@@ -159,10 +159,24 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
 /// temporaries (so disk-backed draws of any size are summarised within memory).
 nlohmann::json summarise(const SampleResult& result, Target& target, int64_t block_bytes = int64_t{256} << 20);
 
-/// Writes one Stan CSV per chain (chain_1.csv ...) and summary.json into `directory`; with
-/// `draws_written` (a StanCsvStream wrote them during the run) only summary.json.
+/// The draw files a run writes: Stan CSV per chain, ArviZ InferenceData (NetCDF-4), or both.
+struct OutputFormats {
+  bool csv = true, netcdf = true;
+};
+/// Parses "csv", "netcdf", "csv,netcdf" (UsageError otherwise).
+OutputFormats parse_formats(const std::string& text);
+
+/// A sink writing the chosen formats into `directory` as the draws come: chain_K.csv (see
+/// StanCsvStream) and inference_data.nc (see NetcdfStream). `training_log`: the learned
+/// sampler's log rows (checkpoint meta "log"), written as a group of the NetCDF file.
+std::unique_ptr<DrawSink> make_output_sink(const std::string& directory, const nlohmann::json& config,
+                                           OutputFormats formats, const nlohmann::json& training_log = nullptr);
+
+/// Writes summary.json into `directory` and, unless `draws_written` (a sink from
+/// make_output_sink wrote them during the run), the draws in `formats`.
 void write_run(const std::string& directory, const nlohmann::json& config, const SampleResult& result,
-               const nlohmann::json& summary, bool draws_written = false);
+               const nlohmann::json& summary, bool draws_written = false, OutputFormats formats = {},
+               const nlohmann::json& training_log = nullptr);
 
 /// Chain k's draws of a result, for the Stan-CSV writers.
 ChainDraws chain_draws(const SampleResult& result, int64_t chain);
@@ -181,6 +195,24 @@ class StanCsvStream : public DrawSink {
   std::string directory_;
   nlohmann::json config_;
   bool started_ = false;
+};
+
+/// Writes the draws as ArviZ InferenceData, inference_data.nc (see io/netcdf.hpp): posterior
+/// and sample_stats (lp, acceptance_rate, step_size, diverging, n_steps = gradient evaluations
+/// of the step; for NUTS also tree_depth and energy), the run's config as attributes, and for the
+/// learned sampler its training log as group `nmcmc_training`. Written as inference_data.nc.part
+/// and renamed at the end; a stopped run's file says complete = 0 and how many draws it has.
+class NetcdfStream : public DrawSink {
+ public:
+  NetcdfStream(std::string directory, nlohmann::json config, nlohmann::json training_log = nullptr);
+  ~NetcdfStream() override;
+  void append(const SampleResult& result, int64_t from, int64_t to) override;
+  void finish(const SampleResult& result) override;
+
+ private:
+  std::string directory_;
+  nlohmann::json config_, training_log_;
+  std::unique_ptr<class InferenceDataWriter> writer_;
 };
 
 }  // namespace nmcmc
@@ -211,7 +243,8 @@ struct SampleRequest {
   torch::Tensor init_x;                // explicit starting points (overrides init)
   torch::TensorOptions options;        // dtype and device
   bool dtype_given = false;            // the learned sampler: else it runs in the dtype it was trained in
-  std::optional<std::string> output;   // directory for Stan-CSV and summary.json
+  std::optional<std::string> output;   // directory for the draws and summary.json
+  OutputFormats formats;               // which draw files (both by default)
   std::string command;                 // recorded in the outputs' config
   std::function<bool()> should_stop;   // polled between steps (Ctrl-C): the draws so far are kept
 };

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 
 #include "nmcmc/flows/learned.hpp"
@@ -96,6 +97,10 @@ std::pair<LearnedSampler, nlohmann::json> load_model(const std::string& path);
 
 /// The bootstrap buffer of a checkpoint (the sampler's own chains), or an undefined tensor.
 torch::Tensor load_buffer(const std::string& path);
+
+/// A checkpoint's logged rows (meta "log") as named columns: step, loss, accept, beta, entropy,
+/// eps, lr, seconds, grads, skipped, elapsed (non-numbers, e.g. a null loss, become NaN).
+std::map<std::string, std::vector<double>> training_log_columns(const nlohmann::json& rows);
 
 /// Writes the training log (CSV) atomically.
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows);
