@@ -91,6 +91,8 @@ Command add_reproduce_command(CLI::App& app);
 Command add_ebm_commands(CLI::App& app, Command& sample);  // returns `ebm train`; `ebm sample` in `sample`
 Command add_demo_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
+Command add_report_command(CLI::App& app);
+Command add_figures_command(CLI::App& app);
 
 /// The version line of --version and `info`: nmcmc, LibTorch and the BLAS in use.
 std::string version_text(bool measure_blas);

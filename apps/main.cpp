@@ -4,6 +4,11 @@
 
 #include "cli.hpp"
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/services/figures.hpp"
+
+namespace {
+int run_parsed(const std::vector<nmcmc::cli::Command>& commands);
+}
 
 int main(int argc, char** argv) {
   using namespace nmcmc::cli;
@@ -20,6 +25,8 @@ int main(int argc, char** argv) {
   commands.push_back(ebm_sample);
   commands.push_back(add_demo_command(app));
   commands.push_back(add_compare_command(app));
+  commands.push_back(add_report_command(app));
+  commands.push_back(add_figures_command(app));
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];
@@ -42,6 +49,15 @@ int main(int argc, char** argv) {
     return nmcmc::kExitUsage;
   }
 
+  // The command; then the figures it described (also when it failed halfway).
+  const int rc = run_parsed(commands);
+  const nmcmc::RenderOutcome figures = nmcmc::render_pending_figures();
+  if (figures.specs > 0) (figures.drawn ? std::cout : std::cerr) << "nmcmc: " << figures.message << "\n";
+  return rc;
+}
+
+namespace {
+int run_parsed(const std::vector<nmcmc::cli::Command>& commands) {
   try {
     for (const auto& c : commands) {
       if (c.app->parsed()) return c.run();
@@ -64,3 +80,4 @@ int main(int argc, char** argv) {
   }
   return nmcmc::kExitUsage;
 }
+}  // namespace

@@ -8,6 +8,7 @@
 
 #include "nmcmc/nmcmc.hpp"
 #include "nmcmc/services/compare.hpp"
+#include "nmcmc/services/figures.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/version.hpp"
 
@@ -166,6 +167,9 @@ std::string compare(const std::string& options_json, py::object report) {
           if (!report.is_none()) report(py::dict(py::arg("message") = line));
         },
         nullptr, [&](const nmcmc::Progress&) { hook.check_signals(); }, nullptr);
+    // Its figure (compare_traces) with matplotlib; the outcome goes into the result.
+    const nmcmc::RenderOutcome figures = nmcmc::render_pending_figures();
+    result["figures"] = {{"drawn", figures.drawn}, {"message", figures.message}};
   }
   return result.dump();
 }

@@ -1,7 +1,8 @@
 #include "nmcmc/images/data.hpp"
 
+#include "nmcmc/io/plot.hpp"
+
 #include <stb/stb_image.h>
-#include <stb/stb_image_write.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -149,29 +150,33 @@ torch::Tensor LogitTransform::to_unit(const torch::Tensor& x) const {
   return ((torch::sigmoid(x.to(torch::kFloat64)) - alpha) / (1.0 - 2.0 * alpha)).clamp(0.0, 1.0);
 }
 
-void write_image_grid(const std::string& path, const torch::Tensor& images, int64_t columns, int64_t scale) {
+void save_image_grid(const std::string& path, const torch::Tensor& images, int64_t columns, const std::string& title,
+                     const std::vector<std::string>& captions, const std::vector<std::string>& row_labels,
+                     const std::string& caption) {
   TORCH_CHECK(images.dim() == 4 && (images.size(1) == 1 || images.size(1) == 3), "image grid: expected [N, 1|3, H, W]");
-  const int64_t n = images.size(0), c = images.size(1), h = images.size(2), w = images.size(3);
-  const int64_t cols = std::max<int64_t>(1, std::min(columns, n)), rows = (n + cols - 1) / cols, pad = 2;
-  const int64_t cw = w * scale + pad, ch = h * scale + pad;
-  const int64_t W = cols * cw + pad, H = rows * ch + pad;
-  torch::Tensor px = (images.detach().to(torch::kCPU, torch::kFloat64).clamp(0, 1) * 255.0).round().to(torch::kUInt8);
-  if (c == 1) px = px.expand({n, 3, h, w});
-  px = px.permute({0, 2, 3, 1}).contiguous();  // [N, H, W, 3]
-  std::vector<unsigned char> img(static_cast<size_t>(W * H * 3), 255);
-  auto acc = px.accessor<uint8_t, 4>();
+  TORCH_CHECK(captions.empty() || static_cast<int64_t>(captions.size()) == images.size(0), "image grid: one caption per image");
+  // Three decimals are more than a PNG's 8 bits show, and keep the spec small.
+  torch::Tensor px = (images.detach().to(torch::kCPU, torch::kFloat64).clamp(0, 1) * 1000.0).round() / 1000.0;
+  px = images.size(1) == 1 ? px.squeeze(1) : px.permute({0, 2, 3, 1});
+  px = px.contiguous();
+  const int64_t n = px.size(0), per = px.numel() / std::max<int64_t>(n, 1);
+  nlohmann::json list = nlohmann::json::array();
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t ox = pad + (i % cols) * cw, oy = pad + (i / cols) * ch;
-    for (int64_t y = 0; y < h * scale; ++y)
-      for (int64_t x = 0; x < w * scale; ++x)
-        for (int64_t k = 0; k < 3; ++k) img[static_cast<size_t>(((oy + y) * W + ox + x) * 3 + k)] = acc[i][y / scale][x / scale][k];
-  }
-  write_atomically(path, [&](std::ostream& os) {
-    auto sink = [](void* ctx, void* data, int size) { static_cast<std::ostream*>(ctx)->write(static_cast<char*>(data), size); };
-    if (!stbi_write_png_to_func(sink, &os, static_cast<int>(W), static_cast<int>(H), 3, img.data(), static_cast<int>(W * 3))) {
-      throw IoError("cannot encode PNG '" + path + "'");
+    const double* d = px.data_ptr<double>() + i * per;
+    nlohmann::json rows = nlohmann::json::array();
+    const int64_t h = px.size(1), w = px.size(2), ch = images.size(1) == 1 ? 1 : 3;
+    for (int64_t y = 0; y < h; ++y) {
+      nlohmann::json row = nlohmann::json::array();
+      for (int64_t x = 0; x < w; ++x) {
+        if (ch == 1) row.push_back(d[y * w + x]);
+        else row.push_back({d[(y * w + x) * 3], d[(y * w + x) * 3 + 1], d[(y * w + x) * 3 + 2]});
+      }
+      rows.push_back(std::move(row));
     }
-  });
+    list.push_back(std::move(rows));
+  }
+  save_figure_spec(path, {{"type", "image_grid"}, {"title", title}, {"columns", columns}, {"images", std::move(list)},
+                          {"captions", captions}, {"row_labels", row_labels}, {"caption", caption}});
 }
 
 }  // namespace nmcmc

@@ -92,11 +92,11 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
                   trained.seconds < 1 ? "; this run reused the trained model in " + output : std::string()));
   at::Generator gen = make_generator(7);
   plot_traces(output + "/traces_x1.png",
-              {{"HMC: x1 trace (chain 1)", hmc.draws}, {"NUTS: x1 trace (chain 1)", nuts.draws},
-               {"learned: x1 trace (chain 1)", learned.draws}},
-              0, 2000, "x1");
-  plot_pairs(output + "/samples.png", {{"HMC", hmc.draws}, {"learned", learned.draws}}, 0, 1, target->sample(4000, gen));
-  say("\nWrote " + output + "/{training_curves,traces_x1,samples}.png, the Stan-CSV draws of the three runs, and the model.");
+              {{"HMC", hmc.draws}, {"NUTS", nuts.draws}, {"learned", learned.draws}}, 0, 2000, "x.1");
+  plot_pairs(output + "/samples.png", {{"HMC", hmc.draws}, {"learned", learned.draws}}, 0, 1, target->sample(4000, gen),
+             parameter_labels(*target));
+  say("\nWrote " + output + "/{training_curves,traces_x1,samples}.{png,svg} (drawn when the demo ends), the draws of the "
+      "three runs (Stan CSV and inference_data.nc; `nmcmc report " + output + "/learned` for a report) and the model.");
   return true;
 }
 

@@ -43,10 +43,15 @@ void write_figures(EbmTrainer& tr, const std::string& out, const std::string& co
   const int64_t c = shape["channels"], h = shape["height"], w = shape["width"];
   auto images = [&](const torch::Tensor& flat) { return tr.transform().to_unit(flat.reshape({-1, c, h, w})); };
   const int64_t n = std::min<int64_t>(64, tr.buffer().size(0));
-  write_image_grid((fs::path(out) / "samples_buffer.png").string(), images(tr.buffer().narrow(0, 0, n)), 8);
+  save_image_grid((fs::path(out) / "samples_buffer.png").string(), images(tr.buffer().narrow(0, 0, n)), 8,
+                  fmt::format("Replay buffer after {} iterations: {} of its samples", tr.iteration(), n), {}, {},
+                  fmt::format("Samples of the energy-based model drawn by the {} sampler (persistent chains).",
+                              o.sampler == "learned" ? "learned" : "MALA"));
   {
     torch::NoGradGuard no_grad;
-    write_image_grid((fs::path(out) / "data.png").string(), images(tr.data_batch(n)), 8);
+    save_image_grid((fs::path(out) / "data.png").string(), images(tr.data_batch(n)), 8,
+                    fmt::format("Training data: {} images", n), {}, {},
+                    "A batch of the training set, for comparison with the model's samples.");
   }
   std::vector<std::pair<std::string, std::vector<EbmStats>>> runs = {{o.sampler == "learned" ? "learned" : "MALA", tr.log()}};
   if (!compare_with.empty()) {
@@ -66,7 +71,10 @@ void write_figures(EbmTrainer& tr, const std::string& out, const std::string& co
     torch::Tensor sd_img = sd.reshape({8, c, h, w}).mean(1, true);
     sd_img = sd_img / sd_img.amax({1, 2, 3}, true).clamp_min(1e-12);
     torch::Tensor x_img = images(x).mean(1, true);
-    write_image_grid((fs::path(out) / "z_std.png").string(), torch::cat({x_img, sd_img}, 0), 8, 3);
+    save_image_grid((fs::path(out) / "z_std.png").string(), torch::cat({x_img, sd_img}, 0), 8,
+                    "Where the learned proposal moves (appendix A.3 f-g)", {}, {"sample x", "sd of x' - x"},
+                    "Top: 8 samples from the buffer. Bottom: the pixel-wise standard deviation of 64 proposals from "
+                    "each, scaled to its maximum (white: the proposal moves that pixel most).");
   }
 }
 
@@ -75,18 +83,19 @@ void write_figures(EbmTrainer& tr, const std::string& out, const std::string& co
 void write_ebm_curves(const std::string& path, const std::vector<std::pair<std::string, std::vector<EbmStats>>>& runs) {
   struct Panel {
     const char* title;
+    const char* ylabel;
     std::function<double(const EbmStats&)> value;
   };
   std::vector<Panel> panels = {
-      {"proposal entropy: log det + D log eps", [](const EbmStats& s) { return s.entropy; }},
-      {"E[a |x'-x|^2] (expected sq. jump)", [](const EbmStats& s) { return s.jump; }},
-      {"E(data) - E(samples)", [](const EbmStats& s) { return s.energy_diff; }},
-      {"accept rate (sampler phase)", [](const EbmStats& s) { return s.accept; }},
+      {"proposal entropy", "log det + D log ε (nats)", [](const EbmStats& s) { return s.entropy; }},
+      {"expected squared jump", "E[a |x' - x|²] (logit space)", [](const EbmStats& s) { return s.jump; }},
+      {"energy gap", "E(data) - E(samples)", [](const EbmStats& s) { return s.energy_diff; }},
+      {"accept rate (sampler phase)", "mean accept probability", [](const EbmStats& s) { return s.accept; }},
   };
   std::vector<Plot> plots;
   for (const auto& p : panels) {
-    Plot plot(480, 320, p.title);
-    plot.xlabel("iteration");
+    Plot plot(p.title);
+    plot.xlabel("training iteration").ylabel(p.ylabel);
     int colour = 0;
     for (const auto& [label, rows] : runs) {
       std::vector<double> xs, ys;
@@ -102,7 +111,7 @@ void write_ebm_curves(const std::string& path, const std::vector<std::pair<std::
     }
     plots.push_back(plot);
   }
-  save_png(path, plots, 2);
+  save_figure(path, plots, 2, "Training of the energy-based model");
 }
 
 json run_ebm_training(const EbmOptions& options, const std::string& output, bool resume,
@@ -217,7 +226,13 @@ json run_ebm_longrun(const std::string& model_dir, int64_t steps, int64_t chains
   while (static_cast<int64_t>(rows.size()) < snaps + 1) rows.push_back(state.x);
   // Grid: one column per chain, one row per snapshot (step 0 at the top).
   torch::Tensor grid = torch::stack(rows, 0).reshape({-1, c, h, w});
-  write_image_grid(png, tr.transform().to_unit(grid), chains, 2);
+  std::vector<std::string> rows_labelled;
+  for (int64_t r = 0; r <= snaps; ++r) rows_labelled.push_back(fmt::format("step {}", (r * steps + snaps - 1) / snaps));
+  rows_labelled.back() = fmt::format("step {}", steps);
+  save_image_grid(png, tr.transform().to_unit(grid), chains, fmt::format("A long run: {} chains, {} MCMC steps", chains, steps),
+                  {}, rows_labelled,
+                  "One column per chain, started from the replay buffer; rows are snapshots (step 0 at the top). "
+                  "Samples that stay digit-like over long runs indicate a stable energy.");
   torch::NoGradGuard no_grad;
   torch::Tensor e0 = tr.target().energy(rows.front()), e1 = tr.target().energy(state.x);
   return {{"steps", steps},

@@ -219,14 +219,14 @@ void proposal_cloud(const std::string& path, Target& target, LearnedSampler& sam
       (acc[i].item<bool>() ? ax : rx).push_back(xn[i][dx].item<double>());
       (acc[i].item<bool>() ? ay : ry).push_back(xn[i][dy].item<double>());
     }
-    Plot plot(460, 400, title);
+    Plot plot(title);
     plot.xlabel("x." + std::to_string(dx + 1)).ylabel("x." + std::to_string(dy + 1));
     plot.xlim(xr.first, xr.second).ylim(yr.first, yr.second).shade(density);
-    plot.scatter(rx, ry, palette(1), 2.0, "rejected", 0.6).scatter(ax, ay, palette(2), 2.0, "accepted", 0.7);
-    plot.scatter({start[dx]}, {start[dy]}, {0, 0, 0}, 4.0, "start", 1.0);
+    plot.scatter(rx, ry, palette(1), 2.0, "rejected proposal", 0.6).scatter(ax, ay, palette(2), 2.0, "accepted proposal", 0.7);
+    plot.scatter({start[dx]}, {start[dy]}, {0, 0, 0}, 5.0, "current state x", 1.0);
     panels.push_back(plot);
   }
-  save_png(path, panels);
+  save_figure(path, panels, 0, "One step of the learned proposal: 400 proposals from one state");
 }
 
 }  // namespace
@@ -322,8 +322,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       entry["hmc_paper"] = funnel3_hmc(*target, sampler->grads_per_step(), settings["hmc_long_steps"], dir, say, &long_hmc);
       if (o.figures) {
         plot_traces(dir + "/fig2_x1_traces.png",
-                    {{"HMC (paper protocol): x1, chain 1", long_hmc.draws}, {"learned: x1, chain 1", learned.draws}}, 0,
-                    1000, "x1");
+                    {{"HMC (paper protocol)", long_hmc.draws}, {"learned", learned.draws}}, 0, 1000, "x.1");
         const double sigma = 3.0;
         auto density = [sigma](double x0, double x1) {
           return std::exp(-x0 * x0 / (2 * sigma * sigma) - 0.5 * std::exp(x0) * x1 * x1 + 0.5 * x0);
@@ -358,8 +357,8 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     const int64_t ablation_steps = profile_settings(o.profile, "funnel1")["ablation_steps"];
     say(fmt::format("== appendix ablation: proposal entropy on Funnel-1 for full, no-grad and langevin ({} steps)",
                     ablation_steps));
-    Plot plot(640, 400, "Funnel-1: proposal entropy during training");
-    plot.xlabel("training step");
+    Plot plot("Funnel-1: proposal entropy during training (appendix ablation)");
+    plot.xlabel("training step").ylabel("proposal entropy (nats, + const)");
     int k = 0;
     json ablation = json::object();
     for (const std::string variant : {"full", "no-grad", "langevin"}) {
@@ -382,7 +381,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       say(fmt::format("  {}: proposal entropy {:.1f} after {} steps", variant, ablation[variant]["final_entropy"].get<double>(),
                       ablation_steps));
     }
-    save_png((fs::path(o.output) / "ablation_entropy.png").string(), {plot});
+    save_figure((fs::path(o.output) / "ablation_entropy.png").string(), {plot});
     results["ablation"] = ablation;
   }
   results["seconds_total"] = since(t_all);

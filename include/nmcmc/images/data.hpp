@@ -41,8 +41,11 @@ struct LogitTransform {
   torch::Tensor to_unit(const torch::Tensor& x) const;
 };
 
-/// Writes images [N, C, H, W] with values in [0, 1] (C = 1 or 3) as one PNG grid with `columns`
-/// columns, each image scaled up `scale` times, atomically.
-void write_image_grid(const std::string& path, const torch::Tensor& images, int64_t columns, int64_t scale = 2);
+/// A grid of images [N, 1|3, H, W] in [0, 1], `columns` per row, as a figure (PNG and SVG via
+/// matplotlib, see io/plot.hpp): a title, one caption per image (or none), a label per row and a
+/// caption under the grid.
+void save_image_grid(const std::string& path, const torch::Tensor& images, int64_t columns, const std::string& title,
+                     const std::vector<std::string>& captions = {}, const std::vector<std::string>& row_labels = {},
+                     const std::string& caption = "");
 
 }  // namespace nmcmc

@@ -1,6 +1,12 @@
 #pragma once
-/// A small raster plotter for the figures (PNG via stb_image_write, text via stb_easy_font):
-/// line and scatter series, a shaded density background, axes with ticks, a legend, panels.
+/// Figures, described here and drawn by matplotlib (scripts/nmcmc_plot.py).
+//
+// A figure is written as STEM.figure.json (the data and every label: a figure can always be
+// drawn again, or drawn later on a machine with matplotlib) and queued; the program draws the
+// queued figures as STEM.png and STEM.svg once its command ends (services/figures.hpp:
+// render_pending_figures), in one Python process.
+#include <nlohmann/json.hpp>
+
 #include <array>
 #include <functional>
 #include <string>
@@ -12,41 +18,40 @@ using Rgb = std::array<unsigned char, 3>;
 /// A qualitative palette (Okabe-Ito), readable by colour-blind readers.
 Rgb palette(int i);
 
+/// One panel: line and scatter series, an optional shaded density, axis labels (with units).
 class Plot {
  public:
-  Plot(int width, int height, std::string title);
+  explicit Plot(std::string title);
   Plot& xlabel(std::string s) { xlabel_ = std::move(s); return *this; }
   Plot& ylabel(std::string s) { ylabel_ = std::move(s); return *this; }
-  Plot& xlim(double lo, double hi) { xlo_ = lo; xhi_ = hi; fixed_x_ = true; return *this; }
-  Plot& ylim(double lo, double hi) { ylo_ = lo; yhi_ = hi; fixed_y_ = true; return *this; }
+  Plot& xlim(double lo, double hi) { xlim_ = {lo, hi}; return *this; }
+  Plot& ylim(double lo, double hi) { ylim_ = {lo, hi}; return *this; }
   Plot& log_y(bool on = true) { log_y_ = on; return *this; }
   Plot& line(std::vector<double> x, std::vector<double> y, Rgb colour, std::string label = "");
-  Plot& scatter(std::vector<double> x, std::vector<double> y, Rgb colour, double radius = 2.0, std::string label = "",
+  Plot& scatter(std::vector<double> x, std::vector<double> y, Rgb colour, double size = 2.0, std::string label = "",
                 double alpha = 0.7);
-  /// Grey-scale background proportional to density(x, y) (normalised to its maximum on the grid).
-  Plot& shade(std::function<double(double, double)> density);
-  /// Renders into an RGB buffer of width x height.
-  std::vector<unsigned char> render() const;
-  int width() const { return width_; }
-  int height() const { return height_; }
+  /// A grey background proportional to density(x, y) over the panel's limits (xlim and ylim
+  /// must be set), evaluated on a grid here.
+  Plot& shade(std::function<double(double, double)> density, std::string label = "target density");
+  /// The panel as the plotting script reads it (see scripts/nmcmc_plot.py).
+  nlohmann::json to_json() const;
 
  private:
-  struct Series {
-    std::vector<double> x, y;
-    Rgb colour;
-    std::string label;
-    bool points;
-    double radius, alpha;
-  };
-  int width_, height_;
   std::string title_, xlabel_, ylabel_;
-  double xlo_ = 0, xhi_ = 1, ylo_ = 0, yhi_ = 1;
-  bool fixed_x_ = false, fixed_y_ = false, log_y_ = false;
-  std::vector<Series> series_;
-  std::function<double(double, double)> shade_;
+  std::vector<double> xlim_, ylim_;
+  bool log_y_ = false;
+  nlohmann::json series_ = nlohmann::json::array();
 };
 
-/// Saves plots side by side (one row, `columns` per row) as one PNG, atomically.
-void save_png(const std::string& path, const std::vector<Plot>& panels, int columns = 0);
+/// Writes panels (`columns` per row; 0: one row) as one figure: `path` names the PNG to be drawn
+/// (STEM.png); STEM.figure.json is written now, atomically, and queued for drawing.
+void save_figure(const std::string& path, const std::vector<Plot>& panels, int columns = 0,
+                 const std::string& title = "", const std::string& caption = "");
+/// Writes any figure spec (e.g. {"type": "image_grid", ...}) for `path` and queues it.
+void save_figure_spec(const std::string& path, nlohmann::json spec);
+/// The spec path of a figure path: a/b.png -> a/b.figure.json.
+std::string figure_spec_path(const std::string& path);
+/// Takes the queued spec paths (the queue is left empty).
+std::vector<std::string> take_pending_figures();
 
 }  // namespace nmcmc
