@@ -80,6 +80,15 @@ def legend_below(ax, handles=None, labels=None):
 
 def render_panels(spec, stem):
     plt = _plt()
+    fig = build_panels(spec)
+    out = save(fig, stem)
+    plt.close(fig)
+    return out
+
+
+def build_panels(spec):
+    """The matplotlib figure of a "panels" spec."""
+    plt = _plt()
     from matplotlib.patches import Patch
     panels = spec["panels"]
     columns = max(1, min(spec.get("columns") or len(panels), len(panels)))
@@ -124,9 +133,7 @@ def render_panels(spec, stem):
     if spec.get("title"):
         fig.suptitle(spec["title"], fontsize=12)
     add_caption(fig, spec.get("caption"))
-    out = save(fig, stem)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def render_image_grid(spec, stem):
