@@ -160,7 +160,13 @@ ProgressFn sample_progress(bool quiet) {
   if (quiet) return nullptr;
   auto line = std::make_shared<ProgressLine>(false);
   return [line](const Progress& p) {
-    line->update(fmt::format("{:>8}", p.phase), p.iteration, p.total, p.elapsed > 0 ? p.iteration / p.elapsed : 0,
+    const double rate = p.elapsed > 0 ? p.iteration / p.elapsed : 0;
+    if (p.phase == "summary") {  // the diagnostics of a long run, a block of parameters at a time
+      line->update(fmt::format("{:>8}", p.phase), p.iteration, p.total, rate, "bulk/tail ESS, R-hat, quantiles",
+                   "parameters");
+      return;
+    }
+    line->update(fmt::format("{:>8}", p.phase), p.iteration, p.total, rate,
                  fmt::format("accept {:.3f}  eps {:.4g}", p.accept, p.step_size));
   };
 }

@@ -1,14 +1,18 @@
 // Speed benchmarks (never part of the test suite). Prints one JSON line per measurement.
 //   nmcmc_bench learned  --config configs/funnel1.json --batch 1024 --mode train|sample [--reps 5] [--threads 1]
 //   nmcmc_bench baseline --target-json '{"name":"icg"}' --sampler hmc --chains 64 [--steps 500] [--threads 1]
+//   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
+//                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/diagnostics/ess.hpp"
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
@@ -48,8 +52,45 @@ int main(int argc, char** argv) {
   baseline->add_option("--steps", steps);
   baseline->add_option("--leapfrog", leapfrog);
   baseline->add_option("--threads", threads);
+  double phi = 0.5;
+  int64_t draws = 200000;
+  bool simple = false;
+  auto* summary = app.add_subcommand("summary", "seconds per parameter of the Stan summary (long runs)");
+  summary->add_option("--draws", draws);
+  summary->add_option("--chains", chains);
+  summary->add_option("--phi", phi, "AR(1) coefficient of the draws (0.95+: long autocorrelation, FFT path)");
+  summary->add_flag("--simple", simple, "also time the whole-tensor reference implementation");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
+
+  if (*summary) {
+    // AR(1) chains in stationarity, [S, C, 1].
+    at::Generator gen = nmcmc::make_generator(7);
+    torch::Tensor e = torch::randn({draws, chains}, gen, torch::kFloat64);
+    torch::Tensor x = torch::empty_like(e);
+    auto xa = x.accessor<double, 2>();
+    auto ea = e.accessor<double, 2>();
+    const double sd = std::sqrt(1 - phi * phi);
+    for (int64_t c = 0; c < chains; ++c) xa[0][c] = ea[0][c];
+    for (int64_t t = 1; t < draws; ++t)
+      for (int64_t c = 0; c < chains; ++c) xa[t][c] = phi * xa[t - 1][c] + sd * ea[t][c];
+    x = x.unsqueeze(2);
+    auto time = [&](auto&& f) {
+      auto t0 = Clock::now();
+      auto r = f();
+      return std::make_pair(std::chrono::duration<double>(Clock::now() - t0).count(), r.ess_bulk[0].template item<double>());
+    };
+    auto [fast_s, fast_ess] = time([&] { return nmcmc::stan_summary(x); });
+    json out = {{"bench", "summary"}, {"draws", draws}, {"chains", chains}, {"phi", phi},
+                {"seconds_per_parameter", fast_s}, {"ess_bulk", fast_ess}, {"peak_rss_mb", peak_rss_mb()}};
+    if (simple) {
+      auto [simple_s, simple_ess] = time([&] { return nmcmc::simple::stan_summary(x); });
+      out["simple_seconds_per_parameter"] = simple_s;
+      out["simple_ess_bulk"] = simple_ess;
+    }
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
 
   if (*learned) {
     nmcmc::TrainConfig cfg = nmcmc::parse_train_config(nmcmc::read_config_file(config));

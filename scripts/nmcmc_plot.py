@@ -119,7 +119,11 @@ def build_panels(spec):
         ax.set_xlabel(p.get("xlabel", ""))
         ax.set_ylabel(p.get("ylabel", ""))
         if p.get("log_y"):
-            ax.set_yscale("log")
+            # A log axis over less than a decade only garbles the tick labels: linear then.
+            ys = [v for s_ in p.get("series", []) if s_.get("kind") in ("line", "scatter")
+                  for v in s_["y"] if v is not None and v > 0]
+            if ys and max(ys) / min(ys) >= 10:
+                ax.set_yscale("log")
         if p.get("xlim"):
             ax.set_xlim(*p["xlim"])
         if p.get("ylim"):
@@ -309,7 +313,7 @@ def report_figures(run, fig_dir):
     idx = thin_index(draws, 2000)
     for row, (name, v) in enumerate(series):
         ax = axes[row][0]
-        for c in range(show):
+        for c in range(min(show, 4)):  # more overlaid traces only hide each other
             ax.plot(idx, v[c, idx], color=cols[c], lw=0.6, alpha=0.8, label=f"chain {c + 1}")
         ax.set_ylabel(name)
         if row == len(series) - 1:
@@ -317,7 +321,8 @@ def report_figures(run, fig_dir):
         ax.grid(alpha=0.25)
         # Rank plot (Vehtari et al. 2021): ranks over all chains, one histogram per chain; uniform when mixed.
         ranks = np.argsort(np.argsort(v.reshape(-1), kind="stable"), kind="stable").reshape(v.shape)
-        bins = np.linspace(0, v.size, 21)
+        ranks = ranks / v.size
+        bins = np.linspace(0, 1, 21)
         ax = axes[row][1]
         expected = v.shape[1] / 20
         for c in range(show):
@@ -327,17 +332,18 @@ def report_figures(run, fig_dir):
         ax.set_yticks(range(show), [str(c + 1) for c in range(show)])
         ax.set_ylabel("chain")
         if row == len(series) - 1:
-            ax.set_xlabel("rank of draw (all chains pooled)")
-    axes[0][0].set_title("traces" + (f" (every {max(1, draws // len(idx))}th draw)" if len(idx) < draws else ""))
-    axes[0][1].set_title("rank plots (dashed: uniform)")
+            ax.set_xlabel("rank of draw / number of draws (all chains pooled)")
+    axes[0][0].set_title(f"traces of {min(show, 4)} chains" + (f" (every {max(1, draws // len(idx))}th draw)" if len(idx) < draws else ""))
+    axes[0][1].set_title(f"rank plots of {show} chains (dashed: uniform)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     if len(handles) > 1:
-        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(show, 8), frameon=False)
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.35, 0.0), ncol=len(handles), frameon=False)
     stem = os.path.join(fig_dir, "traces_ranks")
     save(fig, stem)
     plt.close(fig)
     figures.append(("Traces and rank plots", stem,
-                    f"The {len(names)} parameters with the smallest bulk ESS, and lp; {show} of {chains} chains. "
+                    f"The {len(names)} parameters with the smallest bulk ESS, and lp; of {chains} chains, "
+                    f"the first {min(show, 4)} (traces) and {show} (rank plots). "
                     "Rank plots are uniform (flat at the dashed line) when the chains agree."))
 
     # Autocorrelation.

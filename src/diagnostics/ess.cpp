@@ -124,10 +124,11 @@ double geyer_ess(int64_t chains, int64_t n, const std::function<double(int64_t)>
   return total / tau;
 }
 
-/// ESS of chains x [chains][n] (contiguous), centred per chain here.
-double ess_of(const double* x, int64_t chains, int64_t n) {
+/// ESS of chains x [chains][n] (contiguous), centred per chain here (in `y`, reused).
+double ess_of(const double* x, int64_t chains, int64_t n, std::vector<double>& y) {
   if (n < 4) return kNaN;
-  std::vector<double> y(x, x + chains * n), means(chains);
+  y.assign(x, x + chains * n);
+  std::vector<double> means(chains);
   for (int64_t c = 0; c < chains; ++c) {
     double m = 0;
     for (int64_t i = 0; i < n; ++i) m += y[c * n + i];
@@ -184,10 +185,26 @@ struct ParameterSummary {
   double mean, sd, mcse_mean, ess_bulk, ess_tail, rhat, q05, q50, q95;
 };
 
+double ess_of(const double* x, int64_t chains, int64_t n) {
+  std::vector<double> y;
+  return ess_of(x, chains, n, y);
+}
+}  // namespace
+
+/// Buffers of about 80 bytes per draw, kept from one parameter to the next: a long run's summary
+/// allocated (and the kernel zeroed) them afresh for every parameter.
+struct SummaryWorkspace::Buffers {
+  std::vector<double> values, centred, split_values, indicator, u, z;
+  std::vector<std::pair<double, int64_t>> sorted;
+};
+SummaryWorkspace::SummaryWorkspace() : buffers(std::make_unique<Buffers>()) {}
+SummaryWorkspace::~SummaryWorkspace() = default;
+
+namespace {
 /// The Stan summary of one parameter, values v [C][S] (contiguous), from ONE sort: the quantiles
 /// and the median are read off it, the bulk ranks are its order, and the ranks of the folded
 /// values |v - median| come from merging its two sides outward from the median.
-ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s) {
+ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s, SummaryWorkspace::Buffers& w) {
   const int64_t n = chains * s;
   ParameterSummary out{};
   double mean = 0;
@@ -206,8 +223,10 @@ ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s)
   // chain c, its second half split chain C + c (split_chains' order). An odd S drops the middle
   // draw, marked -1. Each draw is sorted with its split position.
   const int64_t half = s / 2, split_n = 2 * chains * half;
-  std::vector<std::pair<double, int64_t>> sorted(n);
-  std::vector<double> split_values(split_n);
+  auto& sorted = w.sorted;
+  auto& split_values = w.split_values;
+  sorted.resize(n);
+  split_values.resize(split_n);
   for (int64_t c = 0; c < chains; ++c)
     for (int64_t t = 0; t < s; ++t) {
       const int64_t j = t < half ? c * half + t : t >= s - half ? (chains + c) * half + (t - (s - half)) : -1;
@@ -219,14 +238,15 @@ ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s)
   out.q05 = sorted_quantile(sorted, 0.05);
   out.q50 = sorted_quantile(sorted, 0.5);
   out.q95 = sorted_quantile(sorted, 0.95);
-  const double ess_mean = ess_of(split_values.data(), 2 * chains, half);
+  const double ess_mean = ess_of(split_values.data(), 2 * chains, half, w.centred);
   out.mcse_mean = out.sd / std::sqrt(ess_mean);
   // Tail ESS: the indicators of the 5% and 95% quantiles.
-  std::vector<double> indicator(split_n);
+  auto& indicator = w.indicator;
+  indicator.resize(split_n);
   for (int64_t k = 0; k < split_n; ++k) indicator[k] = split_values[k] <= out.q05 ? 1.0 : 0.0;
-  const double low = ess_of(indicator.data(), 2 * chains, half);
+  const double low = ess_of(indicator.data(), 2 * chains, half, w.centred);
   for (int64_t k = 0; k < split_n; ++k) indicator[k] = split_values[k] <= out.q95 ? 1.0 : 0.0;
-  const double high = ess_of(indicator.data(), 2 * chains, half);
+  const double high = ess_of(indicator.data(), 2 * chains, half, w.centred);
   out.ess_tail = std::isnan(low) || std::isnan(high) ? kNaN : std::min(low, high);
   if (half < 1) {
     out.ess_bulk = out.rhat = kNaN;
@@ -234,7 +254,9 @@ ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s)
   }
   // Rank normalisation over the split draws: average ranks of ties, then
   // Phi^-1((r - 3/8) / (n + 1/4)). next() yields (key, split position) in increasing key order.
-  std::vector<double> u(split_n);
+  auto& u = w.u;
+  u.resize(split_n);
+  w.z.resize(split_n);
   auto rank_normal = [&](auto&& next) {
     int64_t rank = 0;  // ranks given so far (among split draws)
     std::vector<int64_t> group;
@@ -251,23 +273,25 @@ ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s)
       for (int64_t j : group) u[j] = value;
       rank += static_cast<int64_t>(group.size());
     }
-    return torch::special::ndtri(torch::from_blob(u.data(), {2 * chains, half}, torch::kFloat64)).contiguous();
+    torch::Tensor z = torch::from_blob(w.z.data(), {2 * chains, half}, torch::kFloat64);
+    torch::special::ndtri_out(z, torch::from_blob(u.data(), {2 * chains, half}, torch::kFloat64));
+    return w.z.data();
   };
   int64_t cursor = 0;
-  torch::Tensor z = rank_normal([&] { return sorted[cursor++]; });
-  out.ess_bulk = ess_of(z.data_ptr<double>(), 2 * chains, half);
-  const double rhat_bulk = rhat_of(z.data_ptr<double>(), 2 * chains, half);
+  const double* z = rank_normal([&] { return sorted[cursor++]; });
+  out.ess_bulk = ess_of(z, 2 * chains, half, w.centred);
+  const double rhat_bulk = rhat_of(z, 2 * chains, half);
   // Folded draws |v - median| in increasing order: merge the two sides outward from the median.
   const double median = out.q50;
   int64_t right = std::lower_bound(sorted.begin(), sorted.end(), std::make_pair(median, int64_t{-2})) - sorted.begin();
   int64_t left = right - 1;
-  torch::Tensor zf = rank_normal([&]() -> std::pair<double, int64_t> {
+  const double* zf = rank_normal([&]() -> std::pair<double, int64_t> {
     const double dr = right < n ? std::abs(sorted[right].first - median) : kNaN;
     const double dl = left >= 0 ? std::abs(sorted[left].first - median) : kNaN;
     if (left < 0 || (right < n && dr <= dl)) return {dr, sorted[right++].second};
     return {dl, sorted[left--].second};
   });
-  const double rhat_tail = rhat_of(zf.data_ptr<double>(), 2 * chains, half);
+  const double rhat_tail = rhat_of(zf, 2 * chains, half);
   out.rhat = std::isnan(rhat_bulk) || std::isnan(rhat_tail) ? kNaN : std::max(rhat_bulk, rhat_tail);
   return out;
 }
@@ -336,8 +360,10 @@ double split_rhat_plain(const torch::Tensor& values) {
   return rhat_of(v.data_ptr<double>(), v.size(0), v.size(1));
 }
 
-StanSummary stan_summary(const torch::Tensor& draws) {
+StanSummary stan_summary(const torch::Tensor& draws, SummaryWorkspace* workspace) {
   TORCH_CHECK(draws.dim() == 3, "stan_summary expects draws [S, C, D]");
+  SummaryWorkspace local;
+  SummaryWorkspace::Buffers& w = workspace ? *workspace->buffers : *local.buffers;
   const int64_t s = draws.size(0), chains = draws.size(1), dim = draws.size(2);
   TORCH_CHECK(s >= 1, "stan_summary needs at least one draw");
   StanSummary out;
@@ -347,8 +373,10 @@ StanSummary stan_summary(const torch::Tensor& draws) {
   // (One parameter at a time: on two hardware threads a parallel loop over parameters measured no
   // faster, and it would double the temporaries.)
   for (int64_t j = 0; j < dim; ++j) {
-    torch::Tensor v = draws.select(2, j).to(torch::kFloat64).t().contiguous();  // [C, S]
-    const ParameterSummary p = summarise_parameter(v.data_ptr<double>(), chains, s);
+    w.values.resize(chains * s);
+    torch::Tensor v = torch::from_blob(w.values.data(), {chains, s}, torch::kFloat64);
+    v.copy_(draws.select(2, j).t());  // [C, S]
+    const ParameterSummary p = summarise_parameter(w.values.data(), chains, s, w);
     out.mean[j] = p.mean;
     out.sd[j] = p.sd;
     out.mcse_mean[j] = p.mcse_mean;

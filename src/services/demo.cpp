@@ -68,7 +68,8 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
   auto nuts = run_sampler(*target, nuts_kernel, RunOptions(hrun).set_warmup(500).set_draws(1000).set_adapt_mass(true), 1,
                           sample_progress);
   json sl = summarise(learned, *target), sh = summarise(hmc, *target), sn = summarise(nuts, *target);
-  write_run(output + "/learned", {{"sampler", "learned"}, {"model", model}, {"seed", 1}}, learned, sl);
+  write_run(output + "/learned", {{"sampler", "learned"}, {"model", model}, {"seed", 1}}, learned, sl, false, {},
+            meta.value("log", json()));
   write_run(output + "/hmc", {{"sampler", "hmc"}, {"leapfrog", grads}, {"seed", 1}}, hmc, sh);
   write_run(output + "/nuts", {{"sampler", "nuts"}, {"metric", "diag"}, {"seed", 1}}, nuts, sn);
 

@@ -391,11 +391,23 @@ int64_t parameter_block(const torch::Tensor& draws, int64_t block_bytes) {
   return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(block_bytes) / per_parameter));
 }
 
-StanSummary blocked_stan_summary(const torch::Tensor& draws, int64_t block_bytes) {
+StanSummary blocked_stan_summary(const torch::Tensor& draws, int64_t block_bytes, const ProgressFn& progress) {
   const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
   if (block >= d) return stan_summary(draws);
   std::vector<StanSummary> parts;
-  for (int64_t k = 0; k < d; k += block) parts.push_back(stan_summary(draws.narrow(2, k, std::min(block, d - k))));
+  const auto t0 = std::chrono::steady_clock::now();
+  SummaryWorkspace workspace;  // one set of buffers for all blocks
+  for (int64_t k = 0; k < d; k += block) {
+    parts.push_back(stan_summary(draws.narrow(2, k, std::min(block, d - k)), &workspace));
+    if (progress) {
+      Progress p;
+      p.phase = "summary";
+      p.iteration = std::min(d, k + block);
+      p.total = d;
+      p.elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress(p);
+    }
+  }
   auto cat = [&](torch::Tensor StanSummary::*field) {
     std::vector<torch::Tensor> v;
     for (auto& p : parts) v.push_back(p.*field);
@@ -432,7 +444,7 @@ double finite_min(const torch::Tensor& t) {
 }
 }  // namespace
 
-json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
+json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const ProgressFn& progress) {
   TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
   if (r.draws.size(0) == 0) throw UsageError("no draws to summarise (the run stopped before its first draw)");
   const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
@@ -440,7 +452,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes) {
   // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
   const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
                                                          : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
-  StanSummary st = blocked_stan_summary(r.draws, block_bytes);
+  StanSummary st = blocked_stan_summary(r.draws, block_bytes, progress);
   json j;
   j["target"] = target.spec();
   j["chains"] = c;

@@ -82,7 +82,7 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
   }
   out.result = run_sampler(*target, *kernel, run, a.seed, progress);
   if (!out.result.draws.defined() || out.result.draws.size(0) == 0) return out;  // stopped before any draw
-  out.summary = summarise(out.result, *target);
+  out.summary = summarise(out.result, *target, int64_t{256} << 20, progress);
   if (!out.result.complete) {
     config["complete"] = false;
     config["draws_written"] = out.result.draws.size(0);

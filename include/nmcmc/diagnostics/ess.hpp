@@ -19,6 +19,8 @@
 // about a second per parameter.
 #include <torch/torch.h>
 
+#include <memory>
+
 namespace nmcmc {
 
 /// ESS / S per dimension [D] (paper convention, see above). mean, sd: [D].
@@ -29,7 +31,15 @@ torch::Tensor paper_ess_ratio(const torch::Tensor& draws, const torch::Tensor& m
 struct StanSummary {
   torch::Tensor mean, sd, mcse_mean, ess_bulk, ess_tail, rhat, q05, q50, q95;
 };
-StanSummary stan_summary(const torch::Tensor& draws);
+/// Buffers stan_summary reuses across calls (a blocked summary of a long run calls it per block).
+class SummaryWorkspace {
+ public:
+  SummaryWorkspace();
+  ~SummaryWorkspace();
+  struct Buffers;
+  std::unique_ptr<Buffers> buffers;
+};
+StanSummary stan_summary(const torch::Tensor& draws, SummaryWorkspace* workspace = nullptr);
 
 /// Geyer initial-monotone-sequence ESS of one scalar quantity over chains (values [C, S]),
 /// as in Stan's / ArviZ's ess; no splitting or rank normalisation.

@@ -86,7 +86,7 @@ struct RunOptions {
 
 /// Reported to the progress callback about every 0.25 s and at phase ends.
 struct Progress {
-  std::string phase;  // "warmup" | "sampling"
+  std::string phase;  // "warmup" | "sampling" | "summary" (iteration: parameters summarised)
   int64_t iteration = 0, total = 0;
   double accept = 0, step_size = 0, elapsed = 0;
 };
@@ -156,8 +156,10 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
 /// Summary statistics of a run: per-parameter Stan summary, ESS per step/gradient/second,
 /// accept rate, divergences, MSJD, and (when the target has reference moments) the paper's ESS.
 /// The draws are read a block of parameters at a time, each block about `block_bytes` with its
-/// temporaries (so disk-backed draws of any size are summarised within memory).
-nlohmann::json summarise(const SampleResult& result, Target& target, int64_t block_bytes = int64_t{256} << 20);
+/// temporaries (so disk-backed draws of any size are summarised within memory); `progress` hears
+/// of each block (phase "summary", iteration = parameters done) when there is more than one.
+nlohmann::json summarise(const SampleResult& result, Target& target, int64_t block_bytes = int64_t{256} << 20,
+                         const ProgressFn& progress = nullptr);
 
 /// The draw files a run writes: Stan CSV per chain, ArviZ InferenceData (NetCDF-4), or both.
 struct OutputFormats {
