@@ -64,9 +64,10 @@ def save(fig, stem, formats=("png", "svg")):
     return out
 
 
-def add_caption(fig, caption):
+def add_caption(fig, caption, below_legend=False):
     if caption:
-        fig.text(0.5, 0.0, caption, ha="center", va="top", fontsize=9, wrap=True)
+        height = fig.get_size_inches()[1]
+        fig.text(0.5, -0.45 / height if below_legend else 0.0, caption, ha="center", va="top", fontsize=9, wrap=True)
 
 
 def legend_below(ax, handles=None, labels=None):
@@ -93,10 +94,11 @@ def build_panels(spec):
     panels = spec["panels"]
     columns = max(1, min(spec.get("columns") or len(panels), len(panels)))
     rows = math.ceil(len(panels) / columns)
-    w, h = spec.get("panel_size") or ([9.0, 2.4] if columns == 1 else [4.6, 3.3])
+    w, h = spec.get("panel_size") or [4.6, 3.3]
     fig, axes = plt.subplots(rows, columns, figsize=(w * columns, h * rows), squeeze=False, layout="constrained")
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
+    legend = {}  # one legend for the figure, under all panels: it never covers data
     for ax, p in zip(axes.flat, panels):
         extra_handles = []
         for s in p.get("series", []):
@@ -130,13 +132,18 @@ def build_panels(spec):
             ax.set_ylim(*p["ylim"])
         ax.grid(alpha=0.25)
         handles, labels = ax.get_legend_handles_labels()
-        handles += extra_handles
-        labels += [h.get_label() for h in extra_handles]
-        if len(handles) > 1 or (handles and p.get("legend_single")):
-            legend_below(ax, handles, labels)
+        for h in extra_handles:
+            handles.append(h)
+            labels.append(h.get_label())
+        for h, label in zip(handles, labels):
+            if label not in legend:
+                legend[label] = h
     if spec.get("title"):
         fig.suptitle(spec["title"], fontsize=12)
-    add_caption(fig, spec.get("caption"))
+    if len(legend) > 1 or (legend and spec.get("legend_single")):
+        fig.legend(list(legend.values()), list(legend.keys()), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=min(len(legend), 5), frameon=False, markerscale=2)
+    add_caption(fig, spec.get("caption"), below_legend=len(legend) > 1)
     return fig
 
 

@@ -94,10 +94,11 @@ void save_figure_spec(const std::string& path, json spec) {
 }
 
 void save_figure(const std::string& path, const std::vector<Plot>& panels, int columns, const std::string& title,
-                 const std::string& caption) {
+                 const std::string& caption, std::pair<double, double> panel_size) {
   if (panels.empty()) return;
   json spec = {{"type", "panels"}, {"columns", columns > 0 ? columns : static_cast<int>(panels.size())},
                {"title", title}, {"caption", caption}, {"panels", json::array()}};
+  if (panel_size.first > 0 && panel_size.second > 0) spec["panel_size"] = {panel_size.first, panel_size.second};
   for (const auto& p : panels) spec["panels"].push_back(p.to_json());
   save_figure_spec(path, std::move(spec));
 }

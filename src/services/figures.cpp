@@ -100,7 +100,7 @@ void plot_traces(const std::string& path, const std::vector<std::pair<std::strin
   }
   if (lo < hi)
     for (auto& p : panels) p.ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo));
-  save_figure(path, panels, 1, "Trace of " + ylabel + ", first chain of each sampler");
+  save_figure(path, panels, 1, "Trace of " + ylabel + ", first chain of each sampler", "", {9.0, 2.4});
 }
 
 void plot_pairs(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& runs, int64_t dx,

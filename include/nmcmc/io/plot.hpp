@@ -10,6 +10,7 @@
 #include <array>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nmcmc {
@@ -45,8 +46,10 @@ class Plot {
 
 /// Writes panels (`columns` per row; 0: one row) as one figure: `path` names the PNG to be drawn
 /// (STEM.png); STEM.figure.json is written now, atomically, and queued for drawing.
+/// `panel_size`: width and height of each panel in inches (0: 4.6 x 3.3).
 void save_figure(const std::string& path, const std::vector<Plot>& panels, int columns = 0,
-                 const std::string& title = "", const std::string& caption = "");
+                 const std::string& title = "", const std::string& caption = "",
+                 std::pair<double, double> panel_size = {0, 0});
 /// Writes any figure spec (e.g. {"type": "image_grid", ...}) for `path` and queues it.
 void save_figure_spec(const std::string& path, nlohmann::json spec);
 /// The spec path of a figure path: a/b.png -> a/b.figure.json.
