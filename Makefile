@@ -37,6 +37,9 @@ example: build
 	  cmake --build $(BUILD)/examples/$$e -j$(JOBS); \
 	  (cd $(BUILD)/examples/$$e && ./$$e); \
 	done
+	@out=$$(mktemp -d) && inst=$(abspath $(BUILD))/install && \
+	  $$inst/bin/nmcmc sample --target icg --dim 4 --sampler nuts --chains 2 --warmup 100 --draws 100 -q -o $$out/run > /dev/null && \
+	  NMCMC_PLOT_SCRIPT=$$inst/share/nmcmc/nmcmc_plot.py $$inst/bin/nmcmc report $$out/run && rm -rf $$out
 	@py=$$(ls -d $(abspath $(BUILD))/install/lib/python3*/dist-packages 2>/dev/null | head -1); \
 	if [ -n "$$py" ] && [ -d "$$py/nmcmc" ]; then \
 	  cd /tmp && PYTHONPATH=$$py /usr/bin/python3 -c "import nmcmc; t = nmcmc.target('icg', dim=4); \
