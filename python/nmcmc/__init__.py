@@ -35,7 +35,7 @@ import torch  # before _nmcmc: it loads the LibTorch both share
 from . import _nmcmc as _C
 
 __version__ = _C.version()
-__all__ = ["Target", "target", "from_module", "from_function", "targets", "sample", "Run", "train", "Model",
+__all__ = ["Target", "target", "from_module", "from_function", "targets", "sample", "Run", "train", "Model", "report",
            "compare", "UsageError", "DataError"]
 
 UsageError = _C.UsageError
@@ -286,6 +286,13 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "device": str(device), "output": None if output is None else _os.fspath(output), "formats": formats,
     }
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
+
+
+def report(run_dir, output: _Optional[str] = None) -> str:
+    """Writes the HTML report of a run directory (from sample(..., output=...), compare or the
+    command line) as `nmcmc report` does: RUN_DIR/report.html unless `output` is given; returns its
+    path. Needs Debian's python3-matplotlib (and python3-xarray, python3-netcdf4) for the figures."""
+    return _C.report(_os.fspath(run_dir), None if output is None else _os.fspath(output))
 
 
 class Model:

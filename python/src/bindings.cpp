@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <optional>
 #include <sstream>
 
 #include "nmcmc/nmcmc.hpp"
@@ -176,6 +177,11 @@ std::string compare(const std::string& options_json, py::object report) {
 
 }  // namespace
 
+std::string report(const std::string& run_dir, std::optional<std::string> output) {
+  py::gil_scoped_release release;
+  return nmcmc::write_report(run_dir, output);
+}
+
 PYBIND11_MODULE(_nmcmc, m) {
   m.doc() = "nmcmc's C++ core (use the nmcmc package, not this module)";
   py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
@@ -190,6 +196,7 @@ PYBIND11_MODULE(_nmcmc, m) {
     }
   });
 
+  m.def("report", &report, py::arg("run_dir"), py::arg("output") = py::none());
   m.def("version", [] { return std::string(NMCMC_VERSION); });
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });
   m.def("targets", [] {

@@ -163,3 +163,13 @@ def test_python_sample_writes_netcdf_and_unmatched_names_fall_back_to_one_labell
     nmcmc.sample(t2, "hmc", chains=1, warmup=20, draws=10, output=str(tmp_path / "q"), progress=False)
     post2 = xr.open_dataset(tmp_path / "q" / "inference_data.nc", group="posterior")
     assert set(post2.data_vars) == {"b", "c_d"} and post2["b"].shape == (1, 10, 2)
+
+
+def test_python_report_of_a_python_run(tmp_path):
+    import nmcmc
+    nmcmc.sample(nmcmc.target("icg", dim=3), "nuts", chains=2, warmup=50, draws=60, output=str(tmp_path / "r"),
+                 progress=False)
+    page = nmcmc.report(tmp_path / "r")
+    assert page.endswith("report.html") and "Traces and rank plots" in open(page).read()
+    with pytest.raises(ValueError, match="no summary.json"):
+        nmcmc.report(tmp_path)
