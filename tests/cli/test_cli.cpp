@@ -317,12 +317,18 @@ TEST(Cli, TorchScriptModuleWithNamesAndBadModules) {
 }
 
 TEST(Cli, InterruptedSampleKeepsWhatWasDrawnAndSaysSo) {
-  // SIGINT after 4 s (warm-up is 50 steps): the rows drawn so far are written and marked.
+  // SIGINT once sampling has written its first rows (chain_1.csv.part exists; waiting for the
+  // file, not a fixed time, keeps this right on a loaded machine): the rows drawn so far are
+  // written and marked.
   const std::string dir = ::testing::TempDir() + "cli_interrupt";
   fs::remove_all(dir);
-  CliRun r = run_with_prefix("timeout --preserve-status -s INT 4 ",
-                             "sample --target funnel --dim 10 --sampler nuts --chains 2 --warmup 50 --draws 100000000 "
-                             "-q -o " + dir);
+  const std::string command = std::string(NMCMC_CLI_PATH) +
+                              " sample --target funnel --dim 10 --sampler nuts --chains 2 --warmup 50 --draws 100000000 "
+                              "-q -o " + dir;
+  CliRun r = run_with_prefix(
+      "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + dir + "/chain_1.csv.part ] && [ $i -lt 1200 ]; do "
+      "sleep 0.1; i=$((i+1)); done; sleep 0.5; kill -INT $pid; wait $pid' 2>&1 #",
+      "");
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_NE(r.out.find("interrupted after"), std::string::npos) << r.out;
   ASSERT_TRUE(fs::exists(dir + "/chain_2.csv")) << r.out;
