@@ -443,11 +443,19 @@ def report_figures(run, fig_dir):
         keys = [k for k in keys if k[0] in t]
         fig, axes = plt.subplots(1, len(keys), figsize=(3.3 * len(keys), 2.9), squeeze=False, layout="constrained")
         for ax, (key, title, log) in zip(axes[0], keys):
-            ax.plot(t["step"], t[key], color=PALETTE[0], lw=1.2)
+            v = np.asarray(t[key], dtype=float)
+            ax.plot(t["step"], v, color=PALETTE[0], lw=1.2)
             ax.set_title(title)
             ax.set_xlabel("training step")
-            if log and np.all(np.asarray(t[key]) > 0):
+            finite = v[np.isfinite(v)]
+            if log and len(finite) and np.all(finite > 0) and finite.max() / finite.min() >= 10:
                 ax.set_yscale("log")
+            elif len(finite) >= 20:
+                # Early steps far off the rest (the loss) would flatten the curve: show the 2-98 % range.
+                lo, hi = np.percentile(finite, [2, 98])
+                if hi > lo and (finite.min() < lo - (hi - lo) or finite.max() > hi + (hi - lo)):
+                    ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
+                    ax.set_title(title + "\n(2-98 % range)")
             ax.grid(alpha=0.25)
         stem = os.path.join(fig_dir, "training")
         save(fig, stem)
