@@ -79,6 +79,20 @@ def legend_below(ax, handles=None, labels=None):
                   frameon=False, markerscale=2)
 
 
+def robust_ylim(ax, values, title):
+    """Early points far off the rest (a training loss's first steps) would flatten the curve: the
+    axis shows the 2-98 % range, and the title says so."""
+    import numpy as np
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 20:
+        return
+    lo, hi = np.percentile(v, [2, 98])
+    if hi > lo and (v.min() < lo - (hi - lo) or v.max() > hi + (hi - lo)):
+        ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
+        ax.set_title(title + "\n(2-98 % range; early points off the scale)")
+
+
 def render_panels(spec, stem):
     plt = _plt()
     fig = build_panels(spec)
@@ -126,6 +140,9 @@ def build_panels(spec):
                   for v in s_["y"] if v is not None and v > 0]
             if ys and max(ys) / min(ys) >= 10:
                 ax.set_yscale("log")
+        if p.get("robust_y"):
+            robust_ylim(ax, [v for s_ in p.get("series", []) if s_.get("kind") == "line" for v in s_["y"]],
+                        p.get("title", ""))
         if p.get("xlim"):
             ax.set_xlim(*p["xlim"])
         if p.get("ylim"):
@@ -450,12 +467,8 @@ def report_figures(run, fig_dir):
             finite = v[np.isfinite(v)]
             if log and len(finite) and np.all(finite > 0) and finite.max() / finite.min() >= 10:
                 ax.set_yscale("log")
-            elif len(finite) >= 20:
-                # Early steps far off the rest (the loss) would flatten the curve: show the 2-98 % range.
-                lo, hi = np.percentile(finite, [2, 98])
-                if hi > lo and (finite.min() < lo - (hi - lo) or finite.max() > hi + (hi - lo)):
-                    ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
-                    ax.set_title(title + "\n(2-98 % range)")
+            else:
+                robust_ylim(ax, finite, title)
             ax.grid(alpha=0.25)
         stem = os.path.join(fig_dir, "training")
         save(fig, stem)

@@ -46,6 +46,14 @@ std::string iso_now() {
   return fmt::format("{}.{:06d}", buffer, micros);
 }
 
+/// The attributes ArviZ puts on every group, beside the given ones.
+json with_standard_attributes(json attributes) {
+  attributes["created_at"] = iso_now();
+  attributes["inference_library"] = "nmcmc";
+  attributes["inference_library_version"] = NMCMC_VERSION;
+  return attributes;
+}
+
 /// Chunk shape (chains per chunk, draws per chunk) for a [C, draw, k] variable: about 1 MB
 /// chunks, and a slab of all chains' chunks of about 8 MB, so that appends of any length touch
 /// few chunks and the chunk cache (set to two slabs) holds them.
@@ -102,10 +110,7 @@ InferenceDataWriter::InferenceDataWriter(std::string path, int64_t chains, std::
   check(nc_def_grp(ncid_, "posterior", &posterior_), "posterior group");
   check(nc_def_grp(ncid_, "sample_stats", &stats_group_), "sample_stats group");
   groups_ = {ncid_, posterior_, stats_group_};
-  json attrs = attributes;
-  attrs["created_at"] = iso_now();
-  attrs["inference_library"] = "nmcmc";
-  attrs["inference_library_version"] = NMCMC_VERSION;
+  const json attrs = with_standard_attributes(attributes);
   for (int g : groups_) put_attributes(g, attrs);
 
   // Dimensions chain and draw in each group, with coordinate variables.
@@ -250,11 +255,7 @@ void InferenceDataWriter::add_table(const std::string& name, const std::map<std:
   check(nc_def_grp(ncid_, sanitise(name).c_str(), &group), "group '" + name + "'");
   size_t rows = columns.empty() ? 0 : columns.begin()->second.size();
   check(nc_def_dim(group, "step", rows, &dim), "step dimension");
-  json attrs = attributes;
-  attrs["created_at"] = iso_now();
-  attrs["inference_library"] = "nmcmc";
-  attrs["inference_library_version"] = NMCMC_VERSION;
-  put_attributes(group, attrs);
+  put_attributes(group, with_standard_attributes(attributes));
   std::vector<std::pair<int, const std::vector<double>*>> vars;
   for (const auto& [column, values] : columns) {
     TORCH_CHECK(values.size() == rows, "InferenceDataWriter: table columns differ in length");

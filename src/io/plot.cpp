@@ -74,7 +74,8 @@ Plot& Plot::shade(std::function<double(double, double)> density, std::string lab
 }
 
 json Plot::to_json() const {
-  json p = {{"title", title_}, {"xlabel", xlabel_}, {"ylabel", ylabel_}, {"log_y", log_y_}, {"series", series_}};
+  json p = {{"title", title_}, {"xlabel", xlabel_}, {"ylabel", ylabel_}, {"log_y", log_y_}, {"robust_y", robust_y_},
+            {"series", series_}};
   if (!xlim_.empty()) p["xlim"] = xlim_;
   if (!ylim_.empty()) p["ylim"] = ylim_;
   return p;

@@ -65,21 +65,8 @@ void plot_training_curves(const std::string& path, const std::vector<TrainStats>
   panels.push_back(Plot("accept rate").xlabel("training step").ylabel("mean accept probability").line(step, accept, palette(0)));
   panels.push_back(Plot("entropy weight β").xlabel("training step").ylabel("β").log_y().line(step, beta, palette(1)));
   panels.push_back(Plot("proposal entropy").xlabel("training step").ylabel("entropy (nats, + const)").line(step, entropy, palette(2)));
-  // The first steps' loss can be orders of magnitude above the rest: the axis shows the 2-98 %
-  // range (with a margin), the title says when points are off the scale.
-  Plot loss_plot("training loss");
-  std::vector<double> finite;
-  for (double v : loss)
-    if (std::isfinite(v)) finite.push_back(v);
-  if (finite.size() >= 20) {
-    std::sort(finite.begin(), finite.end());
-    const double lo = finite[finite.size() / 50], hi = finite[finite.size() - 1 - finite.size() / 50];
-    if (hi > lo && (finite.front() < lo - (hi - lo) || finite.back() > hi + (hi - lo))) {
-      loss_plot = Plot("training loss (2-98 % range; early steps off the scale)");
-      loss_plot.ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo));
-    }
-  }
-  panels.push_back(loss_plot.xlabel("training step").ylabel("loss (minimised)").line(step, loss, palette(3)));
+  // The first steps' loss can be orders of magnitude above the rest: robust_y.
+  panels.push_back(Plot("training loss").robust_y().xlabel("training step").ylabel("loss (minimised)").line(step, loss, palette(3)));
   panels.push_back(Plot("step size ε").xlabel("training step").ylabel("ε").log_y().line(step, eps, palette(4)));
   save_figure(path, panels, 3, title + ": training of the learned sampler");
 }

@@ -28,6 +28,8 @@ class Plot {
   Plot& xlim(double lo, double hi) { xlim_ = {lo, hi}; return *this; }
   Plot& ylim(double lo, double hi) { ylim_ = {lo, hi}; return *this; }
   Plot& log_y(bool on = true) { log_y_ = on; return *this; }
+  /// The y axis shows the lines' 2-98 % range when a few points lie far off the rest.
+  Plot& robust_y(bool on = true) { robust_y_ = on; return *this; }
   Plot& line(std::vector<double> x, std::vector<double> y, Rgb colour, std::string label = "");
   Plot& scatter(std::vector<double> x, std::vector<double> y, Rgb colour, double size = 2.0, std::string label = "",
                 double alpha = 0.7);
@@ -40,7 +42,7 @@ class Plot {
  private:
   std::string title_, xlabel_, ylabel_;
   std::vector<double> xlim_, ylim_;
-  bool log_y_ = false;
+  bool log_y_ = false, robust_y_ = false;
   nlohmann::json series_ = nlohmann::json::array();
 };
 
