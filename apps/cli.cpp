@@ -177,6 +177,12 @@ TrainProgressFn train_progress(bool quiet, const std::string& indent) {
   auto first_step = std::make_shared<int64_t>(-1);
   return [line, first_step](const TrainProgress& p) {
     const auto& s = p.stats;
+    if (p.phase == "precondition") {
+      const double rate = p.elapsed > 0 ? static_cast<double>(s.step) / p.elapsed : 0;
+      line->update("precondition", s.step, p.total, rate, fmt::format("accept {:.3f}  step size {:.3g}", s.accept, s.eps),
+                   "it");
+      return;
+    }
     if (*first_step < 0) *first_step = s.step - 1;  // a resumed run starts mid-way
     const double rate = p.elapsed > 0 ? static_cast<double>(s.step - *first_step) / p.elapsed : 0;
     line->update("train", s.step, p.total, rate,

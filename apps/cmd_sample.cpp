@@ -16,7 +16,7 @@ namespace {
 struct SampleArgs {
   TargetArgs target;
   ComputeArgs compute;
-  std::string sampler = "hmc", init = "uniform", format = "csv,netcdf";
+  std::string sampler = "hmc", init = "auto", format = "csv,netcdf";
   std::optional<std::string> output, model, metric;
   std::optional<double> step_size, target_accept;
   double jitter = 0;
@@ -96,7 +96,10 @@ Command add_sample_command(CLI::App& app) {
   cmd->add_option("--target-accept", a->target_accept, "accept-rate target of step-size adaptation (default: per sampler)");
   cmd->add_flag("--adapt-mass", a->adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows (= --metric diag)");
   cmd->add_flag("--no-adapt", a->no_adapt, "keep --step-size fixed during warm-up");
-  cmd->add_option("--init", a->init, "uniform (U(-2,2)) | exact | zero")->capture_default_str();
+  cmd->add_option("--init", a->init,
+                  "auto | uniform (U(-2,2)) | exact | zero | buffer (the learned sampler's own chains, saved with its "
+                  "checkpoint); auto: buffer for a learned sampler that has one, else uniform")
+      ->capture_default_str();
   cmd->add_option("--output,-o", a->output, "directory for the draws and summary.json");
   cmd->add_option("--format", a->format,
                   "draw files with --output: csv (Stan CSV per chain), netcdf (ArviZ InferenceData, "

@@ -50,10 +50,21 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   warn_blas();
   install_stop_handler();
   auto result = train(config, options.device(), a.output, log_path, a.resume, train_progress(a.quiet, ""), stop_requested);
+  if (result.interrupted && !result.saved) {
+    std::cerr << "\nnmcmc: interrupted in the preconditioner warm-up; nothing written (run again)\n";
+    return 130;
+  }
   if (result.interrupted) {
     std::cerr << "\nnmcmc: interrupted at step " << result.steps << "; checkpoint saved to " << a.output
               << " (continue with --resume)\n";
     return 130;
+  }
+  if (!result.preconditioner.is_null()) {
+    const json& p = result.preconditioner;
+    std::cout << fmt::format("preconditioner ({}): {} warm-up of {} chains x {} iterations, {} target gradient evaluations, "
+                             "{:.1f} s; step size {:.3g}\n",
+                             p.value("kind", ""), p.value("sampler", ""), p.value("chains", 0), p.value("warmup", 0) + p.value("draws", 0),
+                             p.value("grads", 0), p.value("seconds", 0.0), p.value("step_size", 0.0));
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row); model: {}; log: {}\n",
                            result.steps, result.seconds, result.grads, a.output, log_path);

@@ -256,7 +256,7 @@ def _spec_of(t) -> dict:
 def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int = 1000, draws: int = 1000,
            seed: int = 1, model=None, metric: _Optional[str] = None, step_size: _Optional[float] = None,
            target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
-           max_depth: int = 10, jitter: float = 0.0, init: str = "uniform", init_x: _Optional[torch.Tensor] = None,
+           max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
            dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
            progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as

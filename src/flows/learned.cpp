@@ -31,6 +31,12 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
   if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");
+  if (o.precondition != "none" && o.precondition != "diag" && o.precondition != "dense") {
+    throw UsageError("model: precondition must be none, diag or dense, got '" + o.precondition + "'");
+  }
+  if (o.learn_precondition && o.precondition == "none") {
+    throw UsageError("model: learn_precondition needs precondition diag or dense");
+  }
   static const std::vector<std::string> acts = {"elu", "relu", "tanh", "softplus", "silu"};
   if (std::find(acts.begin(), acts.end(), o.activation) == acts.end()) {
     throw UsageError("model: activation must be elu, relu, tanh, softplus or silu");
@@ -127,6 +133,134 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   if (o.variant == Variant::kLangevin) {
     net_drift_ = register_module("net_drift", StepMLP(1, d, o.hidden, 2 * d, o.shared_layers, o.activation, true));
   }
+  if (o.precondition != "none") {
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+    auto reg = [&](const std::string& name, torch::Tensor t) {
+      return o.learn_precondition ? register_parameter(name, t) : register_buffer(name, t);
+    };
+    pre_shift_ = register_buffer("precondition_shift", torch::zeros({d}, f64));
+    pre_log_scale_ = reg("precondition_log_scale", torch::zeros({d}, f64));
+    if (o.precondition == "dense") pre_lower_ = reg("precondition_lower", torch::zeros({d, d}, f64));
+  }
+}
+
+// ------------------------------------------------------------------ preconditioner
+
+namespace {
+/// x = m + L y with L lower triangular (dense) or diagonal (scale); Note [Affine preconditioner].
+struct Affine {
+  torch::Tensor m, l, scale;  // [D]; [D, D] when dense, else undefined; diag(L) [D] when diagonal
+  torch::Tensor log_det;      // float64 scalar
+  bool dense() const { return l.defined(); }
+  torch::Tensor to_latent(const torch::Tensor& x) const {  // y = L^-1 (x - m): rows solve y L^T = x - m
+    return dense() ? torch::linalg_solve_triangular(l.t(), x - m, /*upper=*/true, /*left=*/false) : (x - m) / scale;
+  }
+  torch::Tensor from_latent(const torch::Tensor& y) const { return dense() ? m + y.matmul(l.t()) : m + y * scale; }
+  torch::Tensor latent_grad(const torch::Tensor& g) const { return dense() ? g.matmul(l) : g * scale; }  // L^T dU
+  torch::Tensor ambient_grad(const torch::Tensor& gy) const {  // rows solve g L = gy
+    return dense() ? torch::linalg_solve_triangular(l, gy, /*upper=*/false, /*left=*/false) : gy / scale;
+  }
+};
+
+/// The target seen in the flow's coordinates: U_y(y) = U(m + L y), dU_y = L^T dU. Every
+/// evaluation is one (counted) evaluation of the real target.
+class LatentTarget : public Target {
+ public:
+  LatentTarget(Target& inner, Affine a) : Target(inner.options()), inner_(&inner), a_(std::move(a)) {}
+  std::string name() const override { return inner_->name(); }
+  int64_t dim() const override { return inner_->dim(); }
+  nlohmann::json spec() const override { return inner_->spec(); }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& y) const override { return inner_->energy(a_.from_latent(y)); }
+  EnergyGrad compute_energy_and_grad(const torch::Tensor& y, bool create_graph) const override {
+    EnergyGrad eg = inner_->energy_and_grad(a_.from_latent(y), create_graph);
+    return {eg.energy, a_.latent_grad(eg.grad)};
+  }
+
+ private:
+  Target* inner_;
+  Affine a_;
+};
+
+Affine dense_affine(const torch::Tensor& m, const torch::Tensor& l) {
+  return {m, l, torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64)};
+}
+}  // namespace
+
+void LearnedSamplerImpl::set_eps(double eps) {
+  TORCH_CHECK(eps > 0 && std::isfinite(eps), "set_eps: eps must be positive, got ", eps);
+  torch::NoGradGuard no_grad;
+  log_eps_.fill_(std::log(eps));
+}
+
+void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance) {
+  TORCH_CHECK(preconditioned(), "set_preconditioner: the model has precondition = none");
+  const int64_t d = options_.dim;
+  torch::NoGradGuard no_grad;
+  torch::Tensor m = shift.to(torch::kCPU, torch::kFloat64).reshape({-1});
+  torch::Tensor c = covariance.to(torch::kCPU, torch::kFloat64);
+  const bool shape_ok = (c.dim() == 1 && c.size(0) == d) || (c.dim() == 2 && c.size(0) == d && c.size(1) == d);
+  if (m.size(0) != d || !shape_ok) {
+    throw DataError("preconditioner: expected a shift [" + std::to_string(d) + "] and a covariance [" +
+                    std::to_string(d) + "] or [" + std::to_string(d) + ", " + std::to_string(d) + "]");
+  }
+  if (!torch::isfinite(m).all().item<bool>() || !torch::isfinite(c).all().item<bool>()) {
+    throw DataError("preconditioner: the shift or covariance is not finite");
+  }
+  torch::Tensor log_scale, lower;
+  if (c.dim() == 1 || options_.precondition == "diag") {
+    torch::Tensor var = c.dim() == 1 ? c : c.diagonal();
+    if (!(var > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
+    log_scale = 0.5 * var.log();
+    lower = torch::zeros({d, d}, torch::kFloat64);
+  } else {
+    auto [l, info] = torch::linalg_cholesky_ex(0.5 * (c + c.t()));
+    if (info.item<int64_t>() != 0) throw DataError("preconditioner: the covariance is not positive definite");
+    log_scale = l.diagonal().log();
+    lower = torch::tril(l, -1);
+  }
+  pre_shift_.copy_(m);
+  pre_log_scale_.copy_(log_scale);
+  if (pre_lower_.defined()) pre_lower_.copy_(lower);
+}
+
+torch::Tensor LearnedSamplerImpl::precondition_matrix() const {
+  if (!preconditioned()) return torch::eye(options_.dim, log_eps_.options());
+  torch::Tensor diag = torch::diag_embed(pre_log_scale_.exp());
+  return pre_lower_.defined() ? torch::tril(pre_lower_, -1) + diag : diag;
+}
+
+torch::Tensor LearnedSamplerImpl::precondition_shift() const {
+  return preconditioned() ? pre_shift_ : torch::zeros({options_.dim}, log_eps_.options());
+}
+
+torch::Tensor LearnedSamplerImpl::precondition_log_det() const {
+  return preconditioned() ? pre_log_scale_.sum().to(torch::kFloat64) : torch::zeros({}, torch::kFloat64);
+}
+
+namespace {
+Affine model_affine(const torch::Tensor& m, const torch::Tensor& log_scale, const torch::Tensor& lower) {
+  if (lower.defined()) return {m, torch::tril(lower, -1) + torch::diag_embed(log_scale.exp()), torch::Tensor(),
+                               log_scale.sum().to(torch::kFloat64)};
+  return {m, torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64)};
+}
+}  // namespace
+
+torch::Tensor LearnedSamplerImpl::to_latent(const torch::Tensor& x) const {
+  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).to_latent(x) : x;
+}
+
+torch::Tensor LearnedSamplerImpl::from_latent(const torch::Tensor& y) const {
+  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).from_latent(y) : y;
+}
+
+torch::Tensor LearnedSamplerImpl::latent_grad(const torch::Tensor& g) const {
+  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).latent_grad(g) : g;
+}
+
+torch::Tensor LearnedSamplerImpl::ambient_grad(const torch::Tensor& gy) const {
+  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).ambient_grad(gy) : gy;
 }
 
 namespace {
@@ -201,7 +335,35 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
                                                          bool create_graph) {
   const int64_t d = options_.dim;
   TORCH_CHECK(x.dim() == 2 && x.size(1) == d, "learned sampler: expected x [C, ", d, "], got ", x.sizes());
-  torch::Tensor z0 = randn(x.sizes(), gen, x.options());
+  return propose_from(target, x, grad, randn(x.sizes(), gen, x.options()), create_graph);
+}
+
+LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, const torch::Tensor& x,
+                                                              const torch::Tensor& grad, const torch::Tensor& z0,
+                                                              bool create_graph) {
+  const int64_t d = options_.dim;
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == d && z0.sizes() == x.sizes(), "learned sampler: expected x and z0 [C, ", d,
+              "], got ", x.sizes(), " and ", z0.sizes());
+  if (!preconditioned()) return propose_latent(target, x, grad, z0, create_graph);
+  Affine a = model_affine(pre_shift_, pre_log_scale_, pre_lower_);
+  LatentTarget view(target, a);
+  Proposed p = propose_latent(view, a.to_latent(x), grad.defined() ? a.latent_grad(grad) : grad, z0, create_graph);
+  p.x_new = a.from_latent(p.x_new);
+  if (p.grad_new.defined()) p.grad_new = a.ambient_grad(p.grad_new);
+  p.log_det = p.log_det + a.log_det;
+  p.log_q_fwd = p.log_q_fwd - a.log_det;
+  p.log_q_rev = p.log_q_rev - a.log_det;
+  if (defect_ == LearnedDefect::kDiagonalReverse) {
+    torch::NoGradGuard no_grad;
+    p.log_q_rev = log_density_with(target, p.x_new, p.grad_new, x, torch::diag_embed(pre_log_scale_.exp()));
+  }
+  return p;
+}
+
+LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_latent(Target& target, const torch::Tensor& x,
+                                                                const torch::Tensor& grad, const torch::Tensor& z0,
+                                                                bool create_graph) {
+  const int64_t d = options_.dim;
   torch::Tensor eps = log_eps_.exp();
   const torch::Tensor d_log_eps = static_cast<double>(d) * log_eps_.to(torch::kFloat64);
   Proposed p;
@@ -226,6 +388,22 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
 
 torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
                                               const torch::Tensor& x_to) {
+  if (!preconditioned()) return log_density_latent(target, x_from, grad_from, x_to);
+  return log_density_with(target, x_from, grad_from, x_to, precondition_matrix());
+}
+
+torch::Tensor LearnedSamplerImpl::log_density_with(Target& target, const torch::Tensor& x_from,
+                                                   const torch::Tensor& grad_from, const torch::Tensor& x_to,
+                                                   const torch::Tensor& l) {
+  Affine a = dense_affine(pre_shift_, l);
+  LatentTarget view(target, a);
+  return log_density_latent(view, a.to_latent(x_from), grad_from.defined() ? a.latent_grad(grad_from) : grad_from,
+                            a.to_latent(x_to)) -
+         a.log_det;
+}
+
+torch::Tensor LearnedSamplerImpl::log_density_latent(Target& target, const torch::Tensor& x_from,
+                                                     const torch::Tensor& grad_from, const torch::Tensor& x_to) {
   torch::Tensor eps = log_eps_.exp();
   torch::Tensor drift = options_.variant == Variant::kLangevin ? langevin_drift(x_from, grad_from) : torch::zeros_like(x_from);
   FlowPass inv = inverse_flow(target, x_from, (x_to - x_from - drift) / eps, /*create_graph=*/false);
@@ -245,6 +423,9 @@ int64_t LearnedSamplerImpl::flops_per_step() const {
   int64_t per_substep = net_sqt_->flops_per_row() + (net_r_ ? net_r_->flops_per_row() : 0);
   int64_t total = 2 * substeps() * per_substep;
   if (net_drift_) total += 2 * net_drift_->flops_per_row();
+  // Preconditioner: per proposal about 4 (diag) or 4 D (dense) multiply-adds per coordinate
+  // (to and from the flow's coordinates, the gradients and the reverse pass's solves).
+  if (preconditioned()) total += 2 * options_.dim * (options_.precondition == "dense" ? 4 * options_.dim : 4);
   return total;
 }
 

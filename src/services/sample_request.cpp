@@ -3,6 +3,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/services/sample.hpp"
+#include "nmcmc/training/trainer.hpp"
 #include "nmcmc/version.hpp"
 
 namespace nmcmc {
@@ -43,8 +44,23 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
   std::shared_ptr<Target> target = make_target(target_spec, options);
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
   RunOptions run;
-  run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(a.init);
+  // Starting points: "auto" is the learned sampler's own chains (the bootstrap buffer saved with
+  // its checkpoint) when it has them - a trained flow has only seen points near the typical set,
+  // and from far outside it may reject every proposal - else Stan's uniform(-2, 2).
+  std::string init = a.init;
+  torch::Tensor buffer;
+  if (learned && (init == "auto" || init == "buffer") && !a.init_x.defined()) buffer = load_buffer(*a.model);
+  if (init == "auto") init = buffer.defined() ? "buffer" : "uniform";
+  if (init == "buffer") {
+    if (!learned) throw UsageError("--init buffer needs --sampler learned (the chains saved with its checkpoint)");
+    if (!buffer.defined() && !a.init_x.defined()) {
+      throw UsageError("--init buffer: the checkpoint " + *a.model +
+                       " holds no buffer (it was trained on exact samples); use --init exact, uniform or zero");
+    }
+  }
+  run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(init == "buffer" ? "uniform" : init);
   if (a.init_x.defined()) run.set_init_x(a.init_x);
+  else if (init == "buffer") run.set_init_x(buffer);
   run.set_adapt_mass(metric != MetricKind::kUnit).set_dense_mass(metric == MetricKind::kDense);
   // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
   if (!learned) run.set_adapt_step(!a.no_adapt);
@@ -63,7 +79,7 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
             {"warmup", a.warmup},
             {"draws", a.draws},
             {"seed", a.seed},
-            {"init", a.init_x.defined() ? "given" : a.init},
+            {"init", a.init_x.defined() ? "given" : init},
             {"adapt_step", !a.no_adapt},
             {"adapt_mass", run.adapt_mass},
             {"dtype", options.dtype().toScalarType() == torch::kFloat64 ? "float64" : "float32"},

@@ -7,6 +7,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {
@@ -38,6 +39,56 @@ TrainConfig parse_train_config(const json& j) {
   return c;
 }
 
+json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
+                            const TrainProgressFn& progress, const std::function<bool()>& should_stop) {
+  const std::string kind = sampler->options().precondition;
+  TORCH_CHECK(kind != "none", "warm_up_preconditioner: the model has precondition = none");
+  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
+  RunOptions ro;
+  ro.chains = o.precondition_chains;
+  ro.warmup = o.precondition_warmup;
+  ro.draws = o.precondition_draws;
+  ro.adapt_mass = true;
+  ro.dense_mass = kind == "dense";
+  ro.target_accept = default_target_accept(o.precondition_sampler);
+  ro.draws_in_memory_limit = 0;
+  ro.should_stop = should_stop;
+  ProgressFn adapter;
+  if (progress) {
+    adapter = [&](const Progress& p) {
+      TrainProgress tp;
+      tp.phase = "precondition";
+      tp.stats.step = p.phase == "warmup" ? p.iteration : o.precondition_warmup + p.iteration;
+      tp.stats.accept = p.accept;
+      tp.stats.eps = p.step_size;
+      tp.total = o.precondition_warmup + o.precondition_draws;
+      tp.elapsed = p.elapsed;
+      progress(tp);
+    };
+  }
+  SampleResult r = run_sampler(target, *kernel, ro, o.seed + 7919, adapter);
+  json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains},
+                 {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
+                 {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
+                 {"seconds", r.seconds_warmup + r.seconds_sampling}};
+  if (!r.complete) {
+    record["interrupted"] = true;
+    return record;
+  }
+  torch::Tensor draws = r.draws.reshape({-1, target.dim()});  // [S C, D] float64
+  if (!torch::isfinite(draws).all().item<bool>() || !r.inv_mass.defined()) {
+    throw DataError("preconditioner warm-up: the " + o.precondition_sampler +
+                    " chains produced non-finite draws or no metric; set model.precondition = none");
+  }
+  sampler->set_preconditioner(draws.mean(0), r.inv_mass);
+  if (o.eps_from_warmup) sampler->set_eps(r.step_size);
+  // The buffer starts from the last draws of every chain (where the warm-up left them).
+  const int64_t want = std::min<int64_t>(r.draws.size(0), (trainer.options().batch + ro.chains - 1) / ro.chains + 1);
+  trainer.seed_buffer(r.draws.narrow(0, r.draws.size(0) - want, want).reshape({-1, target.dim()}).flip(0));
+  record["divergent"] = r.divergent.sum().item<int64_t>();
+  return record;
+}
+
 TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
                   const std::string& log_path, bool resume, const TrainProgressFn& progress,
                   const std::function<bool()>& should_stop) {
@@ -45,10 +96,22 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
-  Trainer trainer(*target, LearnedSampler(model).ptr(), config.train);
-  const json extra = {{"name", config.name}, {"config", config.to_json()}};
-  if (resume && std::filesystem::exists(output)) trainer.load(output);
+  LearnedSampler sampler(model);
+  Trainer trainer(*target, sampler.ptr(), config.train);
+  json extra = {{"name", config.name}, {"config", config.to_json()}};
   TrainResult result;
+  if (resume && std::filesystem::exists(output)) {
+    json meta = trainer.load(output);
+    if (meta.contains("preconditioner")) extra["preconditioner"] = result.preconditioner = meta["preconditioner"];
+  } else if (sampler->preconditioned()) {
+    json record = warm_up_preconditioner(*target, sampler, trainer, config.train, progress, should_stop);
+    if (record.value("interrupted", false)) {
+      result.interrupted = true;
+      result.saved = false;
+      return result;
+    }
+    extra["preconditioner"] = result.preconditioner = record;
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
   const int64_t total = config.train.steps;
@@ -67,7 +130,7 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
     auto now = std::chrono::steady_clock::now();
     if (progress && (std::chrono::duration<double>(now - last).count() > 0.5 || s.step == total)) {
       last = now;
-      progress({s, total, std::chrono::duration<double>(now - t0).count()});
+      progress({"train", s, total, std::chrono::duration<double>(now - t0).count()});
     }
   }
   if (total == 0 || (trainer.current_step() == total && !std::filesystem::exists(output))) checkpoint();

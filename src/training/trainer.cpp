@@ -32,6 +32,12 @@ TrainOptions TrainOptions::from_json(const json& j) {
   if (o.data != "auto" && o.data != "exact" && o.data != "buffer") throw UsageError("train: data must be auto, exact or buffer");
   if (o.buffer_size != 0 && o.buffer_size < o.batch) throw UsageError("train: buffer_size must be at least the batch");
   if (o.checkpoint_every < 1 || o.log_every < 1) throw UsageError("train: checkpoint_every and log_every must be positive");
+  if (o.precondition_sampler != "nuts" && o.precondition_sampler != "hmc" && o.precondition_sampler != "mala") {
+    throw UsageError("train: precondition_sampler must be nuts, hmc or mala");
+  }
+  if (o.precondition_warmup < 20 || o.precondition_draws < 1 || o.precondition_chains < 1) {
+    throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 1 and precondition_chains >= 1");
+  }
   return o;
 }
 
@@ -70,6 +76,17 @@ double Trainer::learning_rate(int64_t t) const {
   const double span = std::max<int64_t>(1, options_.steps - options_.warmup_steps);
   const double progress = std::min(1.0, static_cast<double>(t - options_.warmup_steps) / span);
   return options_.min_lr + 0.5 * (options_.lr - options_.min_lr) * (1.0 + std::cos(pi * progress));
+}
+
+void Trainer::seed_buffer(const torch::Tensor& x) {
+  TORCH_CHECK(step_ == 0, "seed_buffer: only before the first step");
+  if (!use_buffer_) return;
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == buffer_.size(1) && x.size(0) > 0, "seed_buffer: expected [n, ",
+              buffer_.size(1), "], got ", x.sizes());
+  torch::NoGradGuard no_grad;
+  const int64_t n = buffer_.size(0);
+  torch::Tensor rows = torch::arange(n, torch::kInt64).remainder(x.size(0));
+  buffer_ = x.to(torch::kCPU).index_select(0, rows).to(target_.options());
 }
 
 torch::Tensor Trainer::next_batch() {
@@ -198,7 +215,10 @@ json Trainer::load(const std::string& path) {
     throw DataError("checkpoint '" + path + "' was trained on target " + meta["target"].dump() + ", not " +
                     target_.spec().dump());
   }
-  if (meta["model"] != core_.model().options_json()) {
+  // Options added after a checkpoint was written are absent from it and take their defaults.
+  json stored = core_.model().options_json();
+  if (meta["model"].is_object()) stored.update(meta["model"]);
+  if (stored != core_.model().options_json()) {
     throw DataError("checkpoint '" + path + "' holds a different model: " + meta["model"].dump());
   }
   try {

@@ -245,3 +245,180 @@ TEST(LearnedProposal, StepSizeAdaptationIsRefusedNotIgnored) {
   MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler("mala").set_step_size(1e-4)));
   EXPECT_GT(run_sampler(*t, mala, run, 1).step_size, 1e-3);
 }
+
+// ---- the affine preconditioner: Note [Affine preconditioner] ----
+
+#include "nmcmc/services/train.hpp"
+
+namespace {
+/// A correlated symmetric positive definite matrix [d, d] (fixed seed).
+torch::Tensor test_covariance(int64_t d, uint64_t seed) {
+  at::Generator g = make_generator(seed);
+  torch::Tensor a = torch::randn({d, d}, g, kF64) * 0.5;
+  return a.matmul(a.t()) + torch::diag(torch::linspace(0.2, 2.0, d, kF64));
+}
+/// The perturbed sampler with a preconditioner (m, L from test_covariance).
+LearnedSampler preconditioned_sampler(int64_t d, Variant v, const std::string& kind, uint64_t seed, double scale = 0.3) {
+  auto s = test_support::perturbed_sampler(LearnedOptions()
+                                               .set_dim(d)
+                                               .set_variant(v)
+                                               .set_hidden(16)
+                                               .set_steps(2)
+                                               .set_eps(0.3)
+                                               .set_precondition(kind),
+                                           seed, scale);
+  s->set_preconditioner(torch::linspace(-0.5, 0.5, d, kF64), test_covariance(d, seed + 1));
+  return s;
+}
+}  // namespace
+
+TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
+  // L = I: plain MALA. L = chol(Sigma): MALA with inverse mass matrix Sigma (diag: its diagonal).
+  auto t = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, kF64);
+  at::Generator g0 = make_generator(3);
+  torch::Tensor x = t->sample(32, g0);
+  const torch::Tensor cov = test_covariance(6, 4);
+  for (const std::string kind : {"dense", "diag"}) {
+    for (bool identity : {true, false}) {
+      for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+        LearnedSampler s(LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.4).set_precondition(kind));
+        s->to(torch::kFloat64);
+        auto mala = std::make_shared<Mala>(0.4);
+        if (identity) {
+          s->set_preconditioner(torch::full({6}, 0.7, kF64), torch::eye(6, kF64));  // m does not matter
+        } else {
+          s->set_preconditioner(torch::zeros({6}, kF64), cov);
+          mala->set_inv_mass(kind == "dense" ? cov : cov.diagonal().clone());
+        }
+        auto learned = std::make_shared<LearnedProposal>(s);
+        MetropolisHastings kl(learned), km(mala);
+        ChainState sl = kl.init(*t, x), sm = km.init(*t, x);
+        at::Generator ga = make_generator(5), gb = make_generator(5);  // same z0 for both
+        ProposalResult a = learned->propose(*t, sl, ga), b = mala->propose(*t, sm, gb);
+        const std::string what = kind + (identity ? " identity " : " sigma ") + variant_name(v);
+        EXPECT_LT((a.proposed.x - b.proposed.x).abs().max().item<double>(), 1e-12) << what;
+        EXPECT_LT((a.log_q_ratio - b.log_q_ratio).abs().max().item<double>(), 1e-9) << what;
+        EXPECT_GT((a.proposed.x - x).abs().max().item<double>(), 1e-2) << what;  // it moves
+      }
+    }
+  }
+}
+
+TEST(Preconditioner, LogDetIsTheWholeMapsJacobian) {
+  // p.log_det + D log eps = log|det dx'/dz0|: the flow's and L's log-determinants together, the
+  // entropy the objective maximises (so a learned L is trained on the exact entropy).
+  auto t = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
+  at::Generator gen = make_generator(2);
+  for (const std::string kind : {"dense", "diag"}) {
+    for (Variant v : {Variant::kFull, Variant::kNoGrad}) {
+      auto s = preconditioned_sampler(5, v, kind, 20, 1.0);
+      torch::Tensor x = t->sample(1, gen), z0 = torch::randn({1, 5}, gen, kF64);
+      torch::Tensor zin = z0.clone().requires_grad_(true);
+      torch::Tensor out = s->propose_from(*t, x, {}, zin, true).x_new.squeeze(0);
+      torch::Tensor jac = torch::zeros({5, 5}, kF64);
+      for (int i = 0; i < 5; ++i) jac[i] = torch::autograd::grad({out[i]}, {zin}, {}, true)[0].squeeze(0);
+      const double logdet = std::log(std::abs(torch::linalg::det(jac).item<double>()));
+      torch::NoGradGuard no_grad;
+      Proposed p = s->propose_from(*t, x, {}, z0, false);
+      const double total = p.log_det.item<double>() + 5 * s->log_eps().item<double>();
+      EXPECT_NEAR(total, logdet, 1e-10) << kind << " " << variant_name(v);
+      EXPECT_GT(std::abs(s->precondition_log_det().item<double>()), 0.1) << kind;  // L is not a rotation
+    }
+  }
+}
+
+TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
+  auto t = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, kF64);
+  at::Generator gen = make_generator(6);
+  for (const std::string kind : {"dense", "diag"}) {
+    for (Variant v : {Variant::kFull, Variant::kNoGrad, Variant::kLangevin}) {
+      auto s = preconditioned_sampler(6, v, kind, 30);
+      torch::NoGradGuard no_grad;
+      torch::Tensor x = t->sample(64, gen);
+      EXPECT_LT((s->from_latent(s->to_latent(x)) - x).abs().max().item<double>(), 1e-12);
+      auto eg = t->energy_and_grad(x);
+      auto p = s->propose(*t, x, eg.grad, gen, false);
+      torch::Tensor grad_new = p.grad_new.defined() ? p.grad_new : t->energy_and_grad(p.x_new).grad;
+      if (p.grad_new.defined()) {  // the carried gradient is the target's, back in x coordinates
+        EXPECT_LT((p.grad_new - t->energy_and_grad(p.x_new).grad).abs().max().item<double>(), 1e-9);
+      }
+      torch::Tensor fwd = s->log_density(*t, x, eg.grad, p.x_new);
+      torch::Tensor rev = s->log_density(*t, p.x_new, grad_new, x);
+      const std::string what = kind + " " + variant_name(v);
+      EXPECT_LT((fwd - p.log_q_fwd).abs().max().item<double>(), 1e-10) << what;
+      EXPECT_LT((rev - p.log_q_rev).abs().max().item<double>(), 1e-10) << what;
+      torch::Tensor log_a = eg.energy - p.energy_new + p.log_q_rev - p.log_q_fwd;
+      torch::Tensor log_a_back = p.energy_new - eg.energy + fwd - rev;
+      EXPECT_LT((log_a + log_a_back).abs().max().item<double>(), 1e-10) << what;
+    }
+  }
+}
+
+TEST(Preconditioner, BadInputIsRefused) {
+  LearnedSampler s(LearnedOptions().set_dim(3).set_hidden(8).set_precondition("dense"));
+  s->to(torch::kFloat64);
+  EXPECT_THROW(s->set_preconditioner(torch::zeros({3}, kF64), -torch::eye(3, kF64)), DataError);
+  EXPECT_THROW(s->set_preconditioner(torch::zeros({3}, kF64), torch::eye(4, kF64)), DataError);
+  EXPECT_THROW(s->set_preconditioner(torch::full({3}, NAN, kF64), torch::eye(3, kF64)), DataError);
+  EXPECT_THROW(s->set_preconditioner(torch::zeros({3}, kF64), torch::tensor({1.0, 0.0, 2.0}, kF64)), DataError);
+  EXPECT_THROW(LearnedOptions::from_json({{"dim", 3}, {"precondition", "full"}}), UsageError);
+  EXPECT_THROW(LearnedOptions::from_json({{"dim", 3}, {"learn_precondition", true}}), UsageError);
+  LearnedSampler none(LearnedOptions().set_dim(3).set_hidden(8));
+  EXPECT_THROW(none->set_preconditioner(torch::zeros({3}), torch::eye(3)), c10::Error);
+  EXPECT_TRUE(torch::equal(none->precondition_matrix(), torch::eye(3, none->log_eps().options())));
+}
+
+TEST(Preconditioner, LearnedLIsTrainedSavedAndLoaded) {
+  // learn_precondition: L's entries are parameters that the entropy objective moves (their
+  // gradient includes log|det L|); a checkpoint round trip keeps m and L exactly.
+  auto t = make_target(tiny_config_target(), torch::kFloat32);
+  auto options = LearnedOptions().set_dim(10).set_hidden(16).set_steps(1).set_eps(0.05).set_precondition("dense")
+                     .set_learn_precondition(true);
+  LearnedSampler sampler(options);
+  Trainer tr(*t, sampler.ptr(), tiny_train(6));
+  sampler->set_preconditioner(torch::full({10}, 0.1), torch::eye(10) * 0.5);
+  const torch::Tensor l0 = sampler->precondition_matrix().detach().clone();
+  for (int i = 0; i < 6; ++i) tr.step();
+  const torch::Tensor l1 = sampler->precondition_matrix().detach();
+  EXPECT_GT((l1 - l0).abs().max().item<double>(), 1e-4);
+  EXPECT_TRUE(torch::equal(torch::triu(l1, 1), torch::zeros_like(l1)));  // stays lower triangular
+  const std::string path = ::testing::TempDir() + "precondition.pt";
+  tr.save(path, {});
+  auto [loaded, meta] = load_model(path);
+  EXPECT_TRUE(torch::equal(loaded->precondition_matrix(), l1));
+  EXPECT_TRUE(torch::equal(loaded->precondition_shift(), sampler->precondition_shift()));
+  // A fixed preconditioner is a buffer: not among the parameters the optimiser moves.
+  LearnedSampler fixed(LearnedOptions().set_dim(10).set_hidden(16).set_precondition("dense"));
+  int found = 0;
+  for (const auto& b : fixed->named_buffers()) found += b.key().find("precondition") != std::string::npos;
+  EXPECT_EQ(found, 3);  // shift, log scale, lower
+  for (const auto& p : fixed->named_parameters()) EXPECT_EQ(p.key().find("precondition"), std::string::npos) << p.key();
+}
+
+TEST(Preconditioner, TrainServiceWarmsUpSetsLAndRecordsTheCost) {
+  // The train service's warm-up (NUTS with a dense metric over Stan's windows) sets L close to the
+  // target's covariance (icg: variances 1e-2 .. 1e2, so L = I would be off by up to 10x in scale),
+  // eps from its step size, and records its gradient cost in the checkpoint.
+  TrainConfig c = parse_train_config({{"target", {{"name", "icg"}, {"dim", 10}}},
+                                      {"model", {{"hidden", 16}, {"precondition", "dense"}}},
+                                      {"train",
+                                       {{"steps", 2},
+                                        {"batch", 32},
+                                        {"precondition_warmup", 150},
+                                        {"precondition_draws", 20},
+                                        {"precondition_chains", 8},
+                                        {"seed", 5}}}});
+  const std::string dir = ::testing::TempDir();
+  TrainResult r = train(c, torch::kCPU, dir + "pc_train.pt", dir + "pc_train.csv", false);
+  ASSERT_TRUE(r.preconditioner.is_object());
+  EXPECT_GT(r.preconditioner["grads"].get<int64_t>(), 8 * 170);
+  auto [s, meta] = load_model(dir + "pc_train.pt");
+  EXPECT_EQ(meta["preconditioner"], r.preconditioner);
+  torch::Tensor sd = s->precondition_matrix().to(torch::kFloat64).pow(2).sum(1).sqrt();  // row norms: the sds
+  torch::Tensor true_sd = torch::logspace(-2, 2, 10, 10.0, kF64).sqrt();
+  torch::Tensor ratio = sd / true_sd;
+  EXPECT_GT(ratio.min().item<double>(), 0.5) << ratio;
+  EXPECT_LT(ratio.max().item<double>(), 2.0) << ratio;
+  // eps starts at the warm-up step size (two Adam steps move it by about 2 lr).
+  EXPECT_NEAR(std::log(s->eps().item<double>()), std::log(r.preconditioner["step_size"].get<double>()), 0.01);
+}

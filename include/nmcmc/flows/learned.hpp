@@ -22,6 +22,18 @@
 // z_u <- z_u exp(S) - eps' T); kLangevin uses x' = x + eps z - (eps^2/2) dU(x) exp(S_d(x)) + T_d(x)
 // with z = f(z0; x) a gradient-free conditional RealNVP, so each MH step needs dU(x) (carried
 // in the chain state) and dU(x') (for the reverse density).
+//
+// Note [Affine preconditioner]
+// With precondition = diag or dense, everything above runs in coordinates y = L^-1 (x - m), on
+// the target U_y(y) = U(m + L y), whose gradient is L^T dU(x) (a Target view; each view
+// evaluation is one evaluation of the real target). L is lower triangular with a positive
+// diagonal exp(s) (diag: L = diag(exp(s))); m only centres the networks' inputs. Then
+//   x' = m + L y' = x + eps L z,   log q(x'|x) = log q_y(y'|y) - log|det L|,  log|det L| = sum s,
+// and log|det L| is added to the flow's log-det, so the entropy objective (training/objective.hpp)
+// sees the proposal entropy in x exactly and can learn L (learn_precondition). For a fixed L the
+// term cancels in the MH ratio. With zero networks the proposal is MALA with inverse mass matrix
+// L L^T; with L = I it is plain MALA. L and m come from a warm-up of the chains
+// (services/train.cpp) or set_preconditioner().
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
@@ -50,6 +62,8 @@ struct LearnedOptions {
   std::string activation = "elu";  // elu | relu | tanh | softplus | silu
   double eps = 0.1;            // initial step size (learned, stored as log eps)
   uint64_t mask_seed = 0;      // seed of the random half-half masks
+  std::string precondition = "none";  // none | diag | dense: Note [Affine preconditioner]
+  bool learn_precondition = false;    // L is trained with the entropy objective (else fixed)
   LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
   LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
   LearnedOptions& set_hidden(int64_t h) { hidden = h; return *this; }
@@ -58,11 +72,13 @@ struct LearnedOptions {
   LearnedOptions& set_activation(std::string a) { activation = std::move(a); return *this; }
   LearnedOptions& set_eps(double e) { eps = e; return *this; }
   LearnedOptions& set_mask_seed(uint64_t s) { mask_seed = s; return *this; }
+  LearnedOptions& set_precondition(std::string p) { precondition = std::move(p); return *this; }
+  LearnedOptions& set_learn_precondition(bool b) { learn_precondition = b; return *this; }
   nlohmann::json to_json() const;
   static LearnedOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hidden, steps, shared_layers, activation,
-                                                eps, mask_seed)
+                                                eps, mask_seed, precondition, learn_precondition)
 
 /// An MLP whose first and last layers have separate weights per sub-step k and whose middle
 /// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden
@@ -98,6 +114,8 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   nlohmann::json options_json() const override { return options_.to_json(); }
   int64_t dim() const override { return options_.dim; }
   torch::Tensor log_eps() const override { return log_eps_; }
+  /// Sets the step size eps (> 0).
+  void set_eps(double eps);
   bool needs_grad() const override { return options_.variant == Variant::kLangevin; }
   /// Number of coupling sub-steps 2N.
   int64_t substeps() const { return 2 * options_.steps; }
@@ -114,6 +132,9 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   /// Draws z0 from gen and builds x' with both densities. `grad` is dU(x) (Langevin only).
   Proposed propose(Target& target, const torch::Tensor& x, const torch::Tensor& grad, at::Generator& gen,
                    bool create_graph) override;
+  /// The same from a given base draw z0 [C, D] (tests take Jacobians through it).
+  Proposed propose_from(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0,
+                        bool create_graph);
 
   /// log q(x_to | x_from) by the inverse pass (an independent route to the same density the
   /// forward pass gives). For the Langevin variant `grad_from` is dU(x_from).
@@ -130,8 +151,34 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   /// The masks as a [N, D] 0/1 tensor (1 = in m_n).
   torch::Tensor masks() const { return masks_; }
 
+  /// Whether the flow runs in preconditioned coordinates (Note [Affine preconditioner]).
+  bool preconditioned() const { return options_.precondition != "none"; }
+  /// Sets m [D] and L from a covariance: [D, D] (L = its Cholesky factor; a diagonal model keeps
+  /// only the variances) or variances [D]. DataError if the covariance is not positive definite.
+  void set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance);
+  /// L [D, D] (identity without a preconditioner), in the model's dtype.
+  torch::Tensor precondition_matrix() const;
+  /// m [D] (zero without a preconditioner).
+  torch::Tensor precondition_shift() const;
+  /// log|det L| (a float64 scalar; 0 without a preconditioner).
+  torch::Tensor precondition_log_det() const;
+  /// y = L^-1 (x - m), [C, D].
+  torch::Tensor to_latent(const torch::Tensor& x) const;
+  /// x = m + L y, [C, D].
+  torch::Tensor from_latent(const torch::Tensor& y) const;
+
  private:
-  torch::Tensor substep_input(const torch::Tensor& x, const torch::Tensor& zc, const torch::Tensor& g) const;
+  /// propose / log_density in the flow's own coordinates (y = x without a preconditioner).
+  Proposed propose_latent(Target& target, const torch::Tensor& y, const torch::Tensor& grad, const torch::Tensor& z0,
+                          bool create_graph);
+  torch::Tensor log_density_latent(Target& target, const torch::Tensor& y_from, const torch::Tensor& grad_from,
+                                   const torch::Tensor& y_to);
+  /// log_density with a given L (the defect test passes a wrong one).
+  torch::Tensor log_density_with(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
+                                 const torch::Tensor& x_to, const torch::Tensor& l);
+  /// dU/dy = L^T dU/dx as rows: g L; and back.
+  torch::Tensor latent_grad(const torch::Tensor& g) const;
+  torch::Tensor ambient_grad(const torch::Tensor& gy) const;
   /// Coupling parameters of sub-step k at (x, z): returns (S, Q, T, g_u) restricted to the
   /// updated half; Q and g_u undefined for gradient-free variants.
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> coupling(Target& target, int64_t k,
@@ -143,6 +190,9 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   LearnedDefect defect_ = LearnedDefect::kNone;
   torch::Tensor log_eps_;                   // scalar parameter
   torch::Tensor masks_;                     // [N, D] buffer
+  torch::Tensor pre_shift_;                 // m [D] (buffer), when preconditioned
+  torch::Tensor pre_log_scale_;             // s [D]: diag(L) = exp(s) (parameter if learned, else buffer)
+  torch::Tensor pre_lower_;                 // [D, D], strictly lower part of L used (dense only)
   std::vector<torch::Tensor> upd_idx_, cond_idx_;  // per sub-step index sets (int64)
   StepMLP net_sqt_{nullptr}, net_r_{nullptr}, net_drift_{nullptr};
 };

@@ -28,7 +28,9 @@ struct FlowPass {
 };
 
 /// Deliberate errors for the power of the statistical tests; never used outside tests.
-enum class LearnedDefect { kNone, kDropLogDet, kDropReverse };
+/// kDiagonalReverse (preconditioned models): the reverse density maps x' to the flow's
+/// coordinates with diag(L) only, as a forgotten off-diagonal would.
+enum class LearnedDefect { kNone, kDropLogDet, kDropReverse, kDiagonalReverse };
 
 /// log q of a flow proposal from its base draw: -|z_base|^2 / 2 - log|dz/dz0| - D log eps, [C]
 /// float64, without the common -D/2 log(2 pi). d_log_eps = D log eps.

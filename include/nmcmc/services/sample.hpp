@@ -241,7 +241,9 @@ struct SampleRequest {
   int64_t leapfrog = 10, max_depth = 10;
   int64_t chains = 4, warmup = 1000, draws = 1000;
   uint64_t seed = 1;
-  std::string init = "uniform";
+  std::string init = "auto";           // auto | uniform | exact | zero | buffer (the learned sampler's
+                                       // own chains from its checkpoint); auto: buffer when the model
+                                       // has one, else uniform
   torch::Tensor init_x;                // explicit starting points (overrides init)
   torch::TensorOptions options;        // dtype and device
   bool dtype_given = false;            // the learned sampler: else it runs in the dtype it was trained in

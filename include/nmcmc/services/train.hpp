@@ -23,6 +23,7 @@ struct TrainConfig {
 TrainConfig parse_train_config(const nlohmann::json& j);
 
 struct TrainProgress {
+  std::string phase = "train";  // "precondition" (the warm-up: stats.step = iteration, accept, eps) | "train"
   TrainStats stats;
   int64_t total = 0;
   double elapsed = 0;
@@ -34,8 +35,18 @@ struct TrainResult {
   double seconds = 0;        // wall time of this invocation
   int64_t grads = 0;         // target gradient evaluations per batch row, whole run
   bool interrupted = false;
+  bool saved = true;         // false: interrupted in the preconditioner warm-up, nothing written
   std::vector<TrainStats> log;
+  nlohmann::json preconditioner;  // the warm-up's record (checkpoint meta "preconditioner"), or null
 };
+
+/// Runs the warm-up of Note [Affine preconditioner] with the training options' precondition_*
+/// settings and sets the model's m, L (and eps, with eps_from_warmup); seeds the trainer's buffer
+/// with its draws. Returns its record: sampler, chains, iterations, grads (all chains), seconds,
+/// step_size; with "interrupted": true when should_stop ended it (the model is then unchanged).
+nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer,
+                                      const TrainOptions& options, const TrainProgressFn& progress = nullptr,
+                                      const std::function<bool()>& should_stop = nullptr);
 
 /// Trains (or, with resume and an existing checkpoint, continues) and writes the checkpoint
 /// at `output` every checkpoint_every steps and at the end, with the log CSV at `log_path`.

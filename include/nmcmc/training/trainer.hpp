@@ -33,12 +33,22 @@ struct TrainOptions {
   uint64_t seed = 1;
   int64_t checkpoint_every = 500;
   int64_t log_every = 10;
+  // The warm-up that sets an affine preconditioner (model.precondition diag | dense; Note
+  // [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
+  // regularised covariance gives L and whose draws give m and the first bootstrap buffer.
+  std::string precondition_sampler = "nuts";  // nuts | hmc | mala
+  int64_t precondition_warmup = 500;          // adaptation iterations
+  int64_t precondition_draws = 100;           // draws after it (for m and the buffer)
+  int64_t precondition_chains = 16;
+  bool eps_from_warmup = true;                // start eps at the warm-up's adapted step size
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr, min_lr, batch, steps, warmup_steps, beta,
                                                 beta_min, beta_max, rho, clip, amsgrad, data, buffer_size,
-                                                buffer_init_scale, stop_grad, seed, checkpoint_every, log_every)
+                                                buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
+                                                precondition_sampler, precondition_warmup, precondition_draws,
+                                                precondition_chains, eps_from_warmup)
 
 /// One logged training step.
 struct TrainStats {
@@ -68,6 +78,9 @@ class Trainer {
   /// All logged rows so far.
   const std::vector<TrainStats>& log() const { return log_; }
   bool uses_buffer() const { return use_buffer_; }
+  /// Replaces the bootstrap buffer's starting points with rows of `x` [n, D] (cycled), e.g. the
+  /// draws of a warm-up. Only before the first step; ignored when training on exact samples.
+  void seed_buffer(const torch::Tensor& x);
 
   /// Writes everything needed to resume bit for bit (atomically). `extra` is stored as-is.
   void save(const std::string& path, const nlohmann::json& extra) const;
