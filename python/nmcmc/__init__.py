@@ -265,6 +265,9 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     With `output` a directory, also writes the draws there as they are drawn, in `formats`: "csv"
     (Stan CSV per chain), "netcdf" (ArviZ InferenceData, inference_data.nc: arviz.from_netcdf or
     xarray.open_dataset(path, group="posterior")) or both, and summary.json.
+    init: "auto" (a learned sampler starts from its own chains saved with its checkpoint when it
+    has them, everything else from Stan's uniform(-2, 2)), "uniform", "exact", "zero" or "buffer";
+    init_x: explicit starting points [n, D] (rows cycled over the chains).
     Ctrl-C raises KeyboardInterrupt."""
     if sampler == "learned":
         if model is None:

@@ -23,7 +23,8 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& experiment_names() {
-  static const std::vector<std::string> names = {"icg", "scg", "funnel1", "funnel3", "german", "australian", "heart"};
+  static const std::vector<std::string> names = {"icg",    "scg",    "rotated_icg", "funnel1",
+                                                 "funnel3", "german", "australian",  "heart"};
   return names;
 }
 
@@ -238,7 +239,8 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
   for (const auto& name : selected) {
     const auto& all = experiment_names();
     if (std::find(all.begin(), all.end(), name) == all.end() && std::find(extras.begin(), extras.end(), name) == extras.end()) {
-      throw UsageError("unknown experiment '" + name + "' (icg, scg, funnel1, funnel3, german, australian, heart, moon, ablation)");
+      throw UsageError("unknown experiment '" + name +
+                       "' (icg, scg, rotated_icg, funnel1, funnel3, german, australian, heart, moon, ablation)");
     }
   }
   if (o.only.empty()) selected.insert(selected.end(), extras.begin(), extras.end());
@@ -277,6 +279,12 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     entry["paper"] = cfg.value("paper", json::object());
     entry["profile_changes"] = changes;
     entry["learned"] = measures(learned, *target, train_seconds, trained.grads);
+    // All the gradients training spent: every batch row's, plus the preconditioner's warm-up.
+    const json& pre = trained.preconditioner;
+    const double warmup_grads = pre.is_object() ? pre.value("grads", 0.0) : 0.0;
+    entry["learned"]["grads_training_total"] = static_cast<double>(trained.grads) * config.train.batch + warmup_grads;
+    entry["learned"]["seconds_training"] = train_seconds + (pre.is_object() ? pre.value("seconds", 0.0) : 0.0);
+    if (pre.is_object()) entry["preconditioner"] = pre;
     const json& paper_data = entry["paper"];
     if (paper_data.contains("authors_sd_rest")) {
       // The funnels: the authors' normalising constant for x2.., for comparison (README).
@@ -310,6 +318,20 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       say(fmt::format("  nuts: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
                       entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
                       entry["nuts"]["grads_per_step"].get<double>()));
+    }
+    if (name.rfind("funnel", 0) != 0) {
+      // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
+      // learned sampler, whose L comes from the same kind of estimate.
+      Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+      RunOptions run;
+      run.set_chains(chains).set_warmup(bl["warmup"]).set_draws(bl["draws"]).set_adapt_step(true).set_adapt_mass(true);
+      run.set_dense_mass(true).set_init(target->has_sampler() ? "exact" : "uniform");
+      SampleResult r = run_sampler(*target, nuts, run, 2);
+      entry["nuts_dense"] = measures(r, *target, 0, 0);
+      say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
+                      entry["nuts_dense"]["ess_per_step_min"].get<double>(),
+                      entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
+                      entry["nuts_dense"]["grads_per_step"].get<double>()));
     }
     say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f} (x1 {:.4f}), ESS/grad min {:.4g}, max R-hat {:.3f}, "
                     "x1 mean squared jump {:.3g} (MALA {:.3g}, HMC {:.3g})",
@@ -428,7 +450,7 @@ std::string results_table(const json& results) {
     const std::string tail = fmt::format("{:.3f}, {:.3f}", num(l, "accept"), num(l, "max_rhat"));
     const json& p = section(e, "paper");
     const std::string comp = p.contains("competitor") && p["competitor"].is_string() ? p["competitor"].get<std::string>() : "";
-    if (name == "icg" || name == "scg") {
+    if (name == "icg" || name == "scg" || name == "rotated_icg") {
       out += fmt::format("| {} | ESS/MH, ESS/grad (min) | {}, {} | {:.3g}, {:.3g} | {} | {:.3g}, {:.3g} | {:.3g}, {:.3g} | {} |\n", name,
                          num(p, "ess_per_step"), num(p, "ess_per_grad"), num(l, "ess_per_step_min"), num(l, "ess_per_grad_min"),
                          comp, num(m, "ess_per_step_min"), num(m, "ess_per_grad_min"), num(h, "ess_per_step_min"),
@@ -473,7 +495,7 @@ std::string results_table(const json& results) {
   for (const auto& name : experiment_names()) {
     if (!experiments.contains(name)) continue;
     const json& e = section(experiments, name);
-    for (const char* sampler : {"learned", "mala", "hmc", "nuts"}) {
+    for (const char* sampler : {"learned", "mala", "hmc", "nuts", "nuts_dense"}) {
       if (!e.contains(sampler)) continue;
       const json& r = section(e, sampler);
       const bool learned = std::string(sampler) == "learned";
@@ -483,6 +505,37 @@ std::string results_table(const json& results) {
                          learned ? fmt::format("{:.0f}", num(r, "seconds_training")) : std::string("-"),
                          learned ? fmt::format("{:.0f}", num(r, "grads_training_per_row")) : std::string("-"));
     }
+  }
+  out += "\nThe learned sampler against NUTS per gradient (ESS per gradient, minimum over dimensions, true moments). "
+         "Training cost T = every gradient evaluation training spent (all batch rows, and the preconditioner's warm-up). "
+         "Break-even: the effective draws E at which T + E / (learned ESS/grad) = E / (NUTS ESS/grad), against the better "
+         "of the two NUTS metrics (NUTS's own warm-up not counted, which favours NUTS); in learned-sampler draws per "
+         "chain-step: E / (learned ESS/MH).\n\n";
+  out += "| experiment | learned ESS/grad | NUTS diag ESS/grad | NUTS dense ESS/grad | learned / best NUTS | "
+         "preconditioner | training gradients T | break-even ESS E | break-even learned draws |\n"
+         "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& name : experiment_names()) {
+    if (!experiments.contains(name)) continue;
+    const json& e = section(experiments, name);
+    const json& l = section(e, "learned");
+    const double rl = num(l, "ess_per_grad_min"), nd = num(section(e, "nuts"), "ess_per_grad_min");
+    const double nf = num(section(e, "nuts_dense"), "ess_per_grad_min");
+    const double best = std::isnan(nf) ? nd : std::isnan(nd) ? nf : std::max(nd, nf);
+    const double t = num(l, "grads_training_total");
+    std::string be = "never (learned is not better per gradient)", draws = "-";
+    if (rl > best && std::isfinite(t)) {
+      const double ess = t / (1.0 / best - 1.0 / rl);
+      be = fmt::format("{:.3g}", ess);
+      draws = fmt::format("{:.3g}", ess / num(l, "ess_per_step_min"));
+    } else if (!std::isfinite(t)) {
+      be = "-";
+    }
+    const json& pre = section(e, "preconditioner");
+    const std::string pc = pre.contains("kind") && pre["kind"].is_string()
+                               ? fmt::format("{} ({} grads)", pre["kind"].get<std::string>(), num(pre, "grads"))
+                               : std::string("none");
+    out += fmt::format("| {} | {:.4g} | {:.4g} | {:.4g} | {:.2f} | {} | {:.3g} | {} | {} |\n", name, rl, nd, nf, rl / best, pc, t,
+                       be, draws);
   }
   return out;
 }

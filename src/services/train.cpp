@@ -86,6 +86,7 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
   const int64_t want = std::min<int64_t>(r.draws.size(0), (trainer.options().batch + ro.chains - 1) / ro.chains + 1);
   trainer.seed_buffer(r.draws.narrow(0, r.draws.size(0) - want, want).reshape({-1, target.dim()}).flip(0));
   record["divergent"] = r.divergent.sum().item<int64_t>();
+  if (o.eps_from_warmup && o.beta_from_warmup) record["beta"] = trainer.warm_start_beta();
   return record;
 }
 

@@ -11,6 +11,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/checkpoint.hpp"
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/training/objective.hpp"
 
 namespace nmcmc {
 
@@ -76,6 +77,38 @@ double Trainer::learning_rate(int64_t t) const {
   const double span = std::max<int64_t>(1, options_.steps - options_.warmup_steps);
   const double progress = std::min(1.0, static_cast<double>(t - options_.warmup_steps) / span);
   return options_.min_lr + 0.5 * (options_.lr - options_.min_lr) * (1.0 + std::cos(pi * progress));
+}
+
+double Trainer::warm_start_beta() {
+  TORCH_CHECK(step_ == 0, "warm_start_beta: only before the first step");
+  torch::NoGradGuard no_grad;
+  const int64_t g0 = target_.grad_evals();
+  torch::Tensor x = next_batch();
+  torch::Tensor u_x, grad_x;
+  if (core_.model().needs_grad()) {
+    auto eg = target_.energy_and_grad(x);
+    u_x = eg.energy;
+    grad_x = eg.grad;
+  } else {
+    u_x = target_.energy(x);
+  }
+  ProposalModel& model = core_.model();
+  torch::Tensor log_eps = model.log_eps();
+  const double le = log_eps.item<double>(), h = 0.1;
+  auto mean_log_a = [&](double value) {
+    log_eps.fill_(value);
+    at::Generator g = make_generator(options_.seed + 0xbe7a, target_.options().device());  // common random numbers
+    ObjectiveTerms t = entropy_objective(target_, model, x, u_x, grad_x, 0.0, g, false);
+    torch::Tensor finite = torch::isfinite(t.log_a);
+    torch::Tensor la = torch::where(finite, torch::clamp_max(t.log_a, 0.0), torch::full_like(t.log_a, -50.0));
+    return la.mean().item<double>();
+  };
+  const double slope = (mean_log_a(le + h) - mean_log_a(le - h)) / (2 * h);
+  log_eps.fill_(le);
+  const double beta = std::clamp(-slope / static_cast<double>(model.dim()), options_.beta_min, options_.beta_max);
+  core_.beta().set_value(beta);
+  grads_ += target_.grad_evals() - g0;
+  return beta;
 }
 
 void Trainer::seed_buffer(const torch::Tensor& x) {

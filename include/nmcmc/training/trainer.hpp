@@ -41,6 +41,7 @@ struct TrainOptions {
   int64_t precondition_draws = 100;           // draws after it (for m and the buffer)
   int64_t precondition_chains = 16;
   bool eps_from_warmup = true;                // start eps at the warm-up's adapted step size
+  bool beta_from_warmup = true;               // then start beta where that eps is the objective's optimum
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
@@ -48,7 +49,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr,
                                                 beta_min, beta_max, rho, clip, amsgrad, data, buffer_size,
                                                 buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
                                                 precondition_sampler, precondition_warmup, precondition_draws,
-                                                precondition_chains, eps_from_warmup)
+                                                precondition_chains, eps_from_warmup, beta_from_warmup)
 
 /// One logged training step.
 struct TrainStats {
@@ -78,6 +79,13 @@ class Trainer {
   /// All logged rows so far.
   const std::vector<TrainStats>& log() const { return log_; }
   bool uses_buffer() const { return use_buffer_; }
+  /// Sets beta so that the model's current eps is a stationary point of the objective on one
+  /// batch: with d/d(log eps) of the entropy term equal to D (exact for the MALA-like model at
+  /// initialisation), beta = -dE[min(0, log a)]/d(log eps) / D, by a central difference (+-0.1,
+  /// common random numbers), clamped to [beta_min, beta_max]. Only before the first step. A
+  /// beta of 1e-3 that grows by at most rho (a - a*) per step otherwise takes thousands of steps
+  /// to reach the scale the entropy needs (BENCHMARKS.md, issue #16). Returns the new beta.
+  double warm_start_beta();
   /// Replaces the bootstrap buffer's starting points with rows of `x` [n, D] (cycled), e.g. the
   /// draws of a warm-up. Only before the first step; ignored when training on exact samples.
   void seed_buffer(const torch::Tensor& x);
