@@ -353,6 +353,11 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     output: the checkpoint's path (a temporary file if not given; Model.save copies it).
     resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves."""
     cfg = _load_config(config)
+    if config is None:
+        # Your own target: the affine preconditioner (README, "The preconditioner"), as `nmcmc train`.
+        cfg.setdefault("model", {}).setdefault("precondition", "auto")
+        cfg["model"].setdefault("learn_precondition", True)
+        cfg.setdefault("train", {}).setdefault("rho", 0.3)
     if target is not None:
         cfg["target"] = _spec_of(target)
         if dtype is None and isinstance(target, Target):
@@ -380,6 +385,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     m = Model(output)
     m.log_path = log
     m.training = result
+    if result["interrupted"] and not result.get("saved", True):
+        raise KeyboardInterrupt("nmcmc.train: interrupted in the preconditioner warm-up; nothing was written")
     if result["interrupted"]:
         print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "
               f"(resume=True continues it)", file=_sys.stderr)

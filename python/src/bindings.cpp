@@ -141,6 +141,8 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   d["seconds"] = res.seconds;
   d["grads"] = res.grads;
   d["interrupted"] = res.interrupted || interrupted_by_signal;
+  d["saved"] = res.saved;
+  if (!res.preconditioner.is_null()) d["preconditioner"] = py::module_::import("json").attr("loads")(res.preconditioner.dump());
   return d;
 }
 

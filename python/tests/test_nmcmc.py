@@ -148,6 +148,9 @@ def test_train_save_load_sample_and_compare(tmp_path):
     t = nmcmc.from_function(gaussian_energy, dim=3)
     model = nmcmc.train(t, steps=60, batch=64, model={"hidden": 16}, progress=False)
     assert model.steps == 60 and model.training["steps"] == 60 and not model.training["interrupted"]
+    # Your own target gets the affine preconditioner by default (dense at D = 3), from a NUTS warm-up.
+    assert model.training["preconditioner"]["kind"] == "dense"
+    assert model.training["preconditioner"]["grads"] > 0 and model.meta["model"]["precondition"] == "dense"
     saved = tmp_path / "model.pt"
     model.save(str(saved))
     again = nmcmc.Model.load(str(saved))

@@ -24,6 +24,11 @@ std::string variant_name(Variant v) {
   return "full";
 }
 
+std::string resolve_precondition(const std::string& precondition, int64_t dim) {
+  if (precondition != "auto") return precondition;
+  return dim <= kDenseMaxDim ? "dense" : "diag";
+}
+
 nlohmann::json LearnedOptions::to_json() const { return nlohmann::json(*this); }
 
 LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
@@ -31,8 +36,8 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
   if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");
-  if (o.precondition != "none" && o.precondition != "diag" && o.precondition != "dense") {
-    throw UsageError("model: precondition must be none, diag or dense, got '" + o.precondition + "'");
+  if (o.precondition != "none" && o.precondition != "diag" && o.precondition != "dense" && o.precondition != "auto") {
+    throw UsageError("model: precondition must be none, diag, dense or auto, got '" + o.precondition + "'");
   }
   if (o.learn_precondition && o.precondition == "none") {
     throw UsageError("model: learn_precondition needs precondition diag or dense");
@@ -105,6 +110,8 @@ int64_t StepMLPImpl::flops_per_row() const {
 
 LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
+  TORCH_CHECK(o.precondition == "none" || o.precondition == "diag" || o.precondition == "dense",
+              "the learned sampler needs precondition none, diag or dense (resolve auto first: resolve_precondition)");
   const int64_t d = o.dim, k = 2 * o.steps;
   const int64_t half_max = (d + 1) / 2;
   log_eps_ = register_parameter("log_eps", torch::tensor(std::log(o.eps), torch::kFloat64));

@@ -97,6 +97,7 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
+  model.precondition = resolve_precondition(model.precondition, model.dim);
   LearnedSampler sampler(model);
   Trainer trainer(*target, sampler.ptr(), config.train);
   json extra = {{"name", config.name}, {"config", config.to_json()}};

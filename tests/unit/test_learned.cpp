@@ -354,6 +354,14 @@ TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
   }
 }
 
+TEST(Preconditioner, AutoIsDenseUpToAThousandDimensions) {
+  EXPECT_EQ(resolve_precondition("auto", 2), "dense");
+  EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim), "dense");
+  EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim + 1), "diag");
+  EXPECT_EQ(resolve_precondition("none", 5), "none");
+  EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(3).set_precondition("auto")), c10::Error);
+}
+
 TEST(Preconditioner, BadInputIsRefused) {
   LearnedSampler s(LearnedOptions().set_dim(3).set_hidden(8).set_precondition("dense"));
   s->to(torch::kFloat64);

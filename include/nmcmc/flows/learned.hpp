@@ -52,6 +52,10 @@ std::string variant_name(Variant v);
 inline void to_json(nlohmann::json& j, Variant v) { j = variant_name(v); }
 inline void from_json(const nlohmann::json& j, Variant& v) { v = parse_variant(j.get<std::string>()); }
 
+/// "auto": dense up to kDenseMaxDim dimensions (L costs O(D^2) per proposal), diag above.
+constexpr int64_t kDenseMaxDim = 1000;
+std::string resolve_precondition(const std::string& precondition, int64_t dim);
+
 /// Model hyper-parameters (the paper's "hidden width / steps N", plus the rest).
 struct LearnedOptions {
   int64_t dim = 2;
@@ -62,7 +66,7 @@ struct LearnedOptions {
   std::string activation = "elu";  // elu | relu | tanh | softplus | silu
   double eps = 0.1;            // initial step size (learned, stored as log eps)
   uint64_t mask_seed = 0;      // seed of the random half-half masks
-  std::string precondition = "none";  // none | diag | dense: Note [Affine preconditioner]
+  std::string precondition = "none";  // none | diag | dense | auto: Note [Affine preconditioner]
   bool learn_precondition = false;    // L is trained with the entropy objective (else fixed)
   LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
   LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
