@@ -31,7 +31,14 @@ const std::vector<std::string>& experiment_names() {
 json profile_settings(const std::string& profile, const std::string& e) {
   const bool logistic = e == "german" || e == "australian" || e == "heart";
   if (profile == "smoke") {
-    return {{"train", {{"steps", 30}, {"batch", 64}, {"checkpoint_every", 1000}, {"log_every", 5}}},
+    return {{"train",
+             {{"steps", 30},
+              {"batch", 64},
+              {"checkpoint_every", 1000},
+              {"log_every", 5},
+              {"precondition_warmup", 60},
+              {"precondition_draws", 20},
+              {"precondition_chains", 4}}},
             {"model", {{"hidden", 32}}},
             {"eval", {{"chains", 16}, {"burn", 100}, {"keep", 100}}},
             {"baseline", {{"warmup", 100}, {"draws", 100}}},

@@ -168,13 +168,26 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(out + "/results.json");
   nlohmann::json j = nlohmann::json::parse(in);
-  for (const char* e : {"icg", "scg", "funnel1", "funnel3", "german", "australian", "heart"}) {
+  for (const char* e : {"icg", "scg", "rotated_icg", "funnel1", "funnel3", "german", "australian", "heart"}) {
     ASSERT_TRUE(j["experiments"].contains(e)) << e;
     for (const char* s : {"learned", "mala", "hmc"}) {
       EXPECT_TRUE(j["experiments"][e][s]["ess_per_step_min"].is_number()) << e << " " << s;
     }
   }
   EXPECT_TRUE(j["experiments"]["funnel3"]["hmc_paper"]["scan"].is_array());
+  // The preconditioned experiments record their warm-up and have NUTS with a dense metric beside
+  // them; the funnels neither. The learned-vs-NUTS table has a row per experiment.
+  for (const char* e : {"icg", "rotated_icg", "german"}) {
+    EXPECT_GT(j["experiments"][e]["preconditioner"]["grads"].get<double>(), 0) << e;
+    EXPECT_TRUE(j["experiments"][e]["nuts_dense"]["ess_per_grad_min"].is_number()) << e;
+    EXPECT_GT(j["experiments"][e]["learned"]["grads_training_total"].get<double>(),
+              j["experiments"][e]["preconditioner"]["grads"].get<double>()) << e;
+  }
+  EXPECT_FALSE(j["experiments"]["funnel1"].contains("preconditioner"));
+  EXPECT_FALSE(j["experiments"]["funnel1"].contains("nuts_dense"));
+  EXPECT_NE(r.out.find("| rotated_icg | ESS/MH, ESS/grad (min)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("break-even ESS E"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| rotated_icg | nuts_dense | "), std::string::npos) << r.out;
   for (const char* f : {"fig1_proposal_cloud.png", "ablation_entropy.png", "funnel3/fig2_x1_traces.png",
                         "funnel3/figA2_proposal_clouds.png", "icg/training_curves.png", "results.md"}) {
     EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
