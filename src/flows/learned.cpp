@@ -147,25 +147,44 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
     };
     pre_shift_ = register_buffer("precondition_shift", torch::zeros({d}, f64));
     pre_log_scale_ = reg("precondition_log_scale", torch::zeros({d}, f64));
-    if (o.precondition == "dense") pre_lower_ = reg("precondition_lower", torch::zeros({d, d}, f64));
+    if (o.precondition == "dense") {
+      // L = L0 M: L0 (from the warm-up) fixed, M = tril(B, -1) + diag(exp(s)) learned from the
+      // identity, so that the optimiser's steps are in whitened units whatever the target's scales.
+      pre_base_ = register_buffer("precondition_base", torch::eye(d, f64));
+      pre_lower_ = reg("precondition_lower", torch::zeros({d, d}, f64));
+    }
   }
 }
 
 // ------------------------------------------------------------------ preconditioner
 
 namespace {
-/// x = m + L y with L lower triangular (dense) or diagonal (scale); Note [Affine preconditioner].
+/// x = m + L y with L = L0 M (dense: L0 lower triangular, M lower triangular or, undefined, the
+/// identity) or L = diag(scale); Note [Affine preconditioner].
 struct Affine {
-  torch::Tensor m, l, scale;  // [D]; [D, D] when dense, else undefined; diag(L) [D] when diagonal
-  torch::Tensor log_det;      // float64 scalar
+  torch::Tensor m, l, l2, scale;  // [D]; L0 [D, D] when dense; M [D, D] or undefined; diag(L) [D] when diagonal
+  torch::Tensor log_det;          // float64 scalar
   bool dense() const { return l.defined(); }
-  torch::Tensor to_latent(const torch::Tensor& x) const {  // y = L^-1 (x - m): rows solve y L^T = x - m
-    return dense() ? torch::linalg_solve_triangular(l.t(), x - m, /*upper=*/true, /*left=*/false) : (x - m) / scale;
+  static torch::Tensor solve_right(const torch::Tensor& a, const torch::Tensor& b) {  // rows solve x A = b
+    return torch::linalg_solve_triangular(a, b, /*upper=*/false, /*left=*/false);
   }
-  torch::Tensor from_latent(const torch::Tensor& y) const { return dense() ? m + y.matmul(l.t()) : m + y * scale; }
-  torch::Tensor latent_grad(const torch::Tensor& g) const { return dense() ? g.matmul(l) : g * scale; }  // L^T dU
-  torch::Tensor ambient_grad(const torch::Tensor& gy) const {  // rows solve g L = gy
-    return dense() ? torch::linalg_solve_triangular(l, gy, /*upper=*/false, /*left=*/false) : gy / scale;
+  torch::Tensor to_latent(const torch::Tensor& x) const {  // y = L^-1 (x - m): rows solve y L^T = x - m
+    if (!dense()) return (x - m) / scale;
+    torch::Tensor u = torch::linalg_solve_triangular(l.t(), x - m, /*upper=*/true, /*left=*/false);
+    return l2.defined() ? torch::linalg_solve_triangular(l2.t(), u, /*upper=*/true, /*left=*/false) : u;
+  }
+  torch::Tensor from_latent(const torch::Tensor& y) const {
+    if (!dense()) return m + y * scale;
+    return m + (l2.defined() ? y.matmul(l2.t()) : y).matmul(l.t());
+  }
+  torch::Tensor latent_grad(const torch::Tensor& g) const {  // L^T dU as rows: g L0 M
+    if (!dense()) return g * scale;
+    torch::Tensor v = g.matmul(l);
+    return l2.defined() ? v.matmul(l2) : v;
+  }
+  torch::Tensor ambient_grad(const torch::Tensor& gy) const {  // rows solve g L0 M = gy
+    if (!dense()) return gy / scale;
+    return solve_right(l, l2.defined() ? solve_right(l2, gy) : gy);
   }
 };
 
@@ -191,7 +210,7 @@ class LatentTarget : public Target {
 };
 
 Affine dense_affine(const torch::Tensor& m, const torch::Tensor& l) {
-  return {m, l, torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64)};
+  return {m, l, torch::Tensor(), torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64)};
 }
 }  // namespace
 
@@ -215,27 +234,43 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
   if (!torch::isfinite(m).all().item<bool>() || !torch::isfinite(c).all().item<bool>()) {
     throw DataError("preconditioner: the shift or covariance is not finite");
   }
-  torch::Tensor log_scale, lower;
-  if (c.dim() == 1 || options_.precondition == "diag") {
+  if (options_.precondition == "diag") {
     torch::Tensor var = c.dim() == 1 ? c : c.diagonal();
     if (!(var > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
-    log_scale = 0.5 * var.log();
-    lower = torch::zeros({d, d}, torch::kFloat64);
+    pre_log_scale_.copy_(0.5 * var.log());
   } else {
-    auto [l, info] = torch::linalg_cholesky_ex(0.5 * (c + c.t()));
-    if (info.item<int64_t>() != 0) throw DataError("preconditioner: the covariance is not positive definite");
-    log_scale = l.diagonal().log();
-    lower = torch::tril(l, -1);
+    torch::Tensor base;
+    if (c.dim() == 1) {
+      if (!(c > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
+      base = torch::diag(c.sqrt());
+    } else {
+      auto [l, info] = torch::linalg_cholesky_ex(0.5 * (c + c.t()));
+      if (info.item<int64_t>() != 0) throw DataError("preconditioner: the covariance is not positive definite");
+      base = l;
+    }
+    pre_base_.copy_(base);
+    pre_log_scale_.zero_();
+    pre_lower_.zero_();
   }
   pre_shift_.copy_(m);
-  pre_log_scale_.copy_(log_scale);
-  if (pre_lower_.defined()) pre_lower_.copy_(lower);
 }
+
+namespace {
+Affine model_affine(const torch::Tensor& m, const torch::Tensor& base, const torch::Tensor& log_scale,
+                    const torch::Tensor& lower, bool learned) {
+  if (!base.defined()) return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64)};
+  torch::Tensor log_det = base.diagonal().log().sum().to(torch::kFloat64);
+  if (!learned) return {m, base, torch::Tensor(), torch::Tensor(), log_det};
+  return {m, base, torch::tril(lower, -1) + torch::diag_embed(log_scale.exp()), torch::Tensor(),
+          log_det + log_scale.sum().to(torch::kFloat64)};
+}
+}  // namespace
 
 torch::Tensor LearnedSamplerImpl::precondition_matrix() const {
   if (!preconditioned()) return torch::eye(options_.dim, log_eps_.options());
-  torch::Tensor diag = torch::diag_embed(pre_log_scale_.exp());
-  return pre_lower_.defined() ? torch::tril(pre_lower_, -1) + diag : diag;
+  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition);
+  if (!a.dense()) return torch::diag_embed(a.scale);
+  return a.l2.defined() ? a.l.matmul(a.l2) : a.l;
 }
 
 torch::Tensor LearnedSamplerImpl::precondition_shift() const {
@@ -243,31 +278,24 @@ torch::Tensor LearnedSamplerImpl::precondition_shift() const {
 }
 
 torch::Tensor LearnedSamplerImpl::precondition_log_det() const {
-  return preconditioned() ? pre_log_scale_.sum().to(torch::kFloat64) : torch::zeros({}, torch::kFloat64);
+  if (!preconditioned()) return torch::zeros({}, torch::kFloat64);
+  return model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).log_det;
 }
-
-namespace {
-Affine model_affine(const torch::Tensor& m, const torch::Tensor& log_scale, const torch::Tensor& lower) {
-  if (lower.defined()) return {m, torch::tril(lower, -1) + torch::diag_embed(log_scale.exp()), torch::Tensor(),
-                               log_scale.sum().to(torch::kFloat64)};
-  return {m, torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64)};
-}
-}  // namespace
 
 torch::Tensor LearnedSamplerImpl::to_latent(const torch::Tensor& x) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).to_latent(x) : x;
+  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).to_latent(x) : x;
 }
 
 torch::Tensor LearnedSamplerImpl::from_latent(const torch::Tensor& y) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).from_latent(y) : y;
+  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).from_latent(y) : y;
 }
 
 torch::Tensor LearnedSamplerImpl::latent_grad(const torch::Tensor& g) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).latent_grad(g) : g;
+  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).latent_grad(g) : g;
 }
 
 torch::Tensor LearnedSamplerImpl::ambient_grad(const torch::Tensor& gy) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_log_scale_, pre_lower_).ambient_grad(gy) : gy;
+  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).ambient_grad(gy) : gy;
 }
 
 namespace {
@@ -352,7 +380,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, co
   TORCH_CHECK(x.dim() == 2 && x.size(1) == d && z0.sizes() == x.sizes(), "learned sampler: expected x and z0 [C, ", d,
               "], got ", x.sizes(), " and ", z0.sizes());
   if (!preconditioned()) return propose_latent(target, x, grad, z0, create_graph);
-  Affine a = model_affine(pre_shift_, pre_log_scale_, pre_lower_);
+  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition);
   LatentTarget view(target, a);
   Proposed p = propose_latent(view, a.to_latent(x), grad.defined() ? a.latent_grad(grad) : grad, z0, create_graph);
   p.x_new = a.from_latent(p.x_new);
@@ -362,7 +390,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, co
   p.log_q_rev = p.log_q_rev - a.log_det;
   if (defect_ == LearnedDefect::kDiagonalReverse) {
     torch::NoGradGuard no_grad;
-    p.log_q_rev = log_density_with(target, p.x_new, p.grad_new, x, torch::diag_embed(pre_log_scale_.exp()));
+    p.log_q_rev = log_density_with(target, p.x_new, p.grad_new, x, torch::diag_embed(precondition_matrix().diagonal()));
   }
   return p;
 }

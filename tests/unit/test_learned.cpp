@@ -399,7 +399,7 @@ TEST(Preconditioner, LearnedLIsTrainedSavedAndLoaded) {
   LearnedSampler fixed(LearnedOptions().set_dim(10).set_hidden(16).set_precondition("dense"));
   int found = 0;
   for (const auto& b : fixed->named_buffers()) found += b.key().find("precondition") != std::string::npos;
-  EXPECT_EQ(found, 3);  // shift, log scale, lower
+  EXPECT_EQ(found, 4);  // shift, base, log scale, lower
   for (const auto& p : fixed->named_parameters()) EXPECT_EQ(p.key().find("precondition"), std::string::npos) << p.key();
 }
 

@@ -27,8 +27,11 @@
 // With precondition = diag or dense, everything above runs in coordinates y = L^-1 (x - m), on
 // the target U_y(y) = U(m + L y), whose gradient is L^T dU(x) (a Target view; each view
 // evaluation is one evaluation of the real target). L is lower triangular with a positive
-// diagonal exp(s) (diag: L = diag(exp(s))); m only centres the networks' inputs. Then
-//   x' = m + L y' = x + eps L z,   log q(x'|x) = log q_y(y'|y) - log|det L|,  log|det L| = sum s,
+// diagonal: diag: L = diag(exp(s)); dense: L = L0 M with L0 from the warm-up (fixed) and, when
+// learned, M = tril(B, -1) + diag(exp(s)) starting at I, so that the optimiser moves L in
+// whitened units (Adam's steps are of fixed size per entry: on L's own entries they wrecked the
+// small scales of a target with variances down to 1e-5). m only centres the networks' inputs. Then
+//   x' = m + L y' = x + eps L z,   log q(x'|x) = log q_y(y'|y) - log|det L|,  log|det L| = sum log diag(L),
 // and log|det L| is added to the flow's log-det, so the entropy objective (training/objective.hpp)
 // sees the proposal entropy in x exactly and can learn L (learn_precondition). For a fixed L the
 // term cancels in the MH ratio. With zero networks the proposal is MALA with inverse mass matrix
@@ -195,8 +198,10 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor log_eps_;                   // scalar parameter
   torch::Tensor masks_;                     // [N, D] buffer
   torch::Tensor pre_shift_;                 // m [D] (buffer), when preconditioned
-  torch::Tensor pre_log_scale_;             // s [D]: diag(L) = exp(s) (parameter if learned, else buffer)
-  torch::Tensor pre_lower_;                 // [D, D], strictly lower part of L used (dense only)
+  torch::Tensor pre_base_;                  // dense: L0 [D, D] (buffer, from the warm-up)
+  torch::Tensor pre_log_scale_;             // s [D]: diag: L = diag(exp(s)); dense: diag(M) = exp(s)
+  torch::Tensor pre_lower_;                 // dense: B [D, D], M = tril(B, -1) + diag(exp(s)); L = L0 M
+                                            // (s, B parameters if learned, else zero buffers)
   std::vector<torch::Tensor> upd_idx_, cond_idx_;  // per sub-step index sets (int64)
   StepMLP net_sqt_{nullptr}, net_r_{nullptr}, net_drift_{nullptr};
 };
