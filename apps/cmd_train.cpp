@@ -32,10 +32,11 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   const bool target_given = TargetArgs::given(cmd);
   if (!a.config && !target_given) throw UsageError("give --config FILE, or a target (--target ..., --module FILE)");
   // A config, or the defaults of the model and training options; target options replace its target.
-  // Without a config (your own target): the affine preconditioner, learned, with the faster beta
-  // controller (README, "The preconditioner").
+  // Without a config (your own target): the Langevin variant (1 gradient per step) with the
+  // affine preconditioner, learned, and the faster beta controller (README, "The preconditioner").
   json cfg = a.config ? read_config_file(*a.config)
-                      : json{{"model", {{"precondition", "auto"}, {"learn_precondition", true}}}, {"train", {{"rho", 0.3}}}};
+                      : json{{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}}},
+                             {"train", {{"rho", 0.3}}}};
   if (target_given) cfg["target"] = a.target.spec();
   if (!cfg.contains("name") && cfg.contains("target") && cfg["target"].is_object()) cfg["name"] = cfg["target"].value("name", "model");
   if (a.steps) cfg["train"]["steps"] = *a.steps;

@@ -354,8 +354,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves."""
     cfg = _load_config(config)
     if config is None:
-        # Your own target: the affine preconditioner (README, "The preconditioner"), as `nmcmc train`.
-        cfg.setdefault("model", {}).setdefault("precondition", "auto")
+        # Your own target: the Langevin variant with the affine preconditioner (README, "The
+        # preconditioner"), as `nmcmc train`.
+        cfg.setdefault("model", {}).setdefault("variant", "langevin")
+        cfg["model"].setdefault("precondition", "auto")
         cfg["model"].setdefault("learn_precondition", True)
         cfg.setdefault("train", {}).setdefault("rho", 0.3)
     if target is not None:

@@ -151,6 +151,7 @@ def test_train_save_load_sample_and_compare(tmp_path):
     # Your own target gets the affine preconditioner by default (dense at D = 3), from a NUTS warm-up.
     assert model.training["preconditioner"]["kind"] == "dense"
     assert model.training["preconditioner"]["grads"] > 0 and model.meta["model"]["precondition"] == "dense"
+    assert model.meta["model"]["variant"] == "langevin"
     saved = tmp_path / "model.pt"
     model.save(str(saved))
     again = nmcmc.Model.load(str(saved))
