@@ -79,19 +79,18 @@ double Trainer::learning_rate(int64_t t) const {
   return options_.min_lr + 0.5 * (options_.lr - options_.min_lr) * (1.0 + std::cos(pi * progress));
 }
 
+EnergyGrad Trainer::batch_state(const torch::Tensor& x) {
+  torch::NoGradGuard no_grad;
+  if (core_.model().needs_grad()) return target_.energy_and_grad(x);
+  return {target_.energy(x), torch::Tensor()};
+}
+
 double Trainer::warm_start_beta() {
   TORCH_CHECK(step_ == 0, "warm_start_beta: only before the first step");
   torch::NoGradGuard no_grad;
   const int64_t g0 = target_.grad_evals();
   torch::Tensor x = next_batch();
-  torch::Tensor u_x, grad_x;
-  if (core_.model().needs_grad()) {
-    auto eg = target_.energy_and_grad(x);
-    u_x = eg.energy;
-    grad_x = eg.grad;
-  } else {
-    u_x = target_.energy(x);
-  }
+  auto [u_x, grad_x] = batch_state(x);
   ProposalModel& model = core_.model();
   torch::Tensor log_eps = model.log_eps();
   const double le = log_eps.item<double>(), h = 0.1;
@@ -142,17 +141,7 @@ TrainStats Trainer::step() {
   core_.set_learning_rate(lr);
 
   torch::Tensor x = next_batch();  // [B, D]
-  torch::Tensor u_x, grad_x;
-  {
-    torch::NoGradGuard no_grad;
-    if (core_.model().needs_grad()) {
-      auto eg = target_.energy_and_grad(x);
-      u_x = eg.energy;
-      grad_x = eg.grad;
-    } else {
-      u_x = target_.energy(x);
-    }
-  }
+  auto [u_x, grad_x] = batch_state(x);
   ProposalStep r = core_.step(target_, x, u_x, grad_x, gen_, /*create_graph=*/!options_.stop_grad);
   if (r.skipped) ++skipped_;
   torch::NoGradGuard no_grad;

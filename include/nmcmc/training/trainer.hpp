@@ -98,6 +98,8 @@ class Trainer {
 
  private:
   torch::Tensor next_batch();
+  /// U(x) and, when the model carries it, dU(x) (undefined otherwise), without a graph.
+  EnergyGrad batch_state(const torch::Tensor& x);
   Target& target_;
   TrainOptions options_;
   ProposalTrainer core_;
