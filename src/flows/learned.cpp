@@ -290,13 +290,6 @@ torch::Tensor LearnedSamplerImpl::from_latent(const torch::Tensor& y) const {
   return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).from_latent(y) : y;
 }
 
-torch::Tensor LearnedSamplerImpl::latent_grad(const torch::Tensor& g) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).latent_grad(g) : g;
-}
-
-torch::Tensor LearnedSamplerImpl::ambient_grad(const torch::Tensor& gy) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).ambient_grad(gy) : gy;
-}
 
 namespace {
 /// z[:, idx], padded with zero columns to `width`.

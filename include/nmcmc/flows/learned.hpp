@@ -183,9 +183,6 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   /// log_density with a given L (the defect test passes a wrong one).
   torch::Tensor log_density_with(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
                                  const torch::Tensor& x_to, const torch::Tensor& l);
-  /// dU/dy = L^T dU/dx as rows: g L; and back.
-  torch::Tensor latent_grad(const torch::Tensor& g) const;
-  torch::Tensor ambient_grad(const torch::Tensor& gy) const;
   /// Coupling parameters of sub-step k at (x, z): returns (S, Q, T, g_u) restricted to the
   /// updated half; Q and g_u undefined for gradient-free variants.
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> coupling(Target& target, int64_t k,
