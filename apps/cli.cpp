@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include "nmcmc/core/blas_check.hpp"
@@ -129,6 +131,51 @@ torch::TensorOptions ComputeArgs::options(const std::string& default_dtype) cons
   if (threads < 0) throw UsageError("--threads must be non-negative");
   if (threads > 0) torch::set_num_threads(threads);
   return torch::TensorOptions().dtype(st).device(dev);
+}
+
+namespace {
+std::string g_prefix = "nmcmc";
+}
+const std::string& message_prefix() { return g_prefix; }
+
+void DistArgs::add(CLI::App* cmd) {
+  auto* g = cmd->add_option_group("distributed", "a run over several processes (default: the torchrun variables "
+                                                  "MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK; "
+                                                  "`nmcmc launch --nproc N -- COMMAND` sets them)");
+  g->add_option("--world-size", world_size, "number of processes (WORLD_SIZE)");
+  g->add_option("--rank", rank, "this process's rank, 0..world-size-1 (RANK)");
+  g->add_option("--local-rank", local_rank, "its rank on this machine; picks cuda:N (LOCAL_RANK)");
+  g->add_option("--master-addr", master_addr, "address of rank 0 (MASTER_ADDR, default 127.0.0.1)");
+  g->add_option("--master-port", master_port, "port of rank 0's store (MASTER_PORT, default 29500)");
+  g->add_option("--dist-timeout", timeout, "seconds to wait for another process before giving up "
+                                            "(NMCMC_DIST_TIMEOUT, default 300)");
+  g->add_option("--backend", backend, "auto | gloo | nccl (auto: nccl on CUDA, else gloo)");
+}
+
+parallel::DistOptions DistArgs::resolve() const {
+  parallel::DistOptions o = parallel::DistOptions::from_env();
+  if (world_size) o.world_size = *world_size;
+  if (rank) o.rank = *rank;
+  if (local_rank) o.local_rank = *local_rank;
+  else if (rank && !std::getenv("LOCAL_RANK")) o.local_rank = *rank;
+  if (master_addr) o.master_addr = *master_addr;
+  if (master_port) o.master_port = *master_port;
+  if (timeout) {
+    if (!(*timeout > 0) || !std::isfinite(*timeout)) throw UsageError("--dist-timeout must be a positive number of seconds");
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000));
+  }
+  if (backend) o.backend = *backend;
+  o.validate();
+  return o;
+}
+
+std::shared_ptr<parallel::Communicator> DistArgs::connect(torch::TensorOptions& options) const {
+  parallel::DistOptions o = resolve();
+  if (o.world_size > 1) g_prefix = fmt::format("nmcmc [rank {}/{}]", o.rank, o.world_size);
+  if (options.device().is_cuda() && !options.device().has_index() && o.world_size > 1) {
+    options = options.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank)));
+  }
+  return parallel::connect(o, options.device());
 }
 
 std::string format_seconds(double s) {

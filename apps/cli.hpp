@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 
@@ -51,6 +52,22 @@ struct ComputeArgs {
   /// Applies --threads and returns the tensor options; UsageError for bad values.
   torch::TensorOptions options(const std::string& default_dtype = "float32") const;
 };
+
+/// How a command joins a distributed run (Note [Data parallelism]): the torchrun environment
+/// (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, as `nmcmc launch` sets it), each
+/// value replaced by its flag when given.
+struct DistArgs {
+  std::optional<int> rank, world_size, local_rank, master_port;
+  std::optional<std::string> master_addr, backend;
+  std::optional<double> timeout;
+  void add(CLI::App* cmd);
+  parallel::DistOptions resolve() const;
+  /// Joins the run (world size 1: a single process) and labels this process's messages with its
+  /// rank. CUDA without an index becomes cuda:LOCAL_RANK.
+  std::shared_ptr<parallel::Communicator> connect(torch::TensorOptions& options) const;
+};
+/// "nmcmc", or "nmcmc [rank r/N]" in a distributed run: how messages start.
+const std::string& message_prefix();
 
 /// The one progress line (stderr): "[label] done/total pct  stats  rate unit/s  ETA m:ss";
 /// rewritten in place on a terminal, at most every 10 s (and at the end) otherwise.
@@ -93,6 +110,7 @@ Command add_demo_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_report_command(CLI::App& app);
 Command add_figures_command(CLI::App& app);
+Command add_launch_command(CLI::App& app);
 
 /// The version line of --version and `info`: nmcmc, LibTorch and the BLAS in use.
 std::string version_text(bool measure_blas);

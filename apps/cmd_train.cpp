@@ -26,6 +26,7 @@ struct TrainArgs {
   std::optional<uint64_t> seed;
   bool resume = false, quiet = false;
   ComputeArgs compute;
+  DistArgs dist;
 };
 
 int run(const TrainArgs& a, const CLI::App* cmd) {
@@ -48,12 +49,16 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   for (const auto& s : a.sets) apply_override(cfg, s);
   TrainConfig config = parse_train_config(cfg);
   auto options = a.compute.options(config.dtype);
+  auto comm = a.dist.connect(options);
+  const bool root = comm->is_root();
   const std::string out_dir = fs::path(a.output).parent_path().string();
-  if (!out_dir.empty()) ensure_directory(out_dir);
+  if (!out_dir.empty() && root) ensure_directory(out_dir);
   const std::string log_path = a.log.value_or(fs::path(a.output).replace_extension("").string() + ".log.csv");
-  warn_blas();
+  if (root) warn_blas();
   install_stop_handler();
-  auto result = train(config, options.device(), a.output, log_path, a.resume, train_progress(a.quiet, ""), stop_requested);
+  auto result = train(config, options.device(), a.output, log_path, a.resume, train_progress(a.quiet || !root, ""),
+                      stop_requested, comm);
+  if (!root) return result.interrupted ? 130 : 0;
   if (result.interrupted && !result.saved) {
     std::cerr << "\nnmcmc: interrupted in the preconditioner warm-up; nothing written (run again)\n";
     return 130;
@@ -72,6 +77,13 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row); model: {}; log: {}\n",
                            result.steps, result.seconds, result.grads, a.output, log_path);
+  if (comm->world_size() > 1) {
+    std::cout << fmt::format("data-parallel over {} processes ({} shards per batch): rank 0 spent {:.1f} s ({:.1f} %) in "
+                             "{} collectives moving {:.1f} MB\n",
+                             comm->world_size(), result.shards,
+                             result.comm.seconds, 100.0 * result.comm.seconds / std::max(1e-9, result.seconds),
+                             result.comm.calls, result.comm.bytes / 1e6);
+  }
   return 0;
 }
 
@@ -92,6 +104,7 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--set", a->sets, "override any value: section.key=value (e.g. model.hidden=64)");
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
   a->compute.add(cmd, "float32 | float64 (default: the config's)");
+  a->dist.add(cmd);
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
   return {cmd, [a, cmd] { return run(*a, cmd); }};
 }

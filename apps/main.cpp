@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_compare_command(app));
   commands.push_back(add_report_command(app));
   commands.push_back(add_figures_command(app));
+  commands.push_back(add_launch_command(app));
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];
@@ -57,25 +58,29 @@ int main(int argc, char** argv) {
 }
 
 namespace {
+const std::string& prefix() { return nmcmc::cli::message_prefix(); }
 int run_parsed(const std::vector<nmcmc::cli::Command>& commands) {
   try {
     for (const auto& c : commands) {
       if (c.app->parsed()) return c.run();
     }
   } catch (const nmcmc::UsageError& e) {
-    std::cerr << "nmcmc: " << e.what() << "\n";
+    std::cerr << prefix() << ": " << e.what() << "\n";
     return nmcmc::kExitUsage;
   } catch (const nmcmc::DataError& e) {
-    std::cerr << "nmcmc: " << e.what() << "\n";
+    std::cerr << prefix() << ": " << e.what() << "\n";
     return nmcmc::kExitData;
   } catch (const nmcmc::IoError& e) {
-    std::cerr << "nmcmc: " << e.what() << "\n";
+    std::cerr << prefix() << ": " << e.what() << "\n";
     return nmcmc::kExitIo;
+  } catch (const nmcmc::DistError& e) {
+    std::cerr << "\nnmcmc: " << e.what() << "\n";  // the message says which rank
+    return nmcmc::kExitUnavailable;
   } catch (const c10::Error& e) {
-    std::cerr << "nmcmc: internal error: " << e.what_without_backtrace() << "\n";
+    std::cerr << prefix() << ": internal error: " << e.what_without_backtrace() << "\n";
     return nmcmc::kExitSoftware;
   } catch (const std::exception& e) {
-    std::cerr << "nmcmc: internal error: " << e.what() << "\n";
+    std::cerr << prefix() << ": internal error: " << e.what() << "\n";
     return nmcmc::kExitSoftware;
   }
   return nmcmc::kExitUsage;

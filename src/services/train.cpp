@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
@@ -92,42 +94,78 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
 
 TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
                   const std::string& log_path, bool resume, const TrainProgressFn& progress,
-                  const std::function<bool()>& should_stop) {
+                  const std::function<bool()>& should_stop, std::shared_ptr<parallel::Communicator> comm) {
+  if (!comm) comm = parallel::single_process();
   auto options = torch::TensorOptions().dtype(config.dtype == "float64" ? torch::kFloat64 : torch::kFloat32).device(device);
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
   model.precondition = resolve_precondition(model.precondition, model.dim);
+  // Resume only when every rank sees the checkpoint (rank 0 writes it; other machines need the
+  // same path on a shared directory).
+  bool resuming = resume && std::filesystem::exists(output);
+  const double seen = parallel::all_reduce_doubles(*comm, {resuming ? 1.0 : 0.0})[0];
+  if (seen > 0 && seen < comm->world_size()) {
+    throw UsageError(fmt::format("{}: checkpoint '{}' exists on {} of {} processes; to resume, every process needs it "
+                                 "(a directory all machines share)", comm->where(), output, seen, comm->world_size()));
+  }
+  TrainOptions train_options = config.train;
+  if (resuming && train_options.shards == 0) {
+    // A checkpoint keeps its shard count (its random streams): resume on any divisor of it.
+    if (auto stored = checkpoint_shards(output)) {
+      if (*stored % comm->world_size() != 0) {
+        throw UsageError(fmt::format("checkpoint '{}' was trained with {} shard(s) per batch, each with its own random "
+                                     "stream and buffer rows; it resumes on a number of processes that divides {}, "
+                                     "not on {}", output, *stored, *stored, comm->world_size()));
+      }
+      train_options.shards = *stored;
+    }
+  }
   LearnedSampler sampler(model);
-  Trainer trainer(*target, sampler.ptr(), config.train);
+  Trainer trainer(*target, sampler.ptr(), train_options, comm);
   json extra = {{"name", config.name}, {"config", config.to_json()}};
   TrainResult result;
-  if (resume && std::filesystem::exists(output)) {
+  if (resuming) {
     json meta = trainer.load(output);
     if (meta.contains("preconditioner")) extra["preconditioner"] = result.preconditioner = meta["preconditioner"];
-  } else if (sampler->preconditioned()) {
-    json record = warm_up_preconditioner(*target, sampler, trainer, config.train, progress, should_stop);
-    if (record.value("interrupted", false)) {
-      result.interrupted = true;
-      result.saved = false;
-      return result;
+  } else {
+    if (sampler->preconditioned()) {
+      // Every rank runs the same warm-up (same seed); rank 0's result is then broadcast.
+      // Distributed, a stop during it waits for the first training step (so all ranks stop together).
+      json record = warm_up_preconditioner(*target, sampler, trainer, config.train, progress,
+                                           comm->world_size() > 1 ? nullptr : should_stop);
+      const bool interrupted =
+          parallel::all_reduce_doubles(*comm, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
+      if (interrupted) {
+        result.interrupted = true;
+        result.saved = false;
+        return result;
+      }
+      extra["preconditioner"] = result.preconditioner = record;
     }
-    extra["preconditioner"] = result.preconditioner = record;
+    trainer.broadcast_from_root();
   }
   auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
   const int64_t total = config.train.steps;
   auto checkpoint = [&] {
-    trainer.save(output, extra);
-    write_training_log(log_path, trainer.log());
+    trainer.save(output, extra);  // collective: rank 0 writes
+    if (comm->is_root()) write_training_log(log_path, trainer.log());
   };
+  const bool distributed = comm->world_size() > 1;
   while (trainer.current_step() < total) {
-    if (should_stop && should_stop()) {
+    const bool stop = should_stop && should_stop();
+    if (stop && !distributed) {
       checkpoint();
       result.interrupted = true;
       break;
     }
-    TrainStats s = trainer.step();
+    TrainStats s = trainer.step(stop);
+    if (trainer.stop_agreed()) {  // some rank was asked to stop: all save this step and end
+      checkpoint();
+      result.interrupted = true;
+      break;
+    }
     if (s.step % config.train.checkpoint_every == 0 || s.step == total) checkpoint();
     auto now = std::chrono::steady_clock::now();
     if (progress && (std::chrono::duration<double>(now - last).count() > 0.5 || s.step == total)) {
@@ -135,11 +173,16 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
       progress({"train", s, total, std::chrono::duration<double>(now - t0).count()});
     }
   }
-  if (total == 0 || (trainer.current_step() == total && !std::filesystem::exists(output))) checkpoint();
+  const bool written = comm->is_root() ? std::filesystem::exists(output) : true;
+  const bool need = total == 0 || (trainer.current_step() == total &&
+                                   parallel::all_reduce_doubles(*comm, {written ? 0.0 : 1.0})[0] > 0);
+  if (need) checkpoint();
   result.steps = trainer.current_step();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   result.log = trainer.log();
   result.grads = result.log.empty() ? 0 : result.log.back().grads;
+  result.comm = comm->stats();
+  result.shards = trainer.shards();
   return result;
 }
 

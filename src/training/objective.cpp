@@ -15,7 +15,9 @@ ObjectiveTerms entropy_objective(Target& target, ProposalModel& model, const tor
   const double d = static_cast<double>(model.dim());
   torch::Tensor entropy = p.log_det + d * model.log_eps().to(torch::kFloat64);  // [B]
   torch::Tensor per_x = torch::clamp_max(log_a, 0.0) + beta * entropy;
-  torch::Tensor n_finite = finite.sum().clamp_min(1).to(torch::kFloat64);
+  torch::Tensor count = finite.sum();
+  t.rows_finite = count.item<int64_t>();
+  torch::Tensor n_finite = count.clamp_min(1).to(torch::kFloat64);
   t.loss = -torch::where(finite, per_x, torch::zeros_like(per_x)).sum() / n_finite;
   t.loss_value = t.loss.item<double>();
   torch::NoGradGuard no_grad;

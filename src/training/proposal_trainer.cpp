@@ -48,6 +48,70 @@ ProposalStep ProposalTrainer::step(Target& target, const torch::Tensor& x, const
   return out;
 }
 
+ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<ShardInput>& shards, bool create_graph,
+                                         parallel::Communicator& comm, bool stop) {
+  torch::nn::Module& module = model_->module();
+  module.train();
+  optimizer_->zero_grad();
+  ShardedStep out;
+  double finite = 0, bad = 0, accept = 0, loss = 0, entropy = 0, rows = 0;
+  for (const ShardInput& in : shards) {
+    TORCH_CHECK(in.gen != nullptr, "step_shards: a shard without a generator");
+    ObjectiveTerms t = entropy_objective(target, *model_, in.x, in.u_x, in.grad_x, beta_.value(), *in.gen, create_graph);
+    const double n = static_cast<double>(in.x.size(0)), k = static_cast<double>(t.rows_finite);
+    if (!std::isfinite(t.loss_value)) {
+      bad += 1;
+    } else if (t.rows_finite > 0) {
+      (t.loss * k).backward();  // the shard's sum over finite rows: divided by the batch's count below
+      loss += t.loss_value * k;
+    }
+    finite += k;
+    accept += t.accept * n;
+    entropy += t.entropy.sum().item<double>();
+    rows += n;
+    t.loss = torch::Tensor();  // the graph is no longer needed
+    out.shards.push_back(std::move(t));
+  }
+  // Gradients of parameters no shard reached are zeros, so every rank reduces the same list.
+  std::vector<torch::Tensor> grads;
+  for (auto& p : module.parameters()) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  comm.all_reduce_sum(grads);
+  std::vector<double> totals = parallel::all_reduce_doubles(comm, {finite, bad, accept, loss, entropy, rows,
+                                                                   stop ? 1.0 : 0.0});
+  finite = totals[0];
+  out.rows = static_cast<int64_t>(totals[5]);
+  out.accept = totals[2] / totals[5];
+  out.entropy = totals[4] / totals[5];
+  out.loss = totals[1] > 0 ? NAN : totals[3] / std::max(1.0, finite);
+  out.stop = totals[6] > 0;
+  out.skipped = true;
+  if (totals[1] == 0) {
+    const double scale = 1.0 / std::max(1.0, finite);
+    for (auto& g : grads) g.mul_(scale);
+    const double norm = torch::nn::utils::clip_grad_norm_(module.parameters(), clip_);
+    if (std::isfinite(norm)) {
+      optimizer_->step();
+      out.skipped = false;
+    }
+  }
+  optimizer_->zero_grad();
+  beta_.update(out.accept);
+  return out;
+}
+
+void ProposalTrainer::broadcast_from_root(parallel::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  for (auto& p : model_->module().parameters()) comm.broadcast(p, 0);
+  for (auto& b : model_->module().buffers()) comm.broadcast(b, 0);
+  torch::Tensor beta = torch::tensor({beta_.value()}, torch::kFloat64);
+  comm.broadcast(beta, 0);
+  beta_.set_value(beta.item<double>());
+}
+
 torch::Tensor advance_rows(const torch::Tensor& x, const torch::Tensor& u_x, const ProposalStep& step,
                            at::Generator& gen) {
   torch::NoGradGuard no_grad;

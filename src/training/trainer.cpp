@@ -53,21 +53,53 @@ std::shared_ptr<ProposalModel> placed(std::shared_ptr<ProposalModel> model, cons
 }
 }  // namespace
 
-Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options)
+namespace {
+/// Shard s's seed: shard 0 keeps the run's seed (one process, one shard: the single-process stream).
+uint64_t shard_seed(uint64_t seed, int64_t shard) {
+  if (shard == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(shard);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options,
+                 std::shared_ptr<parallel::Communicator> comm)
     : target_(target), options_(std::move(options)),
       core_(placed(std::move(model), target),
             torch::optim::AdamOptions(options_.lr).betas({0.9, 0.999}).amsgrad(options_.amsgrad),
             BetaController(options_.beta, options_.beta_min, options_.beta_max, options_.rho, options_.accept_target),
             options_.clip),
-      gen_(make_generator(options_.seed, target.options().device())) {
+      comm_(comm ? std::move(comm) : parallel::single_process()) {
   if (options_.warmup_steps < 0) options_.warmup_steps = std::min<int64_t>(200, options_.steps / 50);
   use_buffer_ = options_.data == "buffer" || (options_.data == "auto" && !target.has_sampler());
   if (options_.data == "exact" && !target.has_sampler()) {
     throw UsageError("train: target '" + target.name() + "' has no exact sampler; use data = buffer");
   }
-  if (use_buffer_) {
-    const int64_t size = options_.buffer_size > 0 ? options_.buffer_size : options_.batch;
-    buffer_ = randn({size, target.dim()}, gen_, target.options()) * options_.buffer_init_scale;
+  const int world = comm_->world_size();
+  if (options_.shards < 0) throw UsageError("train: shards must be non-negative (0: one per process)");
+  if (options_.shards == 0) options_.shards = world;
+  const int64_t n_shards = options_.shards;
+  if (n_shards % world != 0) {
+    throw UsageError(fmt::format("train: {} shards do not divide among {} processes: run on a number of processes "
+                                 "that divides {} (each batch's shards keep their own random streams)",
+                                 n_shards, world, n_shards));
+  }
+  if (options_.batch % n_shards != 0) {
+    throw UsageError(fmt::format("train: batch {} does not split into {} equal shards", options_.batch, n_shards));
+  }
+  const int64_t size = options_.buffer_size > 0 ? options_.buffer_size : options_.batch;
+  if (use_buffer_ && size % n_shards != 0) {
+    throw UsageError(fmt::format("train: buffer_size {} does not split into {} equal shards", size, n_shards));
+  }
+  const int64_t per_rank = n_shards / world;
+  for (int64_t k = 0; k < per_rank; ++k) {
+    Shard sh;
+    sh.index = comm_->rank() * per_rank + k;
+    sh.gen = make_generator(shard_seed(options_.seed, sh.index), target.options().device());
+    if (use_buffer_) sh.buffer = randn({size / n_shards, target.dim()}, sh.gen, target.options()) * options_.buffer_init_scale;
+    shards_.push_back(std::move(sh));
   }
 }
 
@@ -89,67 +121,79 @@ double Trainer::warm_start_beta() {
   TORCH_CHECK(step_ == 0, "warm_start_beta: only before the first step");
   torch::NoGradGuard no_grad;
   const int64_t g0 = target_.grad_evals();
-  torch::Tensor x = next_batch();
-  auto [u_x, grad_x] = batch_state(x);
   ProposalModel& model = core_.model();
   torch::Tensor log_eps = model.log_eps();
   const double le = log_eps.item<double>(), h = 0.1;
-  auto mean_log_a = [&](double value) {
-    log_eps.fill_(value);
-    at::Generator g = make_generator(options_.seed + 0xbe7a, target_.options().device());  // common random numbers
-    ObjectiveTerms t = entropy_objective(target_, model, x, u_x, grad_x, 0.0, g, false);
-    torch::Tensor finite = torch::isfinite(t.log_a);
-    torch::Tensor la = torch::where(finite, torch::clamp_max(t.log_a, 0.0), torch::full_like(t.log_a, -50.0));
-    return la.mean().item<double>();
-  };
-  const double slope = (mean_log_a(le + h) - mean_log_a(le - h)) / (2 * h);
+  // The slope on every shard's first batch, averaged over all shards of all ranks.
+  double slope_sum = 0;
+  for (Shard& sh : shards_) {
+    torch::Tensor x = next_batch(sh);
+    auto [u_x, grad_x] = batch_state(x);
+    auto mean_log_a = [&](double value) {
+      log_eps.fill_(value);
+      at::Generator g = make_generator(options_.seed + 0xbe7a, target_.options().device());  // common random numbers
+      ObjectiveTerms t = entropy_objective(target_, model, x, u_x, grad_x, 0.0, g, false);
+      torch::Tensor finite = torch::isfinite(t.log_a);
+      torch::Tensor la = torch::where(finite, torch::clamp_max(t.log_a, 0.0), torch::full_like(t.log_a, -50.0));
+      return la.mean().item<double>();
+    };
+    slope_sum += (mean_log_a(le + h) - mean_log_a(le - h)) / (2 * h);
+  }
   log_eps.fill_(le);
+  const double slope = parallel::all_reduce_doubles(*comm_, {slope_sum})[0] / static_cast<double>(options_.shards);
   const double beta = std::clamp(-slope / static_cast<double>(model.dim()), options_.beta_min, options_.beta_max);
   core_.beta().set_value(beta);
-  grads_ += target_.grad_evals() - g0;
+  grads_ += (target_.grad_evals() - g0) / static_cast<int64_t>(shards_.size());
   return beta;
 }
 
 void Trainer::seed_buffer(const torch::Tensor& x) {
   TORCH_CHECK(step_ == 0, "seed_buffer: only before the first step");
   if (!use_buffer_) return;
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == buffer_.size(1) && x.size(0) > 0, "seed_buffer: expected [n, ",
-              buffer_.size(1), "], got ", x.sizes());
+  const int64_t block = shards_.front().buffer.size(0), dim = shards_.front().buffer.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == dim && x.size(0) > 0, "seed_buffer: expected [n, ", dim, "], got ",
+              x.sizes());
   torch::NoGradGuard no_grad;
-  const int64_t n = buffer_.size(0);
-  torch::Tensor rows = torch::arange(n, torch::kInt64).remainder(x.size(0));
-  buffer_ = x.to(torch::kCPU).index_select(0, rows).to(target_.options());
-}
-
-torch::Tensor Trainer::next_batch() {
-  torch::NoGradGuard no_grad;
-  if (!use_buffer_) return target_.sample(options_.batch, gen_);
-  const int64_t size = buffer_.size(0);
-  if (size == options_.batch) {
-    batch_index_ = torch::Tensor();
-    return buffer_;
+  // The whole buffer's rows cycle through x; each shard takes its block.
+  for (Shard& sh : shards_) {
+    torch::Tensor rows = torch::arange(sh.index * block, (sh.index + 1) * block, torch::kInt64).remainder(x.size(0));
+    sh.buffer = x.to(torch::kCPU).index_select(0, rows).to(target_.options());
   }
-  batch_index_ = torch::randperm(size, gen_, torch::TensorOptions().dtype(torch::kInt64).device(buffer_.device()))
-                     .narrow(0, 0, options_.batch);
-  return buffer_.index_select(0, batch_index_);
 }
 
-TrainStats Trainer::step() {
+torch::Tensor Trainer::next_batch(Shard& sh) {
+  torch::NoGradGuard no_grad;
+  const int64_t batch = options_.batch / options_.shards;
+  if (!use_buffer_) return target_.sample(batch, sh.gen);
+  const int64_t size = sh.buffer.size(0);
+  if (size == batch) {
+    sh.batch_index = torch::Tensor();
+    return sh.buffer;
+  }
+  sh.batch_index = torch::randperm(size, sh.gen, torch::TensorOptions().dtype(torch::kInt64).device(sh.buffer.device()))
+                       .narrow(0, 0, batch);
+  return sh.buffer.index_select(0, sh.batch_index);
+}
+
+TrainStats Trainer::step(bool stop) {
+  if (shards_.size() > 1 || comm_->world_size() > 1) return step_sharded(stop);
   auto t0 = std::chrono::steady_clock::now();
   const int64_t g0 = target_.grad_evals();
   const double lr = learning_rate(step_);
   core_.set_learning_rate(lr);
+  Shard& sh = shards_.front();
 
-  torch::Tensor x = next_batch();  // [B, D]
+  torch::Tensor x = next_batch(sh);  // [B, D]
   auto [u_x, grad_x] = batch_state(x);
-  ProposalStep r = core_.step(target_, x, u_x, grad_x, gen_, /*create_graph=*/!options_.stop_grad);
+  ProposalStep r = core_.step(target_, x, u_x, grad_x, sh.gen, /*create_graph=*/!options_.stop_grad);
   if (r.skipped) ++skipped_;
+  stop_agreed_ = stop;
   torch::NoGradGuard no_grad;
   if (use_buffer_) {
     // The buffer chains take an MH step with this step's proposals.
-    torch::Tensor moved = advance_rows(x, u_x, r, gen_);
-    if (batch_index_.defined()) buffer_.index_copy_(0, batch_index_, moved);
-    else buffer_ = moved;
+    torch::Tensor moved = advance_rows(x, u_x, r, sh.gen);
+    if (sh.batch_index.defined()) sh.buffer.index_copy_(0, sh.batch_index, moved);
+    else sh.buffer = moved;
   }
   grads_ += target_.grad_evals() - g0;
   ++step_;
@@ -159,6 +203,51 @@ TrainStats Trainer::step() {
   s.accept = r.terms.accept;
   s.beta = core_.beta().value();
   s.entropy = r.terms.entropy.mean().item<double>();
+  s.eps = core_.model().eps().item<double>();
+  s.lr = lr;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.grads = grads_;
+  s.skipped = skipped_;
+  elapsed_ += s.seconds;
+  s.elapsed = elapsed_;
+  if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.steps) log_.push_back(s);
+  return s;
+}
+
+TrainStats Trainer::step_sharded(bool stop) {
+  auto t0 = std::chrono::steady_clock::now();
+  const int64_t g0 = target_.grad_evals();
+  const double lr = learning_rate(step_);
+  core_.set_learning_rate(lr);
+  std::vector<ShardInput> inputs;
+  for (Shard& sh : shards_) {
+    torch::Tensor x = next_batch(sh);
+    auto [u_x, grad_x] = batch_state(x);
+    inputs.push_back({x, u_x, grad_x, &sh.gen});
+  }
+  ShardedStep r = core_.step_shards(target_, inputs, /*create_graph=*/!options_.stop_grad, *comm_, stop);
+  if (r.skipped) ++skipped_;
+  stop_agreed_ = r.stop;
+  torch::NoGradGuard no_grad;
+  if (use_buffer_) {
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      Shard& sh = shards_[k];
+      ProposalStep one;
+      one.terms = r.shards[k];
+      torch::Tensor moved = advance_rows(inputs[k].x, inputs[k].u_x, one, sh.gen);
+      if (sh.batch_index.defined()) sh.buffer.index_copy_(0, sh.batch_index, moved);
+      else sh.buffer = moved;
+    }
+  }
+  // Gradient evaluations per batch row: every row costs the same, so this rank's count stands for all.
+  grads_ += (target_.grad_evals() - g0) / static_cast<int64_t>(shards_.size());
+  ++step_;
+  TrainStats s;
+  s.step = step_;
+  s.loss = r.loss;
+  s.accept = r.accept;
+  s.beta = core_.beta().value();
+  s.entropy = r.entropy;
   s.eps = core_.model().eps().item<double>();
   s.lr = lr;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -208,10 +297,22 @@ json read_meta(torch::serialize::InputArchive& ar, const std::string& path) {
 }  // namespace
 
 void Trainer::save(const std::string& path, const json& extra) const {
+  // Every rank's random streams [shards, state bytes] and buffer blocks, in shard order.
+  std::vector<torch::Tensor> states;
+  for (const Shard& sh : shards_) states.push_back(sh.gen.get_state().unsqueeze(0));
+  torch::Tensor rng = comm_->all_gather_rows(torch::cat(states));  // [S, L] uint8
+  torch::Tensor buffer;
+  if (use_buffer_) {
+    std::vector<torch::Tensor> blocks;
+    for (const Shard& sh : shards_) blocks.push_back(sh.buffer.to(torch::kCPU));
+    buffer = comm_->all_gather_rows(torch::cat(blocks));
+  }
+  if (!comm_->is_root()) return;
   torch::serialize::OutputArchive ar;
   core_.save(ar, "model", "optimizer");
-  ar.write("rng", gen_.get_state());
-  if (use_buffer_) ar.write("buffer", buffer_.to(torch::kCPU));
+  ar.write("rng", rng[0].clone());
+  if (options_.shards > 1) ar.write("rng_shards", rng);
+  if (use_buffer_) ar.write("buffer", buffer);
   json meta = extra;
   meta["format"] = "nmcmc-checkpoint";
   meta["version"] = kCheckpointVersion;
@@ -224,6 +325,8 @@ void Trainer::save(const std::string& path, const json& extra) const {
   meta["grads"] = grads_;
   meta["skipped"] = skipped_;
   meta["elapsed"] = elapsed_;
+  meta["shards"] = options_.shards;
+  meta["world_size"] = comm_->world_size();
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
@@ -243,15 +346,32 @@ json Trainer::load(const std::string& path) {
   if (stored != core_.model().options_json()) {
     throw DataError("checkpoint '" + path + "' holds a different model: " + meta["model"].dump());
   }
+  const int64_t stored_shards = meta.value("shards", int64_t{1});
+  if (stored_shards != options_.shards) {
+    throw UsageError(fmt::format("checkpoint '{}' was trained with {} shard(s) per batch (written by {} process(es)); "
+                                 "this run has {}: resume it on a number of processes that divides {} "
+                                 "(its shards keep their own random streams and buffer rows)",
+                                 path, stored_shards, meta.value("world_size", 1), options_.shards, stored_shards));
+  }
   try {
     core_.load(ar, "model", "optimizer");
-    torch::Tensor state;
-    ar.read("rng", state);
-    gen_.set_state(state);
+    torch::Tensor rng;
+    if (options_.shards > 1) {
+      ar.read("rng_shards", rng);
+    } else {
+      ar.read("rng", rng);
+      rng = rng.unsqueeze(0);
+    }
+    if (rng.size(0) != options_.shards) throw DataError("checkpoint '" + path + "' has the wrong number of random streams");
+    for (Shard& sh : shards_) sh.gen.set_state(rng[sh.index].clone());
     if (use_buffer_) {
       torch::Tensor b;
       ar.read("buffer", b);
-      buffer_ = b.to(target_.options());
+      const int64_t block = shards_.front().buffer.size(0);
+      if (b.dim() != 2 || b.size(0) != block * options_.shards || b.size(1) != shards_.front().buffer.size(1)) {
+        throw DataError("checkpoint '" + path + "' has a buffer of the wrong shape");
+      }
+      for (Shard& sh : shards_) sh.buffer = b.narrow(0, sh.index * block, block).to(target_.options());
     }
   } catch (const c10::Error& e) {
     throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
@@ -264,6 +384,16 @@ json Trainer::load(const std::string& path) {
   log_.clear();
   for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));
   return meta;
+}
+
+std::optional<int64_t> checkpoint_shards(const std::string& path) {
+  try {
+    auto ar = open_archive(path);
+    json meta = read_meta(ar, path);
+    return meta.value("shards", int64_t{1});
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 std::pair<LearnedSampler, json> load_model(const std::string& path) {

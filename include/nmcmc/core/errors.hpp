@@ -10,6 +10,7 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitUsage = 64,     // wrong option or argument
   kExitData = 65,      // malformed data, config or checkpoint file
+  kExitUnavailable = 69,  // another process of a distributed run died, hung or never joined
   kExitSoftware = 70,  // internal error
   kExitIo = 74,        // cannot write output
   kExitConfig = 78,    // bad configuration value

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "nmcmc/io/config.hpp"
@@ -38,6 +39,8 @@ struct TrainResult {
   bool saved = true;         // false: interrupted in the preconditioner warm-up, nothing written
   std::vector<TrainStats> log;
   nlohmann::json preconditioner;  // the warm-up's record (checkpoint meta "preconditioner"), or null
+  parallel::CommStats comm;       // this rank's collectives (distributed runs)
+  int64_t shards = 1;             // shards per batch
 };
 
 /// Runs the warm-up of Note [Affine preconditioner] with the training options' precondition_*
@@ -50,9 +53,12 @@ nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, T
 
 /// Trains (or, with resume and an existing checkpoint, continues) and writes the checkpoint
 /// at `output` every checkpoint_every steps and at the end, with the log CSV at `log_path`.
-/// `should_stop` is polled between steps: a stop saves a checkpoint first.
+/// `should_stop` is polled between steps: a stop saves a checkpoint first. With a communicator of
+/// N processes all of them call this together (Note [Data parallelism]); rank 0 writes the files.
+/// A checkpoint resumes on any number of processes dividing its shard count (UsageError otherwise).
 TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
                   const std::string& log_path, bool resume, const TrainProgressFn& progress = nullptr,
-                  const std::function<bool()>& should_stop = nullptr);
+                  const std::function<bool()>& should_stop = nullptr,
+                  std::shared_ptr<parallel::Communicator> comm = nullptr);
 
 }  // namespace nmcmc

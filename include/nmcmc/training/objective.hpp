@@ -22,6 +22,7 @@ struct ObjectiveTerms {
   torch::Tensor jump_sq;      // [B] float64, detached: |x' - x|^2
   double loss_value = 0;      // loss.item()
   double accept = 0;          // mean min(1, a)
+  int64_t rows_finite = 0;    // rows whose log a is finite (the loss averages over them)
   Proposed proposed;
 };
 

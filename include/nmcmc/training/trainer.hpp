@@ -11,10 +11,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <map>
 #include <string>
 
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
 
 namespace nmcmc {
@@ -42,6 +44,10 @@ struct TrainOptions {
   int64_t precondition_chains = 16;
   bool eps_from_warmup = true;                // start eps at the warm-up's adapted step size
   bool beta_from_warmup = true;               // then start beta where that eps is the objective's optimum
+  // Data parallelism (Note [Data parallelism]): each batch is split into `shards` blocks with a
+  // random stream each; N processes take shards / N each (0: one per process). A checkpoint
+  // resumes on any number of processes that divides its shard count.
+  int64_t shards = 0;
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
@@ -49,7 +55,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr,
                                                 beta_min, beta_max, rho, clip, amsgrad, data, buffer_size,
                                                 buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
                                                 precondition_sampler, precondition_warmup, precondition_draws,
-                                                precondition_chains, eps_from_warmup, beta_from_warmup)
+                                                precondition_chains, eps_from_warmup, beta_from_warmup, shards)
 
 /// One logged training step.
 struct TrainStats {
@@ -65,11 +71,21 @@ struct TrainStats {
 /// and checkpoints around one ProposalTrainer.
 class Trainer {
  public:
-  /// A fresh run. The model is moved to the target's dtype and device.
-  Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options);
+  /// A fresh run. The model is moved to the target's dtype and device. With a communicator of N
+  /// processes, this one trains its shards of every batch (Note [Data parallelism]); UsageError
+  /// when the shards do not divide among the processes or the batch into the shards.
+  Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options,
+          std::shared_ptr<parallel::Communicator> comm = nullptr);
 
-  /// One optimisation step on one batch.
-  TrainStats step();
+  /// One optimisation step on one batch (all ranks call it together). `stop`: this rank wants to
+  /// stop; stop_agreed() then says whether any rank did (the caller saves and ends on every rank).
+  TrainStats step(bool stop = false);
+  bool stop_agreed() const { return stop_agreed_; }
+  parallel::Communicator& comm() { return *comm_; }
+  /// Shards per batch (resolved: at least 1).
+  int64_t shards() const { return options_.shards; }
+  /// Makes every rank's model, beta (and so the run) rank 0's: after a warm-up, before step 1.
+  void broadcast_from_root() { core_.broadcast_from_root(*comm_); }
   int64_t current_step() const { return step_; }
   double beta() const { return core_.beta().value(); }
   const TrainOptions& options() const { return options_; }
@@ -90,23 +106,32 @@ class Trainer {
   /// draws of a warm-up. Only before the first step; ignored when training on exact samples.
   void seed_buffer(const torch::Tensor& x);
 
-  /// Writes everything needed to resume bit for bit (atomically). `extra` is stored as-is.
+  /// Writes everything needed to resume bit for bit (atomically). `extra` is stored as-is. All
+  /// ranks call it (their random streams and buffer rows are gathered); rank 0 writes.
   void save(const std::string& path, const nlohmann::json& extra) const;
-  /// Restores a state written by save() into this trainer (same model shape and target).
-  /// Throws DataError for a truncated, corrupt or mismatched file.
+  /// Restores a state written by save() into this trainer (same model shape and target, same
+  /// shard count). Throws DataError for a truncated, corrupt or mismatched file.
   nlohmann::json load(const std::string& path);
 
  private:
-  torch::Tensor next_batch();
+  /// One of this rank's shards: its random stream and its block of the bootstrap buffer.
+  struct Shard {
+    int64_t index = 0;           // global shard number
+    at::Generator gen;
+    torch::Tensor buffer;        // [buffer_size / shards, D]
+    torch::Tensor batch_index;   // rows of the buffer in the current batch (undefined: all)
+  };
+  torch::Tensor next_batch(Shard& shard);
   /// U(x) and, when the model carries it, dU(x) (undefined otherwise), without a graph.
   EnergyGrad batch_state(const torch::Tensor& x);
+  TrainStats step_sharded(bool stop);
   Target& target_;
   TrainOptions options_;
   ProposalTrainer core_;
-  at::Generator gen_;
+  std::shared_ptr<parallel::Communicator> comm_;
+  std::vector<Shard> shards_;  // this rank's, in order
   bool use_buffer_ = false;
-  torch::Tensor buffer_;       // [B, D]
-  torch::Tensor batch_index_;  // rows of the buffer in the current batch
+  bool stop_agreed_ = false;
   int64_t step_ = 0;
   int64_t grads_ = 0;
   int64_t skipped_ = 0;
@@ -117,6 +142,10 @@ class Trainer {
 /// Loads only the model of a checkpoint (for sampling): returns the sampler and the metadata.
 /// Throws DataError for a truncated or corrupt file.
 std::pair<LearnedSampler, nlohmann::json> load_model(const std::string& path);
+
+/// The shard count a checkpoint was trained with (1 for checkpoints without one), or nullopt when
+/// `path` cannot be read as a checkpoint.
+std::optional<int64_t> checkpoint_shards(const std::string& path);
 
 /// The bootstrap buffer of a checkpoint (the sampler's own chains), or an undefined tensor.
 torch::Tensor load_buffer(const std::string& path);

@@ -1,0 +1,171 @@
+#include "nmcmc/services/launch.hpp"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <thread>
+
+#include "nmcmc/core/errors.hpp"
+
+namespace nmcmc {
+
+namespace {
+volatile std::sig_atomic_t g_signals = 0;
+volatile std::sig_atomic_t g_last_signal = SIGINT;
+void on_signal(int sig) {
+  g_last_signal = sig;
+  g_signals = g_signals + 1;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw IoError(std::string("launch: cannot open a socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw IoError(std::string("launch: cannot find a free port: ") + std::strerror(errno));
+  }
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string self_executable() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw IoError("launch: cannot find the nmcmc executable (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+int exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+}  // namespace
+
+LaunchResult launch_local(const LaunchOptions& o) {
+  if (o.nproc < 1 || o.nproc > 256) throw UsageError(fmt::format("launch: --nproc must be in 1..256, got {}", o.nproc));
+  if (o.args.empty()) throw UsageError("launch: give the command to run after --, e.g. nmcmc launch --nproc 2 -- train ...");
+  if (o.args.front() == "launch") throw UsageError("launch: the command cannot be launch itself");
+  if (o.port < 0 || o.port > 65535) throw UsageError(fmt::format("launch: --port must be in 0..65535, got {}", o.port));
+  if (!(o.timeout > 0) || !std::isfinite(o.timeout)) throw UsageError("launch: --dist-timeout must be positive");
+  const std::string program = o.program.empty() ? self_executable() : o.program;
+  const int port = o.port > 0 ? o.port : free_port();
+  const double grace = o.grace >= 0 ? o.grace : o.timeout + 30;
+
+  struct sigaction sa {}, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  g_signals = 0;
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+
+  std::vector<pid_t> pids(o.nproc, -1);
+  LaunchResult result;
+  result.codes.assign(o.nproc, -1);
+  for (int r = 0; r < o.nproc; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      for (int k = 0; k < r; ++k) ::kill(pids[k], SIGTERM);
+      throw IoError(std::string("launch: fork failed: ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+      // The rank: its own process group, so a terminal's Ctrl-C reaches the launcher only (which
+      // forwards it once); default signal dispositions; the torchrun variables.
+      ::setpgid(0, 0);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+      ::setenv("NMCMC_DIST_TIMEOUT", fmt::format("{}", std::max(1L, std::lround(o.timeout))).c_str(), 1);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(program.c_str()));
+      for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(program.c_str(), argv.data());
+      const std::string msg = fmt::format("nmcmc launch: cannot run {}: {}\n", program, std::strerror(errno));
+      (void)!::write(2, msg.data(), msg.size());
+      ::_exit(127);
+    }
+    pids[r] = pid;
+  }
+
+  using clock = std::chrono::steady_clock;
+  int alive = o.nproc, forwarded = 0;
+  std::optional<clock::time_point> failed_at;
+  bool terminated = false, killed = false;
+  while (alive > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < o.nproc; ++r) {
+        if (pids[r] != pid) continue;
+        result.codes[r] = exit_code(status);
+        pids[r] = -1;
+        --alive;
+        if (WIFSIGNALED(status)) {
+          result.notes.push_back(fmt::format("rank {} was killed by signal {} ({})", r, WTERMSIG(status),
+                                             strsignal(WTERMSIG(status))));
+        } else if (result.codes[r] != 0) {
+          result.notes.push_back(fmt::format("rank {} exited with code {}", r, result.codes[r]));
+        }
+        if (result.codes[r] != 0 && !failed_at) failed_at = clock::now();
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    // Forward each Ctrl-C / SIGTERM once to every live rank.
+    while (forwarded < g_signals) {
+      ++forwarded;
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, g_last_signal);
+      }
+    }
+    if (failed_at) {
+      const double since = std::chrono::duration<double>(clock::now() - *failed_at).count();
+      if (!terminated && since > grace) {
+        terminated = true;
+        for (int r = 0; r < o.nproc; ++r) {
+          if (pids[r] > 0) {
+            ::kill(pids[r], SIGTERM);
+            ::kill(pids[r], SIGCONT);  // a stopped rank must run to see it
+            result.notes.push_back(fmt::format("rank {} was still running {:.0f} s after another rank failed: terminated",
+                                               r, since));
+          }
+        }
+      } else if (terminated && !killed && since > grace + 10) {
+        killed = true;
+        for (pid_t p : pids) {
+          if (p > 0) ::kill(p, SIGKILL);
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  for (int c : result.codes) result.code = std::max(result.code, c);
+  return result;
+}
+
+}  // namespace nmcmc
