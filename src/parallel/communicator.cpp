@@ -2,7 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "nmcmc/core/errors.hpp"
@@ -62,6 +69,24 @@ void DistOptions::validate() const {
   if (backend != "auto" && backend != "gloo" && backend != "nccl") {
     throw UsageError("backend must be auto, gloo or nccl, not '" + backend + "'");
   }
+}
+
+int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw IoError(std::string("cannot open a socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw IoError(std::string("cannot find a free port: ") + std::strerror(errno));
+  }
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
 }
 
 std::string Communicator::where() const { return fmt::format("rank {} of {}", rank(), world_size()); }

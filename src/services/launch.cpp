@@ -1,10 +1,7 @@
 #include "nmcmc/services/launch.hpp"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +13,7 @@
 #include <thread>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/parallel/communicator.hpp"
 
 namespace nmcmc {
 
@@ -25,24 +23,6 @@ volatile std::sig_atomic_t g_last_signal = SIGINT;
 void on_signal(int sig) {
   g_last_signal = sig;
   g_signals = g_signals + 1;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw IoError(std::string("launch: cannot open a socket: ") + std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    throw IoError(std::string("launch: cannot find a free port: ") + std::strerror(errno));
-  }
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
 }
 
 std::string self_executable() {
@@ -66,7 +46,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
   if (o.port < 0 || o.port > 65535) throw UsageError(fmt::format("launch: --port must be in 0..65535, got {}", o.port));
   if (!(o.timeout > 0) || !std::isfinite(o.timeout)) throw UsageError("launch: --dist-timeout must be positive");
   const std::string program = o.program.empty() ? self_executable() : o.program;
-  const int port = o.port > 0 ? o.port : free_port();
+  const int port = o.port > 0 ? o.port : parallel::free_local_port();
   const double grace = o.grace >= 0 ? o.grace : o.timeout + 30;
 
   struct sigaction sa {}, old_int{}, old_term{};

@@ -85,6 +85,9 @@ std::shared_ptr<Communicator> single_process();
 /// when the rendezvous fails or times out, UsageError when this build has no c10d (or no NCCL).
 std::shared_ptr<Communicator> connect(const DistOptions& options, const torch::Device& device = torch::kCPU);
 
+/// A TCP port on 127.0.0.1 that is free now (IoError if none can be found).
+int free_local_port();
+
 /// Whether this build can run distributed (c10d with Gloo found at build time), and with NCCL.
 bool have_c10d();
 bool have_nccl();
