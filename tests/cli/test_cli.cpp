@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <torch/script.h>
 
@@ -353,4 +354,85 @@ TEST(Cli, InterruptedSampleKeepsWhatWasDrawnAndSaysSo) {
   std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(summary.find("\"complete\": false"), std::string::npos);
   EXPECT_NE(summary.find("\"draws\": " + std::to_string(csv.values.size(0))), std::string::npos);
+}
+
+namespace {
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+/// The training log without its timing columns (seconds, elapsed).
+std::string log_without_timings(const std::string& path) {
+  std::istringstream in(read_file(path));
+  std::string line, out;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) cells.push_back(cell);
+    for (size_t k = 0; k < cells.size(); ++k) {
+      if (k != 7 && k != 10) out += cells[k] + ",";
+    }
+    out += "\n";
+  }
+  return out;
+}
+}  // namespace
+
+// `nmcmc launch`: 2 ranks train what 1 process training the same 2 shards trains; Ctrl-C on the
+// launcher saves once and the run resumes; a killed rank ends the run with a clear error.
+TEST(Cli, LaunchTrainsDataParallelStopsOnCtrlCAndEndsWhenARankDies) {
+  const std::string dir = ::testing::TempDir() + "cli_launch/";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string train = " -c " + std::string(NMCMC_SOURCE_DIR) +
+                            "/configs/german.json --batch 32 --set model.hidden=8 --set train.precondition_warmup=30 "
+                            "--set train.precondition_draws=5 --set train.precondition_chains=2 --set train.log_every=1 "
+                            "--set train.checkpoint_every=2 -q";
+  CliRun two = run("launch --nproc 2 -- train" + train + " --steps 6 -o " + dir + "two.pt");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("data-parallel over 2 processes (2 shards per batch)"), std::string::npos) << two.out;
+  CliRun one = run("train" + train + " --steps 6 --set train.shards=2 -o " + dir + "one.pt");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_EQ(log_without_timings(dir + "two.log.csv"), log_without_timings(dir + "one.log.csv"));
+  CliRun plain = run("train" + train + " --steps 6 -o " + dir + "plain.pt");
+  EXPECT_NE(log_without_timings(dir + "plain.log.csv"), log_without_timings(dir + "one.log.csv"));  // other streams
+
+  // Ctrl-C on the launcher (once the first checkpoint exists): every rank stops at the same step,
+  // rank 0 saves once; the checkpoint resumes on 1 process.
+  const std::string longrun = std::string(NMCMC_CLI_PATH) + " launch --nproc 2 -- train" + train +
+                              " --steps 100000000 -o " + dir + "int.pt";
+  CliRun stopped = run_with_prefix(
+      "sh -c '" + longrun + " & pid=$!; i=0; while [ ! -e " + dir + "int.pt ] && [ $i -lt 1200 ]; do "
+      "sleep 0.1; i=$((i+1)); done; sleep 0.5; kill -INT $pid; wait $pid' 2>&1 #", "");
+  EXPECT_EQ(stopped.code, 130) << stopped.out;
+  size_t saves = 0;
+  for (size_t at = stopped.out.find("checkpoint saved"); at != std::string::npos;
+       at = stopped.out.find("checkpoint saved", at + 1)) ++saves;
+  EXPECT_EQ(saves, 1u) << stopped.out;
+  CliRun resumed = run("train" + train + " --steps 100000000 --resume --set train.steps=1 -o " + dir + "int.pt");
+  EXPECT_EQ(resumed.code, 0) << resumed.out;  // already past step 1: nothing to do, but it loads
+
+  // A rank killed mid-run: the other stops with a clear message (its connection is cut), the
+  // launcher reports both and fails.
+  CliRun killed = run_with_prefix(
+      "sh -c '" + std::string(NMCMC_CLI_PATH) + " launch --nproc 2 --dist-timeout 60 -- train" + train +
+      " --steps 100000000 -o " + dir + "kill.pt & pid=$!; i=0; while [ ! -e " + dir + "kill.pt ] && [ $i -lt 1200 ]; "
+      "do sleep 0.1; i=$((i+1)); done; kill -9 $(pgrep -P $pid | tail -1); wait $pid' 2>&1 #", "");
+  EXPECT_NE(killed.code, 0) << killed.out;
+  EXPECT_NE(killed.out.find("rank 1 was killed by signal 9"), std::string::npos) << killed.out;
+  EXPECT_NE(killed.out.find("rank 0 of 2: all-reduce failed"), std::string::npos) << killed.out;
+  EXPECT_NE(killed.out.find("rank 0 exited with code 69"), std::string::npos) << killed.out;
+
+  // Bad input.
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"launch --nproc 2", "give the command"},
+           {"launch --nproc 0 -- train" + train, "--nproc"},
+           {"launch --nproc 2 -- launch --nproc 2", "launch itself"},
+           {"train" + train + " --world-size 2 --rank 2 -o " + dir + "x.pt", "rank 2 is outside"},
+           {"train" + train + " --steps 4 --set train.shards=3 -o " + dir + "x.pt", "does not split into 3"}}) {
+    CliRun r = run(args);
+    EXPECT_EQ(r.code, 64) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
+  }
 }
