@@ -23,6 +23,7 @@ struct SampleArgs {
   int64_t leapfrog = 10, max_depth = 10, chains = 4, warmup = 1000, draws = 1000, rows = 8;
   uint64_t seed = 1;
   bool adapt_mass = false, no_adapt = false, quiet = false;
+  DistArgs dist;
 };
 
 int run(const SampleArgs& a, const CLI::App* cmd) {
@@ -49,10 +50,13 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
   r.output = a.output;
   r.formats = parse_formats(a.format);
   r.command = command_line();
-  warn_blas();
+  auto comm = a.dist.connect(r.options);
+  const bool root = comm->is_root();
+  if (root) warn_blas();
   install_stop_handler();
   r.should_stop = stop_requested;
-  SampleOutcome out = sample(r, sample_progress(a.quiet));
+  SampleOutcome out = sample(r, sample_progress(a.quiet || !root), comm);
+  if (!root) return out.result.complete ? 0 : 130;
   if (out.summary.is_null()) {
     std::cerr << "\nnmcmc: interrupted during warm-up; nothing was drawn or written\n";
     return 130;
@@ -63,6 +67,10 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
     if (r.formats.csv) what += fmt::format("{} Stan-CSV files (chain_N.csv), ", a.chains);
     if (r.formats.netcdf) what += "ArviZ InferenceData (inference_data.nc), ";
     std::cout << "wrote " << what << "summary.json to " << *a.output << "\n";
+  }
+  if (comm->world_size() > 1) {
+    std::cout << fmt::format("sharded over {} processes: rank r ran its block of chains with seed {} + r\n",
+                             comm->world_size(), a.seed);
   }
   if (!out.result.complete) {
     std::cerr << "\nnmcmc: interrupted after " << out.result.draws.size(0) << " of " << a.draws
@@ -107,6 +115,7 @@ Command add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rows", a->rows, "summary rows to show (first and worst)")->capture_default_str();
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
+  a->dist.add(cmd);
   return {cmd, [a, cmd] { return run(*a, cmd); }};
 }
 

@@ -175,3 +175,23 @@ def test_python_report_of_a_python_run(tmp_path):
     assert page.endswith("report.html") and "Traces and rank plots" in open(page).read()
     with pytest.raises(ValueError, match="no summary.json"):
         nmcmc.report(tmp_path)
+
+
+def test_sharded_run_netcdf_holds_every_chain_with_its_own_adaptation(tmp_path):
+    # 5 NUTS chains over 2 processes (nmcmc launch): each rank streams its chains' CSV files, rank 0
+    # writes one InferenceData file over all 5, each chain with its rank's step size and metric.
+    out = tmp_path / "sharded"
+    run("launch", "--nproc", 2, "--", "sample", "--target", "funnel", "--dim", 3, "--sampler", "nuts", "--chains", 5,
+        "--warmup", 80, "--draws", 30, "--seed", 4, "-q", "--output", out)
+    ds = groups(out / "inference_data.nc")
+    post, stats = ds["posterior"], ds["sample_stats"]
+    assert post["x"].shape == (5, 30, 3)
+    for k, c in enumerate(csv_chains(out, 5)):
+        np.testing.assert_allclose(c[["x.1", "x.2", "x.3"]].values, post["x"].sel(chain=k).values, rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(c["stepsize__"].values, stats["step_size"].sel(chain=k).values, rtol=1e-6)
+        np.testing.assert_allclose(c["treedepth__"].values, stats["tree_depth"].sel(chain=k).values)
+    eps = stats["step_size"].values[:, 0]
+    assert eps[0] == eps[1] == eps[2] and eps[3] == eps[4] and eps[0] != eps[3]  # ranks 0 (3 chains) and 1 (2)
+    summary = json.load(open(out / "summary.json"))
+    assert summary["config"]["world_size"] == 2 and summary["config"]["chains"] == 5

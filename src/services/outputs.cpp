@@ -93,7 +93,8 @@ void NetcdfStream::append(const SampleResult& r, int64_t from, int64_t to) {
   std::map<std::string, torch::Tensor> stats = {
       {"lp", r.lp.narrow(0, from, n)},
       {"acceptance_rate", r.accept_stat.narrow(0, from, n)},
-      {"step_size", torch::full({n, c}, r.step_size, torch::kFloat64)},
+      {"step_size", r.step_size_chain.defined() ? r.step_size_chain.unsqueeze(0).expand({n, c}).contiguous()
+                                                : torch::full({n, c}, r.step_size, torch::kFloat64)},
       {"diverging", r.divergent.narrow(0, from, n)},
       {"n_steps", n_steps}};
   if (nuts) {
@@ -122,8 +123,8 @@ ChainDraws chain_draws(const SampleResult& r, int64_t k) {
   cd.divergent = r.divergent.select(1, k);
   if (r.tree_depth.defined()) cd.tree_depth = r.tree_depth.select(1, k);
   if (r.energy.defined()) cd.energy = r.energy.select(1, k);
-  cd.step_size = r.step_size;
-  cd.inv_mass = r.inv_mass;
+  cd.step_size = r.step_size_chain.defined() ? r.step_size_chain[k].item<double>() : r.step_size;
+  cd.inv_mass = r.inv_mass_chain.defined() ? r.inv_mass_chain[k] : r.inv_mass;
   cd.names = r.names;
   return cd;
 }
@@ -142,13 +143,13 @@ void write_run(const std::string& directory, const json& config, const SampleRes
                    [&](std::ostream& os) { os << out.dump(2) << "\n"; });
 }
 
-StanCsvStream::StanCsvStream(std::string directory, json config)
-    : directory_(std::move(directory)), config_(std::move(config)) {
+StanCsvStream::StanCsvStream(std::string directory, json config, int64_t first_chain)
+    : directory_(std::move(directory)), config_(std::move(config)), first_chain_(first_chain) {
   ensure_directory(directory_);
 }
 
 std::string StanCsvStream::path(int64_t chain, bool part) const {
-  return (fs::path(directory_) / fmt::format("chain_{}.csv{}", chain + 1, part ? ".part" : "")).string();
+  return (fs::path(directory_) / fmt::format("chain_{}.csv{}", first_chain_ + chain + 1, part ? ".part" : "")).string();
 }
 
 void StanCsvStream::append(const SampleResult& r, int64_t from, int64_t to) {
@@ -159,7 +160,7 @@ void StanCsvStream::append(const SampleResult& r, int64_t from, int64_t to) {
     text.clear();
     if (!started_) {
       json cfg = config_;
-      cfg["chain_id"] = k + 1;
+      cfg["chain_id"] = first_chain_ + k + 1;
       text = stan_csv_header(cfg, cd);
     }
     append_stan_csv_rows(text, cd.rows(from, to - from));

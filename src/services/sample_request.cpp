@@ -1,4 +1,6 @@
 // The sampling request behind `nmcmc sample` and the Python package's nmcmc.sample.
+#include <fmt/format.h>
+
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/kernels/metric.hpp"
@@ -10,7 +12,18 @@ namespace nmcmc {
 
 using json = nlohmann::json;
 
-SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
+namespace {
+/// A request turned into what runs it: the kernel, the target, the run's options and the config
+/// written with its outputs.
+struct Prepared {
+  std::unique_ptr<Kernel> kernel;
+  std::shared_ptr<Target> target;
+  RunOptions run;
+  json config, model_meta;
+  bool learned = false;
+};
+
+Prepared prepare(const SampleRequest& a) {
   torch::TensorOptions options = a.options;
   std::unique_ptr<Kernel> kernel;
   // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
@@ -68,9 +81,8 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
   run.should_stop = a.should_stop;
   if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
 
-  SampleOutcome out;
-  out.target = target;
-  json& config = out.config;
+  Prepared prep;
+  json& config = prep.config;
   config = {{"command", a.command},
             {"target", target->spec()},
             {"sampler", a.sampler},
@@ -90,13 +102,32 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
   if (metric == MetricKind::kDense || nuts) config["metric"] = metric_name(metric);
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
 
+  prep.kernel = std::move(kernel);
+  prep.target = target;
+  prep.run = run;
+  prep.model_meta = model_meta;
+  prep.learned = learned;
+  return prep;
+}
+}  // namespace
+
+SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress,
+                     std::shared_ptr<parallel::Communicator> comm) {
+  if (comm && comm->world_size() > 1) return sample_sharded(a, progress, *comm);
+  Prepared prep = prepare(a);
+  SampleOutcome out;
+  out.target = prep.target;
+  out.config = prep.config;
+  json& config = out.config;
+  Target* target = prep.target.get();
+  RunOptions& run = prep.run;
   // With an output directory the draws go to disk as they are drawn.
   std::unique_ptr<DrawSink> stream;
   if (a.output && (a.formats.csv || a.formats.netcdf)) {
-    stream = make_output_sink(*a.output, config, a.formats, learned ? model_meta.value("log", json()) : json());
+    stream = make_output_sink(*a.output, config, a.formats, prep.learned ? prep.model_meta.value("log", json()) : json());
     run.sink = stream.get();
   }
-  out.result = run_sampler(*target, *kernel, run, a.seed, progress);
+  out.result = run_sampler(*target, *prep.kernel, run, a.seed, progress);
   if (!out.result.draws.defined() || out.result.draws.size(0) == 0) return out;  // stopped before any draw
   out.summary = summarise(out.result, *target, int64_t{256} << 20, progress);
   if (!out.result.complete) {
@@ -104,6 +135,112 @@ SampleOutcome sample(const SampleRequest& a, const ProgressFn& progress) {
     config["draws_written"] = out.result.draws.size(0);
   }
   if (a.output) write_run(*a.output, config, out.result, out.summary, /*draws_written=*/true, a.formats);
+  return out;
+}
+
+namespace {
+/// [S, c, ...] per rank -> [S, C, ...] over all ranks (chains in rank order).
+torch::Tensor gather_chains(parallel::Communicator& comm, const torch::Tensor& t) {
+  if (!t.defined()) return t;
+  const bool is_bool = t.scalar_type() == torch::kBool;
+  torch::Tensor local = (is_bool ? t.to(torch::kUInt8) : t).transpose(0, 1).contiguous();
+  torch::Tensor all = comm.all_gather_rows(local).transpose(0, 1).contiguous();
+  return is_bool ? all.to(torch::kBool) : all;
+}
+}  // namespace
+
+SampleOutcome sample_sharded(const SampleRequest& a, const ProgressFn& progress, parallel::Communicator& comm) {
+  const int world = comm.world_size(), rank = comm.rank();
+  if (a.chains < world) {
+    throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each", a.chains,
+                                 world));
+  }
+  auto [begin, end] = parallel::block_of(a.chains, rank, world);
+  // This rank's chains are the run `--chains (end - begin) --seed (seed + rank)`, with their own
+  // warm-up and adaptation (as Stan's chains): Note [Data parallelism].
+  SampleRequest local = a;
+  local.chains = end - begin;
+  local.seed = a.seed + static_cast<uint64_t>(rank);
+  Prepared prep = prepare(local);
+  RunOptions& run = prep.run;
+  if (run.init_x.defined()) {  // given or buffer starting points: the rows the whole run would give these chains
+    torch::Tensor rows = torch::arange(begin, end, torch::kInt64).remainder(run.init_x.size(0));
+    run.init_x = run.init_x.index_select(0, rows.to(run.init_x.device()));
+  }
+  SampleOutcome out;
+  out.target = prep.target;
+  json chain_config = prep.config;
+  chain_config["seed"] = local.seed;
+  chain_config["chains"] = a.chains;
+  chain_config["world_size"] = world;
+  chain_config["rank"] = rank;
+  // Each rank streams its chains' Stan CSV files (chain_K.csv, K its global numbers); rank 0
+  // writes the NetCDF file and summary.json over all chains at the end.
+  std::unique_ptr<DrawSink> stream;
+  if (a.output && a.formats.csv) {
+    stream = std::make_unique<StanCsvStream>(*a.output, chain_config, begin);
+    run.sink = stream.get();
+  }
+  SampleResult mine = run_sampler(*prep.target, *prep.kernel, run, local.seed, rank == 0 ? progress : nullptr);
+
+  // Runs stopped early (Ctrl-C reaches the ranks at slightly different draws) keep the draws all have.
+  const int64_t have = mine.draws.defined() ? mine.draws.size(0) : 0;
+  std::vector<double> t = parallel::all_reduce_doubles(
+      comm, {0.0, mine.complete ? 0.0 : 1.0, mine.seconds_warmup, mine.seconds_sampling,
+             static_cast<double>(mine.grads_warmup * local.chains), static_cast<double>(mine.grads_sampling * local.chains),
+             static_cast<double>(mine.energies_warmup * local.chains),
+             static_cast<double>(mine.energies_sampling * local.chains)});
+  const int64_t common = comm.all_gather_rows(torch::tensor({have}, torch::kInt64)).min().item<int64_t>();
+  SampleResult& r = out.result;
+  r.complete = t[1] == 0;
+  r.seed = a.seed;
+  r.draws_planned = mine.draws_planned;
+  r.names = mine.names;
+  r.max_tree_depth = mine.max_tree_depth;
+  r.seconds_warmup = t[2] / world;  // the ranks run side by side: their mean wall time
+  r.seconds_sampling = t[3] / world;
+  r.grads_warmup = std::llround(t[4] / a.chains);
+  r.grads_sampling = std::llround(t[5] / a.chains);
+  r.energies_warmup = std::llround(t[6] / a.chains);
+  r.energies_sampling = std::llround(t[7] / a.chains);
+  if (common == 0) return out;  // stopped before any rank drew
+  auto first = [&](const torch::Tensor& x) { return x.defined() ? x.narrow(0, 0, common) : x; };
+  r.draws = gather_chains(comm, first(mine.draws).to(torch::kFloat64));
+  r.lp = gather_chains(comm, first(mine.lp));
+  r.accept_stat = gather_chains(comm, first(mine.accept_stat));
+  r.divergent = gather_chains(comm, first(mine.divergent));
+  r.tree_depth = gather_chains(comm, first(mine.tree_depth));
+  r.energy = gather_chains(comm, first(mine.energy));
+  torch::Tensor per_chain = mine.n_grad_chain.defined()
+                                ? first(mine.n_grad_chain)
+                                : first(mine.n_grad).unsqueeze(1).expand({common, local.chains}).contiguous();
+  r.n_grad_chain = gather_chains(comm, per_chain);
+  r.n_grad = std::get<0>(r.n_grad_chain.max(1));
+  r.step_size_chain = gather_chains(comm, torch::full({1, local.chains}, mine.step_size, torch::kFloat64)).squeeze(0);
+  r.step_size = r.step_size_chain.mean().item<double>();
+  if (mine.inv_mass.defined()) {
+    std::vector<int64_t> reps(mine.inv_mass.dim() + 1, 1);
+    reps[0] = local.chains;
+    r.inv_mass_chain = comm.all_gather_rows(mine.inv_mass.unsqueeze(0).repeat(reps));
+    r.inv_mass = mine.inv_mass;  // rank 0's (each chain's own is in inv_mass_chain)
+  }
+  out.config = prep.config;
+  out.config["chains"] = a.chains;
+  out.config["seed"] = a.seed;
+  out.config["world_size"] = world;
+  out.config["chain_seeds"] = "seed + rank; rank r runs chains " + std::string("block r of ") + std::to_string(world);
+  if (!comm.is_root()) return out;
+  out.summary = summarise(r, *prep.target, int64_t{256} << 20, progress);
+  if (!r.complete) {
+    out.config["complete"] = false;
+    out.config["draws_written"] = r.draws.size(0);
+  }
+  if (a.output) {
+    OutputFormats rest = a.formats;
+    rest.csv = false;  // written by the ranks
+    write_run(*a.output, out.config, r, out.summary, /*draws_written=*/!rest.netcdf, rest,
+              prep.learned ? prep.model_meta.value("log", json()) : json());
+  }
   return out;
 }
 

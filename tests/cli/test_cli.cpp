@@ -436,3 +436,30 @@ TEST(Cli, LaunchTrainsDataParallelStopsOnCtrlCAndEndsWhenARankDies) {
     EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
   }
 }
+
+// Sharded sampling: 5 chains over 2 ranks (3 + 2). Rank r's chains are the single-process run with
+// seed + r and its number of chains, draw for draw (adaptation included); rank 0 writes the
+// summary and the NetCDF file over all 5 (checked by python/tests/test_outputs.py).
+TEST(Cli, LaunchShardsChainsLikeSingleProcessRuns) {
+  const std::string dir = ::testing::TempDir() + "cli_shard/";
+  fs::remove_all(dir);
+  const std::string common = " --target funnel --dim 3 --sampler hmc --metric diag --warmup 60 --draws 40 -q";
+  CliRun two = run("launch --nproc 2 -- sample" + common + " --chains 5 --seed 7 -o " + dir + "two");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("chains 5"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("sharded over 2 processes"), std::string::npos) << two.out;
+  ASSERT_EQ(run("sample" + common + " --chains 3 --seed 7 -o " + dir + "a").code, 0);
+  ASSERT_EQ(run("sample" + common + " --chains 2 --seed 8 -o " + dir + "b").code, 0);
+  for (int k = 1; k <= 5; ++k) {
+    nmcmc::StanCsv sharded = nmcmc::read_stan_csv(dir + "two/chain_" + std::to_string(k) + ".csv");
+    nmcmc::StanCsv single =
+        nmcmc::read_stan_csv(dir + (k <= 3 ? "a/chain_" + std::to_string(k) : "b/chain_" + std::to_string(k - 3)) + ".csv");
+    ASSERT_EQ(sharded.columns, single.columns);
+    EXPECT_TRUE(torch::equal(sharded.values, single.values)) << "chain " << k;
+  }
+  EXPECT_TRUE(fs::exists(dir + "two/inference_data.nc"));
+  EXPECT_TRUE(fs::exists(dir + "two/summary.json"));
+  CliRun few = run("launch --nproc 3 -- sample" + common + " --chains 2 -o " + dir + "few");
+  EXPECT_EQ(few.code, 64) << few.out;
+  EXPECT_NE(few.out.find("at least one chain each"), std::string::npos) << few.out;
+}

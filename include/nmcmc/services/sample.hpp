@@ -11,6 +11,7 @@
 #include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/kernels/proposal.hpp"
+#include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {
@@ -105,6 +106,8 @@ struct SampleResult {
   int64_t max_tree_depth = 0; // NUTS: the depth limit (hits are reported)
   double step_size = 0;
   torch::Tensor inv_mass;     // [D], [D, D] or undefined
+  torch::Tensor step_size_chain;  // [C] when the chains were adapted apart (a sharded run), else undefined
+  torch::Tensor inv_mass_chain;   // [C, D] or [C, D, D] likewise
   std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))
   int64_t grads_warmup = 0, grads_sampling = 0;      // per chain (NUTS: the mean over chains, rounded)
   int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
@@ -188,7 +191,9 @@ ChainDraws chain_draws(const SampleResult& result, int64_t chain);
 /// timing trailer; a stopped run's files end with "# nmcmc: incomplete run: N of M draws".
 class StanCsvStream : public DrawSink {
  public:
-  StanCsvStream(std::string directory, nlohmann::json config);
+  /// `first_chain`: the number of chains before these (a sharded run's rank writes chain_K.csv
+  /// for its own chains K = first_chain + 1, ...).
+  StanCsvStream(std::string directory, nlohmann::json config, int64_t first_chain = 0);
   void append(const SampleResult& result, int64_t from, int64_t to) override;
   void finish(const SampleResult& result) override;
 
@@ -196,6 +201,7 @@ class StanCsvStream : public DrawSink {
   std::string path(int64_t chain, bool part) const;
   std::string directory_;
   nlohmann::json config_;
+  int64_t first_chain_ = 0;
   bool started_ = false;
 };
 
@@ -266,6 +272,18 @@ struct SampleOutcome {
 /// outcome's result.complete is false; what was drawn is summarised and written, marked
 /// incomplete (summary.json "complete": false, "# complete = false" in every Stan-CSV); stopped
 /// in warm-up, nothing is written and the summary is null.
-SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress = nullptr);
+/// With a communicator of N processes (all call it together) the chains are shared out in blocks
+/// (sample_sharded).
+SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress = nullptr,
+                     std::shared_ptr<parallel::Communicator> comm = nullptr);
+
+/// Note [Data parallelism], sampling: rank r runs chains [begin, end) = parallel::block_of(chains,
+/// r, N) as the run `chains = end - begin, seed = seed + r` would (own warm-up and adaptation;
+/// given or buffer starting points: the rows the whole run gives those chains) and streams their
+/// Stan CSV files chain_K.csv (K the global numbers); then the draws are gathered (every rank gets
+/// them; stopped runs keep the draws all ranks have) and rank 0 writes inference_data.nc and
+/// summary.json over all chains (result.step_size_chain and inv_mass_chain per chain). Non-root
+/// ranks return a null summary. UsageError with fewer chains than processes.
+SampleOutcome sample_sharded(const SampleRequest& request, const ProgressFn& progress, parallel::Communicator& comm);
 
 }  // namespace nmcmc
