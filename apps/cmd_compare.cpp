@@ -13,6 +13,7 @@ struct CompareArgs {
   CompareOptions options;
   std::optional<std::string> table;
   bool quiet = false;
+  DistArgs dist;
 };
 
 int run(CompareArgs& a, const CLI::App* cmd) {
@@ -24,10 +25,15 @@ int run(CompareArgs& a, const CLI::App* cmd) {
   if (a.compute.device != "cpu") throw UsageError("compare runs on the CPU for now (--device cpu)");
   a.options.dtype = a.compute.dtype.value_or("float32");
   a.options.target = TargetArgs::given(cmd) || (!a.options.model && !a.options.config) ? a.target.spec() : nlohmann::json();
-  warn_blas();
+  torch::TensorOptions cpu;
+  auto comm = a.dist.connect(cpu);
+  const bool root = comm->is_root();
+  if (root) warn_blas();
   install_stop_handler();
   auto say = [](const std::string& line) { std::cout << line << std::endl; };
-  nlohmann::json r = compare(a.options, say, train_progress(a.quiet), sample_progress(a.quiet), stop_requested);
+  nlohmann::json r = compare(a.options, say, train_progress(a.quiet || !root), sample_progress(a.quiet || !root),
+                             stop_requested, comm);
+  if (!root) return 0;
   std::cout << "\n" << compare_table(r) << "\nWrote " << a.options.output << "/compare.json, compare.md and compare_traces.png\n";
   return 0;
 }
@@ -48,6 +54,7 @@ Command add_compare_command(CLI::App& app) {
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--table", a->table, "only print the table of an existing compare.json");
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
+  a->dist.add(cmd);
   return {cmd, [a, cmd] { return run(*a, cmd); }};
 }
 

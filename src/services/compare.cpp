@@ -77,10 +77,16 @@ int64_t worst_parameter(const SampleResult& r, Target& target) {
 
 json compare(const CompareOptions& o, const std::function<void(const std::string&)>& say,
              const TrainProgressFn& train_progress, const ProgressFn& sample_progress,
-             const std::function<bool()>& should_stop) {
+             const std::function<bool()>& should_stop, std::shared_ptr<parallel::Communicator> comm) {
+  if (!comm) comm = parallel::single_process();
+  const bool root = comm->is_root();
+  auto tell = [&](const std::string& line) {
+    if (root) say(line);
+  };
   if (o.model && o.config) throw UsageError("compare: give --model or --config, not both");
   if (o.dtype != "float32" && o.dtype != "float64") throw UsageError("compare: dtype must be float32 or float64");
-  ensure_directory(o.output);
+  if (root) ensure_directory(o.output);
+  comm->barrier();
   const auto options = torch::TensorOptions().dtype(o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
   json results = {{"chains", o.chains}, {"warmup", o.warmup}, {"draws", o.draws}, {"seed", o.seed}, {"samplers", json::object()}};
 
@@ -93,9 +99,9 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     if (!target_spec.is_null()) cfg["target"] = target_spec;
     TrainConfig config = parse_train_config(cfg);
     model = (fs::path(o.output) / "model.pt").string();
-    say(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.steps, config.train.batch, *model));
+    tell(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.steps, config.train.batch, *model));
     TrainResult t = train(config, torch::kCPU, *model, (fs::path(o.output) / "training_log.csv").string(), /*resume=*/true,
-                          train_progress, should_stop);
+                          root ? train_progress : nullptr, should_stop, comm);
     if (t.interrupted) throw UsageError("compare: interrupted while training (run again to continue)");
     target_spec = config.target;
   }
@@ -117,7 +123,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   if (target_spec.is_null()) throw UsageError("compare: give a target (--target ...), a --model or a --config");
   auto target = make_target(target_spec, options);
   results["target"] = target->spec();
-  say(fmt::format("== compare on {} (D = {}): {} chains, {} warm-up, {} draws each", target->spec().dump(), target->dim(),
+  tell(fmt::format("== compare on {} (D = {}): {} chains, {} warm-up, {} draws each", target->spec().dump(), target->dim(),
                   o.chains, o.warmup, o.draws));
 
   RunOptions base;
@@ -126,8 +132,10 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   std::vector<std::pair<std::string, torch::Tensor>> traces;
   int64_t trace_dim = -1;
   auto run = [&](const std::string& name, Kernel& kernel, RunOptions run_options) {
-    say(fmt::format("-- {}", name));
-    SampleResult r = run_sampler(*target, kernel, run_options, o.seed, sample_progress);
+    tell(fmt::format("-- {}", name));
+    SampleResult r = comm->world_size() > 1
+                         ? run_sampler_sharded(*target, kernel, run_options, o.seed, sample_progress, *comm)
+                         : run_sampler(*target, kernel, run_options, o.seed, sample_progress);
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
     traces.emplace_back(name + ": chain 1", r.draws);
@@ -150,6 +158,8 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
                                num(n, "grads_per_draw"), num(n, "bulk_ess_per_draw"));
     l["break_even_draws_vs_nuts"] = be ? json(*be) : json(nullptr);
   }
+  if (comm->world_size() > 1) results["world_size"] = comm->world_size();
+  if (!root) return results;
   const std::string trace_name = parameter_labels(*target)[trace_dim];
   plot_traces((fs::path(o.output) / "compare_traces.png").string(), traces, trace_dim, 1000, trace_name);
   results["trace_parameter"] = trace_name;

@@ -149,63 +149,48 @@ torch::Tensor gather_chains(parallel::Communicator& comm, const torch::Tensor& t
 }
 }  // namespace
 
-SampleOutcome sample_sharded(const SampleRequest& a, const ProgressFn& progress, parallel::Communicator& comm) {
+SampleResult run_sampler_sharded(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                                 const ProgressFn& progress, parallel::Communicator& comm) {
   const int world = comm.world_size(), rank = comm.rank();
-  if (a.chains < world) {
-    throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each", a.chains,
-                                 world));
+  if (options.chains < world) {
+    throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each",
+                                 options.chains, world));
   }
-  auto [begin, end] = parallel::block_of(a.chains, rank, world);
-  // This rank's chains are the run `--chains (end - begin) --seed (seed + rank)`, with their own
+  auto [begin, end] = parallel::block_of(options.chains, rank, world);
+  // This rank's chains are the run `chains = end - begin, seed = seed + rank`, with their own
   // warm-up and adaptation (as Stan's chains): Note [Data parallelism].
-  SampleRequest local = a;
-  local.chains = end - begin;
-  local.seed = a.seed + static_cast<uint64_t>(rank);
-  Prepared prep = prepare(local);
-  RunOptions& run = prep.run;
-  if (run.init_x.defined()) {  // given or buffer starting points: the rows the whole run would give these chains
+  RunOptions run = options;
+  run.chains = end - begin;
+  const uint64_t my_seed = seed + static_cast<uint64_t>(rank);
+  if (run.init_x.defined()) {  // given or buffer starting points: the rows the whole run gives these chains
     torch::Tensor rows = torch::arange(begin, end, torch::kInt64).remainder(run.init_x.size(0));
     run.init_x = run.init_x.index_select(0, rows.to(run.init_x.device()));
   }
-  SampleOutcome out;
-  out.target = prep.target;
-  json chain_config = prep.config;
-  chain_config["seed"] = local.seed;
-  chain_config["chains"] = a.chains;
-  chain_config["world_size"] = world;
-  chain_config["rank"] = rank;
-  // Each rank streams its chains' Stan CSV files (chain_K.csv, K its global numbers); rank 0
-  // writes the NetCDF file and summary.json over all chains at the end.
-  std::unique_ptr<DrawSink> stream;
-  if (a.output && a.formats.csv) {
-    stream = std::make_unique<StanCsvStream>(*a.output, chain_config, begin);
-    run.sink = stream.get();
-  }
-  SampleResult mine = run_sampler(*prep.target, *prep.kernel, run, local.seed, rank == 0 ? progress : nullptr);
+  SampleResult mine = run_sampler(target, kernel, run, my_seed, rank == 0 ? progress : nullptr);
 
   // Runs stopped early (Ctrl-C reaches the ranks at slightly different draws) keep the draws all have.
   const int64_t have = mine.draws.defined() ? mine.draws.size(0) : 0;
+  const double c = static_cast<double>(run.chains);
   std::vector<double> t = parallel::all_reduce_doubles(
-      comm, {0.0, mine.complete ? 0.0 : 1.0, mine.seconds_warmup, mine.seconds_sampling,
-             static_cast<double>(mine.grads_warmup * local.chains), static_cast<double>(mine.grads_sampling * local.chains),
-             static_cast<double>(mine.energies_warmup * local.chains),
-             static_cast<double>(mine.energies_sampling * local.chains)});
+      comm, {mine.complete ? 0.0 : 1.0, mine.seconds_warmup, mine.seconds_sampling, mine.grads_warmup * c,
+             mine.grads_sampling * c, mine.energies_warmup * c, mine.energies_sampling * c});
   const int64_t common = comm.all_gather_rows(torch::tensor({have}, torch::kInt64)).min().item<int64_t>();
-  SampleResult& r = out.result;
-  r.complete = t[1] == 0;
-  r.seed = a.seed;
+  const double total = static_cast<double>(options.chains);
+  SampleResult r;
+  r.complete = t[0] == 0;
+  r.seed = seed;
   r.draws_planned = mine.draws_planned;
   r.names = mine.names;
   r.max_tree_depth = mine.max_tree_depth;
-  r.seconds_warmup = t[2] / world;  // the ranks run side by side: their mean wall time
-  r.seconds_sampling = t[3] / world;
-  r.grads_warmup = std::llround(t[4] / a.chains);
-  r.grads_sampling = std::llround(t[5] / a.chains);
-  r.energies_warmup = std::llround(t[6] / a.chains);
-  r.energies_sampling = std::llround(t[7] / a.chains);
-  if (common == 0) return out;  // stopped before any rank drew
+  r.seconds_warmup = t[1] / world;  // the ranks run side by side: their mean wall time
+  r.seconds_sampling = t[2] / world;
+  r.grads_warmup = std::llround(t[3] / total);
+  r.grads_sampling = std::llround(t[4] / total);
+  r.energies_warmup = std::llround(t[5] / total);
+  r.energies_sampling = std::llround(t[6] / total);
+  if (common == 0) return r;  // stopped before any rank drew
   auto first = [&](const torch::Tensor& x) { return x.defined() ? x.narrow(0, 0, common) : x; };
-  r.draws = gather_chains(comm, first(mine.draws).to(torch::kFloat64));
+  if (mine.draws.defined()) r.draws = gather_chains(comm, first(mine.draws).to(torch::kFloat64));
   r.lp = gather_chains(comm, first(mine.lp));
   r.accept_stat = gather_chains(comm, first(mine.accept_stat));
   r.divergent = gather_chains(comm, first(mine.divergent));
@@ -213,22 +198,45 @@ SampleOutcome sample_sharded(const SampleRequest& a, const ProgressFn& progress,
   r.energy = gather_chains(comm, first(mine.energy));
   torch::Tensor per_chain = mine.n_grad_chain.defined()
                                 ? first(mine.n_grad_chain)
-                                : first(mine.n_grad).unsqueeze(1).expand({common, local.chains}).contiguous();
+                                : first(mine.n_grad).unsqueeze(1).expand({common, run.chains}).contiguous();
   r.n_grad_chain = gather_chains(comm, per_chain);
   r.n_grad = std::get<0>(r.n_grad_chain.max(1));
-  r.step_size_chain = gather_chains(comm, torch::full({1, local.chains}, mine.step_size, torch::kFloat64)).squeeze(0);
+  r.step_size_chain = gather_chains(comm, torch::full({1, run.chains}, mine.step_size, torch::kFloat64)).squeeze(0);
   r.step_size = r.step_size_chain.mean().item<double>();
   if (mine.inv_mass.defined()) {
     std::vector<int64_t> reps(mine.inv_mass.dim() + 1, 1);
-    reps[0] = local.chains;
+    reps[0] = run.chains;
     r.inv_mass_chain = comm.all_gather_rows(mine.inv_mass.unsqueeze(0).repeat(reps));
     r.inv_mass = mine.inv_mass;  // rank 0's (each chain's own is in inv_mass_chain)
   }
+  return r;
+}
+
+SampleOutcome sample_sharded(const SampleRequest& a, const ProgressFn& progress, parallel::Communicator& comm) {
+  const int world = comm.world_size(), rank = comm.rank();
+  Prepared prep = prepare(a);
+  SampleOutcome out;
+  out.target = prep.target;
+  RunOptions run = prep.run;
+  // Each rank streams its chains' Stan CSV files (chain_K.csv, K their numbers in the whole run);
+  // rank 0 writes the NetCDF file and summary.json over all chains at the end.
+  std::unique_ptr<DrawSink> stream;
+  if (a.output && a.formats.csv && a.chains >= world) {
+    json chain_config = prep.config;
+    chain_config["seed"] = a.seed + static_cast<uint64_t>(rank);
+    chain_config["world_size"] = world;
+    chain_config["rank"] = rank;
+    stream = std::make_unique<StanCsvStream>(*a.output, chain_config, parallel::block_of(a.chains, rank, world).first);
+    run.sink = stream.get();
+  }
+  out.result = run_sampler_sharded(*prep.target, *prep.kernel, run, a.seed, progress, comm);
+  SampleResult& r = out.result;
+  if (!r.draws.defined()) return out;
   out.config = prep.config;
   out.config["chains"] = a.chains;
   out.config["seed"] = a.seed;
   out.config["world_size"] = world;
-  out.config["chain_seeds"] = "seed + rank; rank r runs chains " + std::string("block r of ") + std::to_string(world);
+  out.config["chain_seeds"] = "seed + r for the chains of rank r (contiguous blocks, the first chains % world_size one longer)";
   if (!comm.is_root()) return out;
   out.summary = summarise(r, *prep.target, int64_t{256} << 20, progress);
   if (!r.complete) {

@@ -32,10 +32,13 @@ struct CompareOptions {
   int64_t hmc_leapfrog = 10;
 };
 
-/// Runs the comparison; `say` receives report lines. Returns what compare.json holds.
+/// Runs the comparison; `say` receives report lines. Returns what compare.json holds. With a
+/// communicator of N processes (all call it together) the training is data-parallel and every
+/// sampler's chains are sharded (run_sampler_sharded); rank 0 reports and writes the files.
 nlohmann::json compare(const CompareOptions& options, const std::function<void(const std::string&)>& say,
                        const TrainProgressFn& train_progress = nullptr, const ProgressFn& sample_progress = nullptr,
-                       const std::function<bool()>& should_stop = nullptr);
+                       const std::function<bool()>& should_stop = nullptr,
+                       std::shared_ptr<parallel::Communicator> comm = nullptr);
 
 /// The comparison as a markdown table (with the break-even line when there is a learned sampler).
 std::string compare_table(const nlohmann::json& results);

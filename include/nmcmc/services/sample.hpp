@@ -272,6 +272,13 @@ struct SampleOutcome {
 /// outcome's result.complete is false; what was drawn is summarised and written, marked
 /// incomplete (summary.json "complete": false, "# complete = false" in every Stan-CSV); stopped
 /// in warm-up, nothing is written and the summary is null.
+/// run_sampler over the ranks of `comm` (all call it together): rank r runs its block of
+/// options.chains (parallel::block_of) with seed + r, its own warm-up and adaptation, and its
+/// options.sink; every rank returns all chains (stopped runs: the draws every rank has), with
+/// step_size_chain and inv_mass_chain per chain. UsageError with fewer chains than ranks.
+SampleResult run_sampler_sharded(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                                 const ProgressFn& progress, parallel::Communicator& comm);
+
 /// With a communicator of N processes (all call it together) the chains are shared out in blocks
 /// (sample_sharded).
 SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress = nullptr,
