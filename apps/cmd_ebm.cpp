@@ -22,6 +22,7 @@ struct EbmArgs {
   std::optional<int64_t> iterations, size, channels, limit;
   bool resume = false, quiet = false;
   int threads = 1;
+  DistArgs dist;
 };
 
 struct EbmSampleArgs {
@@ -59,9 +60,13 @@ int run_train(const EbmArgs& a) {
   if (a.limit) cfg["limit"] = *a.limit;
   for (const auto& s : a.sets) apply_override(cfg, s);
   EbmOptions options = EbmOptions::from_json(cfg, a.profile);
-  warn_blas();
+  torch::TensorOptions device = torch::TensorOptions().device(torch::Device(options.device));
+  auto comm = a.dist.connect(device);
+  options.device = device.device().str();  // cuda becomes cuda:LOCAL_RANK
+  const bool root = comm->is_root();
+  if (root) warn_blas();
   install_stop_handler();
-  auto line = std::make_shared<ProgressLine>(a.quiet);
+  auto line = std::make_shared<ProgressLine>(a.quiet || !root);
   auto progress = [line](const EbmProgress& p) {
     const auto& s = p.stats;
     line->update("ebm", s.iteration, p.total, p.rate,
@@ -69,7 +74,8 @@ int run_train(const EbmArgs& a) {
                              s.accept, s.mcmc_accept, s.entropy, s.jump, s.energy_diff, s.eps, s.updates));
   };
   json summary = run_ebm_training(options, a.output, a.resume, progress, stop_requested, a.compare.value_or(""),
-                                  longrun_progress(a.quiet));
+                                  longrun_progress(a.quiet || !root), comm);
+  if (!root) return summary.value("interrupted", false) ? 130 : 0;
   if (summary.value("interrupted", false)) {
     std::cerr << "\ninterrupted: checkpoint saved in " << a.output << "/checkpoint.pt; continue with --resume\n";
     return 130;
@@ -109,6 +115,7 @@ Command add_ebm_commands(CLI::App& app, Command& sample) {
   train->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   train->add_option("--threads", a->threads, "intra-op threads")->capture_default_str();
   train->add_flag("--quiet,-q", a->quiet, "no progress line");
+  a->dist.add(train);
 
   auto b = std::make_shared<EbmSampleArgs>();
   auto* smp = ebm->add_subcommand("sample", "a long sampling run from buffer samples of a trained EBM, as a grid");

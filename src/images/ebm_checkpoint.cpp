@@ -52,15 +52,25 @@ torch::serialize::InputArchive open_ebm_archive(const std::string& path, json& m
 }  // namespace
 
 void EbmTrainer::save(const std::string& path) const {
+  // Every rank's buffer rows and random streams, in rank order.
+  const int world = comm_->world_size();
+  torch::Tensor buffer = comm_->all_gather_rows(buffer_.to(torch::kCPU));
+  torch::Tensor rng = comm_->all_gather_rows(gen_.get_state().unsqueeze(0));
+  torch::Tensor rng_cpu = comm_->all_gather_rows(cpu_gen_.get_state().unsqueeze(0));
+  if (!comm_->is_root()) return;
   torch::serialize::OutputArchive ar, ebm_ar, ebm_opt_ar;
   target_->net()->save(ebm_ar);
   ebm_opt_->save(ebm_opt_ar);
   ar.write("ebm", ebm_ar);
   ar.write("ebm_optimizer", ebm_opt_ar);
   if (sampler_trainer_) sampler_trainer_->save(ar, "sampler", "sampler_optimizer");
-  ar.write("buffer", buffer_.to(torch::kCPU));
-  ar.write("rng", gen_.get_state());
-  ar.write("rng_cpu", cpu_gen_.get_state());
+  ar.write("buffer", buffer);
+  ar.write("rng", rng[0].clone());
+  ar.write("rng_cpu", rng_cpu[0].clone());
+  if (world > 1) {
+    ar.write("rng_ranks", rng);
+    ar.write("rng_cpu_ranks", rng_cpu);
+  }
   json meta;
   meta["format"] = "nmcmc-ebm-checkpoint";
   meta["version"] = kEbmCheckpointVersion;
@@ -73,6 +83,7 @@ void EbmTrainer::save(const std::string& path) const {
   meta["grads_sampling"] = grads_sampling_;
   meta["grads_training"] = grads_training_;
   meta["elapsed"] = elapsed_;
+  meta["world_size"] = world;
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
   meta["log"] = rows;
@@ -92,6 +103,13 @@ void EbmTrainer::load(const std::string& path) {
   if (meta.at("shape") != json{data_.size(1), data_.size(2), data_.size(3)}) {
     throw DataError("EBM checkpoint '" + path + "' is for images of shape " + meta.at("shape").dump());
   }
+  const int world = comm_->world_size(), stored_world = meta.value("world_size", 1);
+  if (stored_world != world) {
+    throw UsageError("EBM checkpoint '" + path + "' was written by " + std::to_string(stored_world) +
+                     " process(es), each with its own replay-buffer rows and random streams; resume it with " +
+                     std::to_string(stored_world) + (stored_world > 1 ? " (nmcmc launch --nproc " + std::to_string(stored_world) + ")" : "") +
+                     ", not " + std::to_string(world));
+  }
   try {
     torch::serialize::InputArchive ebm_ar, ebm_opt_ar;
     ar.read("ebm", ebm_ar);
@@ -101,12 +119,22 @@ void EbmTrainer::load(const std::string& path) {
     if (sampler_trainer_) sampler_trainer_->load(ar, "sampler", "sampler_optimizer");
     torch::Tensor b, state;
     ar.read("buffer", b);
-    if (b.sizes() != buffer_.sizes()) throw DataError("EBM checkpoint '" + path + "' has a buffer of the wrong shape");
-    buffer_ = b.to(buffer_.options());
-    ar.read("rng", state);
-    gen_.set_state(state.to(torch::kCPU));
-    ar.read("rng_cpu", state);
-    cpu_gen_.set_state(state.to(torch::kCPU));
+    const int64_t rows = buffer_.size(0);
+    if (b.dim() != 2 || b.size(0) != rows * world || b.size(1) != buffer_.size(1)) {
+      throw DataError("EBM checkpoint '" + path + "' has a buffer of the wrong shape");
+    }
+    buffer_ = b.narrow(0, comm_->rank() * rows, rows).to(buffer_.options());
+    if (world > 1) {
+      ar.read("rng_ranks", state);
+      gen_.set_state(state[comm_->rank()].to(torch::kCPU).clone());
+      ar.read("rng_cpu_ranks", state);
+      cpu_gen_.set_state(state[comm_->rank()].to(torch::kCPU).clone());
+    } else {
+      ar.read("rng", state);
+      gen_.set_state(state.to(torch::kCPU));
+      ar.read("rng_cpu", state);
+      cpu_gen_.set_state(state.to(torch::kCPU));
+    }
   } catch (const c10::Error& e) {
     throw DataError("EBM checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
   }

@@ -31,9 +31,31 @@ void set_lr(torch::optim::Adam& opt, double lr) {
 }
 }  // namespace
 
-EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
-    : o_(std::move(options)), data_(std::move(data_uint8)), gen_(make_generator(o_.seed, checked_device(o_))),
-      cpu_gen_(make_generator(o_.seed + 0x9e3779b9ULL)),
+namespace {
+/// Rank r's seed: rank 0 keeps the run's (one process: the single-process streams).
+uint64_t rank_seed(uint64_t seed, int rank) {
+  if (rank == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(rank);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+const EbmOptions& checked_split(const EbmOptions& o, int world) {
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"buffer", o.buffer}, {"sampler_batch", o.sampler_batch},
+                             {"neg_batch", o.neg_batch}}) {
+    if (value % world != 0) {
+      throw UsageError("ebm: " + std::string(name) + " " + std::to_string(value) + " does not split evenly over " +
+                       std::to_string(world) + " processes");
+    }
+  }
+  return o;
+}
+}  // namespace
+
+EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8, std::shared_ptr<parallel::Communicator> comm)
+    : o_(std::move(options)), comm_(comm ? std::move(comm) : parallel::single_process()), data_(std::move(data_uint8)),
+      gen_(make_generator(rank_seed(checked_split(o_, comm_->world_size()).seed, comm_->rank()), checked_device(o_))),
+      cpu_gen_(make_generator(rank_seed(o_.seed + 0x9e3779b9ULL, comm_->rank()))),
       log_eps_mala_(std::log(o_.conv.eps)) {
   if (data_.dim() != 4 || data_.size(0) < 1) throw DataError("image data must be a non-empty [N, C, H, W] set");
   const int64_t c = data_.size(1), h = data_.size(2), w = data_.size(3);
@@ -65,9 +87,24 @@ EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8)
     mala_ = std::make_shared<Mala>(std::exp(log_eps_mala_));
     proposal_ = mala_;
   }
-  // The replay buffer starts at dequantised training images.
-  torch::Tensor idx = torch::randint(data_.size(0), {o_.buffer}, cpu_gen_, torch::kInt64);
-  buffer_ = transform_.to_logit(data_.index_select(0, idx), cpu_gen_, opts).reshape({o_.buffer, -1});
+  // The replay buffer (this rank's rows) starts at dequantised training images.
+  const int64_t rows = o_.buffer / comm_->world_size();
+  torch::Tensor idx = torch::randint(data_.size(0), {rows}, cpu_gen_, torch::kInt64);
+  buffer_ = transform_.to_logit(data_.index_select(0, idx), cpu_gen_, opts).reshape({rows, -1});
+  // Every rank starts from rank 0's networks.
+  if (comm_->world_size() > 1) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) comm_->broadcast(p, 0);
+    for (auto& b : net->buffers()) comm_->broadcast(b, 0);
+    if (sampler_trainer_) sampler_trainer_->broadcast_from_root(*comm_);
+  }
+}
+
+std::vector<double> EbmTrainer::mean_over_ranks(std::vector<double> values) {
+  if (comm_->world_size() == 1) return values;
+  values = parallel::all_reduce_doubles(*comm_, std::move(values));
+  for (double& v : values) v /= static_cast<double>(comm_->world_size());
+  return values;
 }
 
 torch::Tensor EbmTrainer::data_batch(int64_t n) {
@@ -85,15 +122,27 @@ double EbmTrainer::learning_rate(int64_t iteration) const {
 
 EbmStats EbmTrainer::sampler_phase(EbmStats s) {
   Target& target = *target_;
-  const int64_t n = o_.sampler_batch;
-  torch::Tensor idx = torch::randperm(o_.buffer, cpu_gen_, torch::kInt64).narrow(0, 0, n).to(buffer_.device());
+  const int world = comm_->world_size();
+  const int64_t n = o_.sampler_batch / world;
+  torch::Tensor idx = torch::randperm(buffer_.size(0), cpu_gen_, torch::kInt64).narrow(0, 0, n).to(buffer_.device());
   torch::Tensor x = buffer_.index_select(0, idx);
   const int64_t g0 = target.grad_evals();
   double accept = 0, entropy = 0, jump = 0;
   const double d = static_cast<double>(target.dim());
   for (int64_t k = 0; k < o_.sampler_steps; ++k) {
     EnergyGrad eg = target.energy_and_grad(x);
-    if (sampler_trainer_) {
+    if (sampler_trainer_ && world > 1) {
+      // Data-parallel: the gradient of the whole batch's objective, averaged accept rates.
+      ShardedStep r = sampler_trainer_->step_shards(target, {{x, eg.energy, eg.grad, &gen_}}, /*create_graph=*/true, *comm_);
+      torch::NoGradGuard no_grad;
+      ProposalStep one;
+      one.terms = r.shards.front();
+      const ObjectiveTerms& t = one.terms;
+      x = advance_rows(x, eg.energy, one, gen_);
+      accept += r.accept;
+      entropy += r.entropy;
+      jump += (torch::exp(torch::clamp_max(t.log_a, 0.0)) * t.jump_sq).mean().item<double>();  // averaged below
+    } else if (sampler_trainer_) {
       ProposalStep r = sampler_trainer_->step(target, x, eg.energy, eg.grad, gen_, /*create_graph=*/true);
       torch::NoGradGuard no_grad;
       const ObjectiveTerms& t = r.terms;
@@ -106,7 +155,7 @@ EbmStats EbmTrainer::sampler_phase(EbmStats s) {
       ChainState state{x, eg.energy.to(torch::kFloat64), eg.grad};
       ProposalResult r = mala_->propose(target, state, gen_);
       auto [next, info] = mh_accept(state, r, gen_);
-      const double a = info.accept_prob.mean().item<double>();
+      const double a = mean_over_ranks({info.accept_prob.mean().item<double>()})[0];
       accept += a;
       entropy += d * log_eps_mala_;
       jump += (info.accept_prob * (r.proposed.x - x).to(torch::kFloat64).pow(2).sum(1)).mean().item<double>();
@@ -120,7 +169,7 @@ EbmStats EbmTrainer::sampler_phase(EbmStats s) {
   const double k = static_cast<double>(o_.sampler_steps);
   s.accept = accept / k;
   s.entropy = entropy / k;
-  s.jump = jump / k;
+  s.jump = mean_over_ranks({jump})[0] / k;
   return s;
 }
 
@@ -135,7 +184,8 @@ EbmStats EbmTrainer::iterate() {
   s = sampler_phase(s);
   if (s.accept > o_.accept_target - o_.accept_margin) {
     // Negatives: neg_batch buffer rows take mcmc_steps MH steps.
-    torch::Tensor idx = torch::randperm(o_.buffer, cpu_gen_, torch::kInt64).narrow(0, 0, o_.neg_batch).to(buffer_.device());
+    const int64_t neg_rows = o_.neg_batch / comm_->world_size();
+    torch::Tensor idx = torch::randperm(buffer_.size(0), cpu_gen_, torch::kInt64).narrow(0, 0, neg_rows).to(buffer_.device());
     MetropolisHastings kernel(proposal_);
     if (sampler_) sampler_->eval();
     const int64_t g0 = target_->grad_evals();
@@ -147,12 +197,12 @@ EbmStats EbmTrainer::iterate() {
       state = next;
     }
     grads_sampling_ += target_->grad_evals() - g0;
-    s.mcmc_accept = acc / static_cast<double>(o_.mcmc_steps);
+    s.mcmc_accept = mean_over_ranks({acc})[0] / static_cast<double>(o_.mcmc_steps);
     torch::Tensor neg = state.x.detach();
     buffer_.index_copy_(0, idx, neg);
     // Maximum-likelihood update of the energy.
     set_requires_grad(*target_->net(), true);
-    torch::Tensor pos = data_batch(o_.neg_batch);
+    torch::Tensor pos = data_batch(neg_rows);
     const auto shape = std::vector<int64_t>{-1, data_.size(1), data_.size(2), data_.size(3)};
     ebm_opt_->zero_grad();
     torch::Tensor e_pos = target_->net()->forward(pos.reshape(shape));
@@ -160,7 +210,25 @@ EbmStats EbmTrainer::iterate() {
     torch::Tensor loss = e_pos.mean() - e_neg.mean();
     if (o_.energy_reg > 0) loss = loss + o_.energy_reg * (e_pos.pow(2).mean() + e_neg.pow(2).mean());
     const double loss_value = loss.item<double>();
-    if (std::isfinite(loss_value)) {
+    if (comm_->world_size() > 1) {
+      // Equal rows per rank: the whole batch's gradient is the mean of the ranks' (all or none step).
+      const bool all_finite = mean_over_ranks({std::isfinite(loss_value) ? 0.0 : 1.0})[0] == 0;
+      if (all_finite) {
+        loss.backward();
+        std::vector<torch::Tensor> grads;
+        for (auto& p : target_->net()->parameters()) {
+          if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+          grads.push_back(p.grad());
+        }
+        comm_->all_reduce_sum(grads);
+        for (auto& g : grads) g.div_(static_cast<double>(comm_->world_size()));
+        const double norm = torch::nn::utils::clip_grad_norm_(target_->net()->parameters(), o_.clip);
+        if (std::isfinite(norm)) {
+          ebm_opt_->step();
+          ++updates_;
+        }
+      }
+    } else if (std::isfinite(loss_value)) {
       loss.backward();
       const double norm = torch::nn::utils::clip_grad_norm_(target_->net()->parameters(), o_.clip);
       if (std::isfinite(norm)) {
@@ -169,7 +237,7 @@ EbmStats EbmTrainer::iterate() {
       }
     }
     ebm_opt_->zero_grad();
-    s.energy_diff = (e_pos.mean() - e_neg.mean()).item<double>();
+    s.energy_diff = mean_over_ranks({(e_pos.mean() - e_neg.mean()).item<double>()})[0];
   }
   ++it_;
   s.iteration = it_;

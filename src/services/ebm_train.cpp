@@ -116,47 +116,61 @@ void write_ebm_curves(const std::string& path, const std::vector<std::pair<std::
 
 json run_ebm_training(const EbmOptions& options, const std::string& output, bool resume,
                       const std::function<void(const EbmProgress&)>& progress, const std::function<bool()>& should_stop,
-                      const std::string& compare_with, const std::function<void(int64_t, int64_t)>& longrun_progress) {
-  ensure_directory(output);
+                      const std::string& compare_with, const std::function<void(int64_t, int64_t)>& longrun_progress,
+                      std::shared_ptr<parallel::Communicator> comm) {
+  if (!comm) comm = parallel::single_process();
+  const bool root = comm->is_root(), distributed = comm->world_size() > 1;
+  if (root) ensure_directory(output);
+  comm->barrier();
   const std::string ckpt = (fs::path(output) / "checkpoint.pt").string();
   const std::string log_path = (fs::path(output) / "log.csv").string();
   EbmOptions o = options;
-  if (resume && fs::exists(ckpt)) {
+  const bool found = fs::exists(ckpt);
+  const double seen = parallel::all_reduce_doubles(*comm, {found ? 1.0 : 0.0})[0];
+  if (seen > 0 && seen < comm->world_size()) {
+    throw UsageError(comm->where() + ": '" + ckpt + "' exists on only some processes; every process needs the output "
+                     "directory (a directory all machines share)");
+  }
+  if (resume && found) {
     // The run continues with its own options; only the length may be extended.
     json meta = read_ebm_checkpoint_meta(ckpt);
     json stored = meta.at("options");
     stored["iterations"] = std::max<int64_t>(o.iterations, stored.value("iterations", int64_t{0}));
     stored["device"] = o.device;
     o = EbmOptions::from_json(stored);
-  } else if (!resume && fs::exists(ckpt)) {
+  } else if (!resume && found) {
     throw UsageError("'" + ckpt + "' exists: pass --resume to continue it, or choose another --output");
   }
   torch::Tensor data = load_training_images(o);
-  EbmTrainer tr(o, data);
-  if (resume && fs::exists(ckpt)) tr.load(ckpt);
-  write_atomically((fs::path(output) / "options.json").string(), [&](std::ostream& os) { os << o.to_json().dump(2) << "\n"; });
+  EbmTrainer tr(o, data, comm);
+  if (resume && found) tr.load(ckpt);
+  if (root) write_atomically((fs::path(output) / "options.json").string(), [&](std::ostream& os) { os << o.to_json().dump(2) << "\n"; });
   const auto t0 = Clock::now();
   const int64_t start = tr.iteration();
   bool interrupted = false;
   EbmStats last;
   while (tr.iteration() < o.iterations) {
-    if (should_stop && should_stop()) {
+    bool stop = should_stop && should_stop();
+    if (distributed) stop = parallel::all_reduce_doubles(*comm, {stop ? 1.0 : 0.0})[0] > 0;  // all stop together
+    if (stop) {
       interrupted = true;
       break;
     }
     last = tr.iterate();
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (progress) progress({last, o.iterations, static_cast<double>(tr.iteration() - start) / std::max(secs, 1e-9)});
+    if (progress && root) progress({last, o.iterations, static_cast<double>(tr.iteration() - start) / std::max(secs, 1e-9)});
     if (tr.iteration() % o.checkpoint_every == 0 && tr.iteration() < o.iterations) {
       tr.save(ckpt);
-      write_ebm_log(log_path, tr.log());
+      if (root) write_ebm_log(log_path, tr.log());
     }
   }
   tr.save(ckpt);
-  write_ebm_log(log_path, tr.log());
+  if (root) write_ebm_log(log_path, tr.log());
   json summary;
-  summary["iterations"] = tr.iteration();
   summary["interrupted"] = interrupted;
+  if (!root) return summary;
+  summary["iterations"] = tr.iteration();
+  if (distributed) summary["world_size"] = comm->world_size();
   summary["ebm_updates"] = tr.log().empty() ? 0 : tr.log().back().updates;
   summary["seconds_this_invocation"] = std::chrono::duration<double>(Clock::now() - t0).count();
   summary["seconds_total"] = tr.log().empty() ? 0.0 : tr.log().back().elapsed;

@@ -9,6 +9,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/images/ebm_trainer.hpp"
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/trainer.hpp"
@@ -306,4 +307,51 @@ TEST(DataParallel, ARankThatGoesAwayEndsTheOthersCollectiveWithADistError) {
   leaver.get();
   std::vector<torch::Tensor> t = {torch::ones({1000})};
   EXPECT_THROW(comm->all_reduce_sum(t), DistError);
+}
+
+// The EBM over 2 ranks: each keeps half the replay buffer and its own streams, yet both take the
+// same steps (their energy and sampler networks stay identical) and the networks learn; the
+// checkpoint resumes on 2 ranks bit for bit and is refused by 1 process.
+TEST(DataParallel, EbmRanksStayInLockstepAndResume) {
+  ASSERT_TRUE(parallel::have_c10d());
+  for (const std::string sampler : {"learned", "mala"}) {
+    SCOPED_TRACE(sampler);
+    EbmOptions o = EbmOptions::from_json({{"dtype", "float64"}}, "smoke");
+    o.buffer = 32;
+    o.iterations = 6;
+    o.sampler = sampler;
+    const torch::Tensor images =
+        torch::arange(16 * 64, torch::kInt64).remainder(256).to(torch::kUInt8).reshape({16, 1, 8, 8});
+    const std::string ckpt = (fs::path(::testing::TempDir()) / ("dp_ebm_" + sampler + ".pt")).string();
+    auto params = [](EbmTrainer& t) {
+      std::vector<torch::Tensor> p;
+      for (auto& x : t.target().net()->parameters()) p.push_back(x.detach().clone());
+      if (t.sampler()) for (auto& x : t.sampler()->parameters()) p.push_back(x.detach().clone());
+      return p;
+    };
+    auto ranks = on_ranks(2, [&](parallel::Communicator&, std::shared_ptr<parallel::Communicator> comm) {
+      EbmTrainer t(o, images, comm);
+      std::vector<torch::Tensor> start = params(t);
+      for (int i = 0; i < 3; ++i) t.iterate();
+      t.save(ckpt);
+      for (int i = 0; i < 2; ++i) t.iterate();
+      std::vector<torch::Tensor> out = params(t);
+      out.push_back((start[0] - out[0]).abs().max().unsqueeze(0));
+      out.push_back(torch::tensor({static_cast<double>(t.log().back().updates)}, kF64));
+      return out;
+    });
+    expect_same(ranks[0], ranks[1], 0.0);
+    EXPECT_GT(ranks[0][ranks[0].size() - 2].item<double>(), 1e-8);  // the energy moved
+    EXPECT_GT(ranks[0].back().item<double>(), 0);                     // with ML updates
+    auto resumed = on_ranks(2, [&](parallel::Communicator&, std::shared_ptr<parallel::Communicator> comm) {
+      EbmTrainer t(o, images, comm);
+      t.load(ckpt);
+      for (int i = 0; i < 2; ++i) t.iterate();
+      return params(t);
+    });
+    std::vector<torch::Tensor> continued(ranks[0].begin(), ranks[0].end() - 2);
+    expect_same(resumed[0], continued, 0.0);
+    EbmTrainer one(o, images);
+    EXPECT_THROW(one.load(ckpt), UsageError);
+  }
 }

@@ -47,8 +47,13 @@ struct EbmStats {
 /// Owns the data, buffer, networks, optimisers and RNG of one EBM run.
 class EbmTrainer {
  public:
-  EbmTrainer(EbmOptions options, torch::Tensor data_uint8);
+  /// With a communicator of N processes (Note [Data parallelism]) this one keeps 1/N of the replay
+  /// buffer and takes 1/N of every batch with its own random streams; the sampler's and the
+  /// energy's gradients and the accept rates are averaged over the processes, so all take the
+  /// same steps. UsageError unless N divides buffer, sampler_batch and neg_batch.
+  EbmTrainer(EbmOptions options, torch::Tensor data_uint8, std::shared_ptr<parallel::Communicator> comm = nullptr);
   EbmStats iterate();
+  parallel::Communicator& comm() { return *comm_; }
   int64_t iteration() const { return it_; }
   const EbmOptions& options() const { return o_; }
   const std::vector<EbmStats>& log() const { return log_; }
@@ -63,13 +68,18 @@ class EbmTrainer {
   torch::Tensor data_batch(int64_t n);
   double learning_rate(int64_t iteration) const;
 
+  /// All ranks call it (buffers and random streams are gathered); rank 0 writes.
   void save(const std::string& path) const;
-  /// Restores a state written by save(); DataError if corrupt or of a different configuration.
+  /// Restores a state written by save(); DataError if corrupt or of a different configuration,
+  /// UsageError if written by another number of processes.
   void load(const std::string& path);
 
  private:
   EbmStats sampler_phase(EbmStats s);
+  /// Mean over the processes of a few local values.
+  std::vector<double> mean_over_ranks(std::vector<double> values);
   EbmOptions o_;
+  std::shared_ptr<parallel::Communicator> comm_;
   torch::Tensor data_;  // [N, C, H, W] uint8
   LogitTransform transform_;
   at::Generator gen_;      // proposals and MH decisions (on the device)
@@ -80,7 +90,7 @@ class EbmTrainer {
   std::shared_ptr<Mala> mala_;
   std::shared_ptr<Proposal> proposal_;
   std::unique_ptr<torch::optim::Adam> ebm_opt_;
-  torch::Tensor buffer_;  // [buffer, D]
+  torch::Tensor buffer_;  // [buffer / N, D]: this rank's rows
   double log_eps_mala_;
   int64_t it_ = 0, updates_ = 0, grads_sampling_ = 0, grads_training_ = 0;
   double elapsed_ = 0;

@@ -3,11 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "nmcmc/images/ebm_trainer.hpp"
+#include "nmcmc/parallel/communicator.hpp"
 
 namespace nmcmc {
 
@@ -21,10 +23,13 @@ struct EbmProgress {
 /// checkpoints atomically, writes the figures and, unless interrupted and when
 /// options.longrun_steps > 0, the long run from buffer samples (longrun.png). Returns the summary
 /// (also written to output/summary.json); "interrupted" is true when should_stop ended it.
+/// With a communicator of N processes all call it together (data-parallel, EbmTrainer); rank 0
+/// writes every file and the others return {"interrupted": ...} only.
 nlohmann::json run_ebm_training(const EbmOptions& options, const std::string& output, bool resume,
                                 const std::function<void(const EbmProgress&)>& progress,
                                 const std::function<bool()>& should_stop, const std::string& compare_with = "",
-                                const std::function<void(int64_t, int64_t)>& longrun_progress = nullptr);
+                                const std::function<void(int64_t, int64_t)>& longrun_progress = nullptr,
+                                std::shared_ptr<parallel::Communicator> comm = nullptr);
 
 /// Long sampling run from buffer samples of a trained model, with snapshots as a grid.
 nlohmann::json run_ebm_longrun(const std::string& model_dir, int64_t steps, int64_t chains, const std::string& png,
