@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
 #include "nmcmc/flows/learned.hpp"
@@ -60,8 +61,64 @@ int main(int argc, char** argv) {
   summary->add_option("--chains", chains);
   summary->add_option("--phi", phi, "AR(1) coefficient of the draws (0.95+: long autocorrelation, FFT path)");
   summary->add_flag("--simple", simple, "also time the whole-tensor reference implementation");
+  auto* dist = app.add_subcommand("distributed", "data-parallel training step: collectives' share and bytes "
+                                                 "(run one per rank with the torchrun variables set)");
+  dist->add_option("--config", config)->required();
+  dist->add_option("--batch", batch, "global batch (split over the ranks)");
+  dist->add_option("--reps", reps);
+  dist->add_option("--threads", threads);
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
+
+  if (*dist) {
+    auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
+    nmcmc::TrainConfig cfg = nmcmc::parse_train_config(nmcmc::read_config_file(config));
+    auto target = nmcmc::make_target(cfg.target, torch::kFloat32);
+    auto model = cfg.model;
+    model.dim = target->dim();
+    cfg.train.batch = batch;
+    cfg.train.steps = 1000000;
+    nmcmc::LearnedSampler sampler(model);
+    nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);
+    trainer.broadcast_from_root();
+    std::vector<double> step_s, comm_s;
+    int64_t bytes = 0, calls = 0;
+    for (int64_t r = 0; r < reps + 1; ++r) {
+      comm->barrier();
+      const auto stats0 = comm->stats();
+      auto t0 = Clock::now();
+      trainer.step();
+      const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (r == 0) continue;  // warm-up
+      step_s.push_back(sec);
+      comm_s.push_back(comm->stats().seconds - stats0.seconds);
+      bytes = comm->stats().bytes - stats0.bytes;
+      calls = comm->stats().calls - stats0.calls;
+    }
+    // The all-reduce alone, both ranks aligned by a barrier: what the gradients' transfer costs
+    // without the wait for the slower rank.
+    int64_t params = 0;
+    for (auto& p : sampler->parameters()) params += p.numel();
+    std::vector<torch::Tensor> buffer = {torch::ones({params})};
+    std::vector<double> pure;
+    for (int r = 0; r < 20; ++r) {
+      comm->barrier();
+      auto t0 = Clock::now();
+      comm->all_reduce_sum(buffer);
+      pure.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    if (comm->is_root()) {
+      const double step = median(step_s), allreduce = median(pure);
+      json out = {{"bench", "distributed"}, {"config", cfg.name}, {"world_size", comm->world_size()},
+                  {"global_batch", batch}, {"threads_per_rank", threads}, {"reps", reps},
+                  {"seconds_per_step", step}, {"collective_seconds_per_step_incl_wait", median(comm_s)},
+                  {"allreduce_seconds_gradients", allreduce}, {"allreduce_share_of_step", allreduce / step},
+                  {"collective_share_incl_wait", median(comm_s) / step}, {"bytes_per_step", bytes},
+                  {"collectives_per_step", calls}, {"parameters", params}, {"peak_rss_mb", peak_rss_mb()}};
+      std::cout << out.dump() << std::endl;
+    }
+    return 0;
+  }
 
   if (*summary) {
     // AR(1) chains in stationarity, [S, C, 1].
