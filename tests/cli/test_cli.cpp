@@ -33,7 +33,7 @@ CliRun run(const std::string& args) { return run_with_prefix("", args); }
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (std::string cmd : {"", "sample ", "targets ", "info ", "demo ", "reference ", "ebm train ", "ebm sample "}) {
+  for (std::string cmd : {"", "sample ", "targets ", "info ", "demo ", "reference ", "ebm train ", "ebm sample ", "launch "}) {
     CliRun r = run(cmd + "--help");
     EXPECT_EQ(r.code, 0) << cmd << r.out;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd;
