@@ -355,3 +355,28 @@ TEST(DataParallel, EbmRanksStayInLockstepAndResume) {
     EXPECT_THROW(one.load(ckpt), UsageError);
   }
 }
+
+TEST(DataParallel, ARankThatHangsIsGivenUpAfterTheTimeout) {
+  ASSERT_TRUE(parallel::have_c10d());
+  const int port = parallel::free_local_port();
+  std::promise<void> done;
+  std::shared_future<void> finished = done.get_future().share();
+  auto hanger = std::async(std::launch::async, [&] {
+    auto comm = parallel::connect(rank_options(1, 2, port, 2.0));
+    finished.wait();  // joined, then never calls the collective (until the other gave up)
+  });
+  auto comm = parallel::connect(rank_options(0, 2, port, 2.0));
+  std::vector<torch::Tensor> t = {torch::ones({10})};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    comm->all_reduce_sum(t);
+    ADD_FAILURE() << "an all-reduce completed without the other rank";
+  } catch (const DistError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 s timeout"), std::string::npos) << e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 1.0);   // it did wait (about the timeout)
+  EXPECT_LT(waited, 60.0);  // and did not hang
+  done.set_value();
+  hanger.get();
+}
