@@ -4,6 +4,7 @@
 //   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
   learned->add_option("--mode", mode);
   learned->add_option("--reps", reps);
   learned->add_option("--threads", threads);
+  std::string trace;
+  learned->add_option("--trace", trace, "write a chrome trace of the timed steps (LibTorch's profiler) to this file");
   auto* baseline = app.add_subcommand("baseline", "MH steps per second of a baseline sampler");
   baseline->add_option("--target-json", target_json);
   baseline->add_option("--sampler", sampler);
@@ -161,10 +164,13 @@ int main(int argc, char** argv) {
     const double flops_per_row = static_cast<double>(sampler->flops_per_step());
     std::vector<double> times;
     if (mode == "train") {
-      for (int64_t r = 0; r < reps + 1; ++r) {
+      trainer.step();  // warm-up
+      std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+      if (!trace.empty()) profile = std::make_unique<torch::autograd::profiler::RecordProfile>(trace);
+      for (int64_t r = 0; r < reps; ++r) {
         auto t0 = Clock::now();
         trainer.step();
-        if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // first = warm-up
+        times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
     } else {
       auto proposal = std::make_shared<nmcmc::LearnedProposal>(sampler);

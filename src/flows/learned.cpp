@@ -26,7 +26,30 @@ std::string variant_name(Variant v) {
 
 std::string resolve_precondition(const std::string& precondition, int64_t dim) {
   if (precondition != "auto") return precondition;
-  return dim <= kDenseMaxDim ? "dense" : "diag";
+  return dim <= kDenseMaxDim ? "dense" : "lowrank";
+}
+
+std::pair<torch::Tensor, torch::Tensor> low_rank_correlation(const torch::Tensor& draws, int64_t k) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = draws.to(torch::kCPU, torch::kFloat64);
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2, "low_rank_correlation: need draws [n >= 2, D]");
+  const int64_t n = x.size(0), d = x.size(1);
+  k = std::min({k, d, n - 1});
+  torch::Tensor centred = x - x.mean(0);
+  torch::Tensor sd = centred.pow(2).sum(0).div(n - 1).sqrt().clamp_min(1e-300);
+  torch::Tensor z = centred / sd / std::sqrt(static_cast<double>(n - 1));  // z^T z = correlation
+  torch::Tensor w, q;
+  if (n < d) {
+    auto [gw, gv] = torch::linalg_eigh(z.matmul(z.t()));  // ascending
+    w = gw.narrow(0, n - k, k).flip(0).clamp_min(1e-12);
+    q = z.t().matmul(gv.narrow(1, n - k, k).flip(1)) / w.sqrt();
+  } else {
+    auto [cw, cv] = torch::linalg_eigh(z.t().matmul(z));
+    w = cw.narrow(0, d - k, k).flip(0).clamp_min(1e-12);
+    q = cv.narrow(1, d - k, k).flip(1);
+  }
+  const double nn = static_cast<double>(n);
+  return {q, (nn * w + 5.0) / (nn + 5.0)};
 }
 
 nlohmann::json LearnedOptions::to_json() const { return nlohmann::json(*this); }
@@ -36,12 +59,14 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
   if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");
-  if (o.precondition != "none" && o.precondition != "diag" && o.precondition != "dense" && o.precondition != "auto") {
-    throw UsageError("model: precondition must be none, diag, dense or auto, got '" + o.precondition + "'");
+  if (o.precondition != "none" && o.precondition != "diag" && o.precondition != "dense" && o.precondition != "lowrank" &&
+      o.precondition != "auto") {
+    throw UsageError("model: precondition must be none, diag, dense, lowrank or auto, got '" + o.precondition + "'");
   }
   if (o.learn_precondition && o.precondition == "none") {
-    throw UsageError("model: learn_precondition needs precondition diag or dense");
+    throw UsageError("model: learn_precondition needs precondition diag, dense, lowrank or auto");
   }
+  if (o.precondition_rank < 1) throw UsageError("model: precondition_rank must be positive");
   static const std::vector<std::string> acts = {"elu", "relu", "tanh", "softplus", "silu"};
   if (std::find(acts.begin(), acts.end(), o.activation) == acts.end()) {
     throw UsageError("model: activation must be elu, relu, tanh, softplus or silu");
@@ -110,8 +135,10 @@ int64_t StepMLPImpl::flops_per_row() const {
 
 LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
-  TORCH_CHECK(o.precondition == "none" || o.precondition == "diag" || o.precondition == "dense",
-              "the learned sampler needs precondition none, diag or dense (resolve auto first: resolve_precondition)");
+  TORCH_CHECK(o.precondition == "none" || o.precondition == "diag" || o.precondition == "dense" ||
+                  o.precondition == "lowrank",
+              "the learned sampler needs precondition none, diag, dense or lowrank (resolve auto first: "
+              "resolve_precondition)");
   const int64_t d = o.dim, k = 2 * o.steps;
   const int64_t half_max = (d + 1) / 2;
   log_eps_ = register_parameter("log_eps", torch::tensor(std::log(o.eps), torch::kFloat64));
@@ -153,6 +180,11 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
       pre_base_ = register_buffer("precondition_base", torch::eye(d, f64));
       pre_lower_ = reg("precondition_lower", torch::zeros({d, d}, f64));
     }
+    if (o.precondition == "lowrank") {
+      const int64_t k = std::min(o.precondition_rank, d - 1);
+      pre_directions_ = register_buffer("precondition_directions", torch::eye(d, f64).narrow(1, 0, k).clone());
+      pre_log_eigen_ = reg("precondition_log_eigen", torch::zeros({k}, f64));
+    }
   }
 }
 
@@ -164,25 +196,34 @@ namespace {
 struct Affine {
   torch::Tensor m, l, l2, scale;  // [D]; L0 [D, D] when dense; M [D, D] or undefined; diag(L) [D] when diagonal
   torch::Tensor log_det;          // float64 scalar
+  torch::Tensor q, t;             // lowrank: Q [D, k], t [k]; L = diag(scale) (I + Q diag(exp(t) - 1) Q^T)
   bool dense() const { return l.defined(); }
+  bool lowrank() const { return q.defined(); }
+  torch::Tensor factor(const torch::Tensor& y, double sign) const {  // rows: y (I + Q diag(exp(sign t) - 1) Q^T)
+    return y + (y.matmul(q) * torch::expm1(sign * t)).matmul(q.t());
+  }
   static torch::Tensor solve_right(const torch::Tensor& a, const torch::Tensor& b) {  // rows solve x A = b
     return torch::linalg_solve_triangular(a, b, /*upper=*/false, /*left=*/false);
   }
   torch::Tensor to_latent(const torch::Tensor& x) const {  // y = L^-1 (x - m): rows solve y L^T = x - m
+    if (lowrank()) return factor((x - m) / scale, -1.0);
     if (!dense()) return (x - m) / scale;
     torch::Tensor u = torch::linalg_solve_triangular(l.t(), x - m, /*upper=*/true, /*left=*/false);
     return l2.defined() ? torch::linalg_solve_triangular(l2.t(), u, /*upper=*/true, /*left=*/false) : u;
   }
   torch::Tensor from_latent(const torch::Tensor& y) const {
+    if (lowrank()) return m + factor(y, 1.0) * scale;
     if (!dense()) return m + y * scale;
     return m + (l2.defined() ? y.matmul(l2.t()) : y).matmul(l.t());
   }
   torch::Tensor latent_grad(const torch::Tensor& g) const {  // L^T dU as rows: g L0 M
+    if (lowrank()) return factor(g * scale, 1.0);
     if (!dense()) return g * scale;
     torch::Tensor v = g.matmul(l);
     return l2.defined() ? v.matmul(l2) : v;
   }
   torch::Tensor ambient_grad(const torch::Tensor& gy) const {  // rows solve g L0 M = gy
+    if (lowrank()) return factor(gy, -1.0) / scale;
     if (!dense()) return gy / scale;
     return solve_right(l, l2.defined() ? solve_right(l2, gy) : gy);
   }
@@ -238,6 +279,20 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
     torch::Tensor var = c.dim() == 1 ? c : c.diagonal();
     if (!(var > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
     pre_log_scale_.copy_(0.5 * var.log());
+  } else if (options_.precondition == "lowrank") {
+    torch::Tensor var = c.dim() == 1 ? c : c.diagonal();
+    if (!(var > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
+    if (c.dim() == 1) {
+      set_low_rank_preconditioner(m, var, torch::zeros({d, 0}, torch::kFloat64), torch::zeros({0}, torch::kFloat64));
+      return;
+    }
+    torch::Tensor sd = var.sqrt();
+    torch::Tensor corr = c / sd.unsqueeze(0) / sd.unsqueeze(1);
+    auto [w, v] = torch::linalg_eigh(0.5 * (corr + corr.t()));  // ascending
+    const int64_t k = pre_directions_.size(1);
+    if (!(w > 0).all().item<bool>()) throw DataError("preconditioner: the covariance is not positive definite");
+    set_low_rank_preconditioner(m, var, v.narrow(1, d - k, k), w.narrow(0, d - k, k));
+    return;
   } else {
     torch::Tensor base;
     if (c.dim() == 1) {
@@ -255,9 +310,57 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
   pre_shift_.copy_(m);
 }
 
+void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
+                                                     const torch::Tensor& directions, const torch::Tensor& eigenvalues) {
+  TORCH_CHECK(options_.precondition == "lowrank", "set_low_rank_preconditioner: the model's precondition is ",
+              options_.precondition);
+  const int64_t d = options_.dim, k = pre_directions_.size(1);
+  torch::NoGradGuard no_grad;
+  torch::Tensor m = shift.to(torch::kCPU, torch::kFloat64).reshape({-1});
+  torch::Tensor var = variances.to(torch::kCPU, torch::kFloat64).reshape({-1});
+  torch::Tensor q = directions.to(torch::kCPU, torch::kFloat64);
+  torch::Tensor lam = eigenvalues.to(torch::kCPU, torch::kFloat64).reshape({-1});
+  if (m.size(0) != d || var.size(0) != d || q.dim() != 2 || q.size(0) != d || q.size(1) > k || lam.size(0) != q.size(1)) {
+    throw DataError("preconditioner: expected a shift and variances [" + std::to_string(d) + "], directions [" +
+                    std::to_string(d) + ", k <= " + std::to_string(k) + "] and k eigenvalues");
+  }
+  for (const auto& t : {m, var, q, lam}) {
+    if (!torch::isfinite(t).all().item<bool>()) throw DataError("preconditioner: non-finite values");
+  }
+  if (!(var > 0).all().item<bool>() || !(lam > 0).all().item<bool>()) {
+    throw DataError("preconditioner: the variances and eigenvalues must be positive");
+  }
+  const int64_t given = q.size(1);
+  if (given > 0 && (q.t().matmul(q) - torch::eye(given, torch::kFloat64)).abs().max().item<double>() > 1e-6) {
+    throw DataError("preconditioner: the directions must be orthonormal");
+  }
+  // Complete Q to k orthonormal columns (eigenvalue 1: no effect) so that its shape stays fixed.
+  torch::Tensor full = q;
+  if (given < k) {
+    torch::Tensor extra = torch::randn({d, k - given}, make_generator(77), torch::kFloat64);
+    if (given > 0) extra = extra - q.matmul(q.t().matmul(extra));
+    full = std::get<0>(torch::linalg_qr(torch::cat({q, extra}, 1)));
+    if (given > 0) full.narrow(1, 0, given).copy_(q);
+  }
+  pre_shift_.copy_(m);
+  pre_log_scale_.copy_(0.5 * var.log());
+  pre_directions_.copy_(full);
+  torch::Tensor t = torch::zeros({k}, torch::kFloat64);
+  if (given > 0) t.narrow(0, 0, given).copy_(0.5 * lam.log());
+  pre_log_eigen_.copy_(t);
+}
+
 namespace {
 Affine model_affine(const torch::Tensor& m, const torch::Tensor& base, const torch::Tensor& log_scale,
-                    const torch::Tensor& lower, bool learned) {
+                    const torch::Tensor& lower, bool learned, const torch::Tensor& directions = {},
+                    const torch::Tensor& log_eigen = {}) {
+  if (directions.defined()) {
+    Affine a{m, torch::Tensor(), torch::Tensor(), log_scale.exp(),
+             (log_scale.sum() + log_eigen.sum()).to(torch::kFloat64)};
+    a.q = directions;
+    a.t = log_eigen;
+    return a;
+  }
   if (!base.defined()) return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64)};
   torch::Tensor log_det = base.diagonal().log().sum().to(torch::kFloat64);
   if (!learned) return {m, base, torch::Tensor(), torch::Tensor(), log_det};
@@ -268,7 +371,8 @@ Affine model_affine(const torch::Tensor& m, const torch::Tensor& base, const tor
 
 torch::Tensor LearnedSamplerImpl::precondition_matrix() const {
   if (!preconditioned()) return torch::eye(options_.dim, log_eps_.options());
-  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition);
+  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_);
+  if (a.lowrank()) return a.from_latent(torch::eye(options_.dim, a.scale.options())).sub(a.m).t();  // columns L e_i
   if (!a.dense()) return torch::diag_embed(a.scale);
   return a.l2.defined() ? a.l.matmul(a.l2) : a.l;
 }
@@ -279,15 +383,15 @@ torch::Tensor LearnedSamplerImpl::precondition_shift() const {
 
 torch::Tensor LearnedSamplerImpl::precondition_log_det() const {
   if (!preconditioned()) return torch::zeros({}, torch::kFloat64);
-  return model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).log_det;
+  return model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_).log_det;
 }
 
 torch::Tensor LearnedSamplerImpl::to_latent(const torch::Tensor& x) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).to_latent(x) : x;
+  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_).to_latent(x) : x;
 }
 
 torch::Tensor LearnedSamplerImpl::from_latent(const torch::Tensor& y) const {
-  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition).from_latent(y) : y;
+  return preconditioned() ? model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_).from_latent(y) : y;
 }
 
 
@@ -373,7 +477,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, co
   TORCH_CHECK(x.dim() == 2 && x.size(1) == d && z0.sizes() == x.sizes(), "learned sampler: expected x and z0 [C, ", d,
               "], got ", x.sizes(), " and ", z0.sizes());
   if (!preconditioned()) return propose_latent(target, x, grad, z0, create_graph);
-  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition);
+  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_);
   LatentTarget view(target, a);
   Proposed p = propose_latent(view, a.to_latent(x), grad.defined() ? a.latent_grad(grad) : grad, z0, create_graph);
   p.x_new = a.from_latent(p.x_new);
@@ -417,6 +521,14 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_latent(Target& target, 
 torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
                                               const torch::Tensor& x_to) {
   if (!preconditioned()) return log_density_latent(target, x_from, grad_from, x_to);
+  if (options_.precondition == "lowrank") {
+    Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition,
+                            pre_directions_, pre_log_eigen_);
+    LatentTarget view(target, a);
+    return log_density_latent(view, a.to_latent(x_from), grad_from.defined() ? a.latent_grad(grad_from) : grad_from,
+                              a.to_latent(x_to)) -
+           a.log_det;
+  }
   return log_density_with(target, x_from, grad_from, x_to, precondition_matrix());
 }
 
@@ -453,7 +565,12 @@ int64_t LearnedSamplerImpl::flops_per_step() const {
   if (net_drift_) total += 2 * net_drift_->flops_per_row();
   // Preconditioner: per proposal about 4 (diag) or 4 D (dense) multiply-adds per coordinate
   // (to and from the flow's coordinates, the gradients and the reverse pass's solves).
-  if (preconditioned()) total += 2 * options_.dim * (options_.precondition == "dense" ? 4 * options_.dim : 4);
+  if (preconditioned()) {
+    const int64_t per = options_.precondition == "dense"     ? 4 * options_.dim
+                        : options_.precondition == "lowrank" ? 4 + 8 * pre_directions_.size(1)
+                                                             : 4;
+    total += 2 * options_.dim * per;
+  }
   return total;
 }
 

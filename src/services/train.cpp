@@ -82,7 +82,14 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
     throw DataError("preconditioner warm-up: the " + o.precondition_sampler +
                     " chains produced non-finite draws or no metric; set model.precondition = none");
   }
-  sampler->set_preconditioner(draws.mean(0), r.inv_mass);
+  if (kind == "lowrank") {
+    // A diagonal metric from the warm-up, and the correlations' top factors from its draws.
+    auto [q, lambda] = low_rank_correlation(draws, sampler->options().precondition_rank);
+    torch::Tensor var = r.inv_mass.dim() == 1 ? r.inv_mass : r.inv_mass.diagonal();
+    sampler->set_low_rank_preconditioner(draws.mean(0), var, q, lambda);
+  } else {
+    sampler->set_preconditioner(draws.mean(0), r.inv_mass);
+  }
   if (o.eps_from_warmup) sampler->set_eps(r.step_size);
   // The buffer starts from the last draws of every chain (where the warm-up left them).
   const int64_t want = std::min<int64_t>(r.draws.size(0), (trainer.options().batch + ro.chains - 1) / ro.chains + 1);

@@ -209,14 +209,15 @@ LearnedSampler preconditioned(const std::string& kind, Variant v, uint64_t seed)
   torch::Tensor cov = dynamic_cast<GaussianTarget*>(target.get())->covariance();
   torch::Tensor f = torch::tensor({1.0, 1.41, 1.0, 1.41, 1.0, 1.41}, kF64);
   auto s = test_support::perturbed_sampler(
-      LearnedOptions().set_dim(6).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.5).set_precondition(kind), seed);
+      LearnedOptions().set_dim(6).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.5).set_precondition(kind)
+          .set_precondition_rank(2), seed);
   s->set_preconditioner(torch::full({6}, 0.2, kF64), cov * f.unsqueeze(0) * f.unsqueeze(1));
   return s;
 }
 }  // namespace
 
 TEST(Invariance, PreconditionedLearnedWithRandomNetworks) {
-  for (const std::string kind : {"dense", "diag"}) {
+  for (const std::string kind : {"dense", "diag", "lowrank"}) {
     for (Variant v : {Variant::kFull, Variant::kLangevin}) {
       auto r = invariance(kRotated6, std::make_shared<LearnedProposal>(preconditioned(kind, v, 8)), 131);
       std::cout << "  " << kind << " " << variant_name(v) << ": " << r.describe() << "\n";
@@ -227,11 +228,13 @@ TEST(Invariance, PreconditionedLearnedWithRandomNetworks) {
 
 TEST(InvariancePower, PreconditionedWithADiagonalReverseFails) {
   // The reverse density computed with diag(L) only (a forgotten off-diagonal) must fail.
-  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
-    auto s = preconditioned("dense", v, 8);
-    s->set_defect_for_testing(LearnedDefect::kDiagonalReverse);
-    auto r = invariance(kRotated6, std::make_shared<LearnedProposal>(s), 131);
-    std::cout << "  diagonal reverse " << variant_name(v) << ": " << r.describe() << "\n";
-    EXPECT_FALSE(r.passes()) << variant_name(v) << ": " << r.describe();
+  for (const std::string kind : {"dense", "lowrank"}) {
+    for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+      auto s = preconditioned(kind, v, 8);
+      s->set_defect_for_testing(LearnedDefect::kDiagonalReverse);
+      auto r = invariance(kRotated6, std::make_shared<LearnedProposal>(s), 131);
+      std::cout << "  diagonal reverse " << kind << " " << variant_name(v) << ": " << r.describe() << "\n";
+      EXPECT_FALSE(r.passes()) << kind << " " << variant_name(v) << ": " << r.describe();
+    }
   }
 }

@@ -265,7 +265,8 @@ LearnedSampler preconditioned_sampler(int64_t d, Variant v, const std::string& k
                                                .set_hidden(16)
                                                .set_steps(2)
                                                .set_eps(0.3)
-                                               .set_precondition(kind),
+                                               .set_precondition(kind)
+                                               .set_precondition_rank(2),
                                            seed, scale);
   s->set_preconditioner(torch::linspace(-0.5, 0.5, d, kF64), test_covariance(d, seed + 1));
   return s;
@@ -278,23 +279,39 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
   at::Generator g0 = make_generator(3);
   torch::Tensor x = t->sample(32, g0);
   const torch::Tensor cov = test_covariance(6, 4);
-  for (const std::string kind : {"dense", "diag"}) {
+  for (const std::string kind : {"dense", "diag", "lowrank"}) {
     for (bool identity : {true, false}) {
       for (Variant v : {Variant::kFull, Variant::kLangevin}) {
-        LearnedSampler s(LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.4).set_precondition(kind));
+        LearnedSampler s(LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.4)
+                             .set_precondition(kind).set_precondition_rank(2));
         s->to(torch::kFloat64);
         auto mala = std::make_shared<Mala>(0.4);
         if (identity) {
           s->set_preconditioner(torch::full({6}, 0.7, kF64), torch::eye(6, kF64));  // m does not matter
         } else {
           s->set_preconditioner(torch::zeros({6}, kF64), cov);
-          mala->set_inv_mass(kind == "dense" ? cov : cov.diagonal().clone());
+          // lowrank: L L^T is the variances with the correlation's top 2 factors, not cov itself.
+          torch::Tensor l = s->precondition_matrix();
+          mala->set_inv_mass(kind == "dense" ? cov : kind == "diag" ? cov.diagonal().clone() : l.matmul(l.t()));
         }
         auto learned = std::make_shared<LearnedProposal>(s);
         MetropolisHastings kl(learned), km(mala);
         ChainState sl = kl.init(*t, x), sm = km.init(*t, x);
         at::Generator ga = make_generator(5), gb = make_generator(5);  // same z0 for both
         ProposalResult a = learned->propose(*t, sl, ga), b = mala->propose(*t, sm, gb);
+        if (kind == "lowrank" && !identity) {
+          // MALA's noise is C z with C = chol(L L^T); the flow's is L z0. Give the flow the z0 with
+          // L z0 = C z (also standard normal: C^-1 L is orthogonal), so both propose the same x'.
+          torch::NoGradGuard no_grad;
+          at::Generator gz = make_generator(5);
+          torch::Tensor z = randn(x.sizes(), gz, x.options());
+          torch::Tensor l = s->precondition_matrix();
+          torch::Tensor c = torch::linalg::cholesky(l.matmul(l.t()));
+          torch::Tensor z0 = torch::linalg::solve(l, c.matmul(z.t()), true).t();
+          Proposed p = s->propose_from(*t, x, sl.grad, z0, false);
+          a.proposed.x = p.x_new;
+          a.log_q_ratio = p.log_q_rev - p.log_q_fwd;
+        }
         const std::string what = kind + (identity ? " identity " : " sigma ") + variant_name(v);
         EXPECT_LT((a.proposed.x - b.proposed.x).abs().max().item<double>(), 1e-12) << what;
         EXPECT_LT((a.log_q_ratio - b.log_q_ratio).abs().max().item<double>(), 1e-9) << what;
@@ -309,7 +326,7 @@ TEST(Preconditioner, LogDetIsTheWholeMapsJacobian) {
   // entropy the objective maximises (so a learned L is trained on the exact entropy).
   auto t = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
   at::Generator gen = make_generator(2);
-  for (const std::string kind : {"dense", "diag"}) {
+  for (const std::string kind : {"dense", "diag", "lowrank"}) {
     for (Variant v : {Variant::kFull, Variant::kNoGrad}) {
       auto s = preconditioned_sampler(5, v, kind, 20, 1.0);
       torch::Tensor x = t->sample(1, gen), z0 = torch::randn({1, 5}, gen, kF64);
@@ -330,7 +347,7 @@ TEST(Preconditioner, LogDetIsTheWholeMapsJacobian) {
 TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
   auto t = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, kF64);
   at::Generator gen = make_generator(6);
-  for (const std::string kind : {"dense", "diag"}) {
+  for (const std::string kind : {"dense", "diag", "lowrank"}) {
     for (Variant v : {Variant::kFull, Variant::kNoGrad, Variant::kLangevin}) {
       auto s = preconditioned_sampler(6, v, kind, 30);
       torch::NoGradGuard no_grad;
@@ -357,9 +374,49 @@ TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
 TEST(Preconditioner, AutoIsDenseUpToAThousandDimensions) {
   EXPECT_EQ(resolve_precondition("auto", 2), "dense");
   EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim), "dense");
-  EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim + 1), "diag");
+  EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim + 1), "lowrank");
   EXPECT_EQ(resolve_precondition("none", 5), "none");
   EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(3).set_precondition("auto")), c10::Error);
+}
+
+// The low-rank L: L L^T = diag(sd) (I + Q (Lambda - 1) Q^T) diag(sd) for the top-k factors of the
+// correlation; with k = D - 1 of a 3-d covariance... and from draws through the Gram matrix (n < D)
+// the same factors as from the D x D correlation (n >= D route), to rounding.
+TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
+  const torch::Tensor cov = test_covariance(6, 9);
+  LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(5));
+  s->to(torch::kFloat64);
+  s->set_preconditioner(torch::zeros({6}, kF64), cov);
+  torch::Tensor l = s->precondition_matrix();
+  // k = 5 of 6: the correlation minus its smallest eigen-direction, scaled by the sds.
+  torch::Tensor sd = cov.diagonal().sqrt();
+  torch::Tensor corr = cov / sd.unsqueeze(0) / sd.unsqueeze(1);
+  auto [w, v] = torch::linalg_eigh(corr);
+  torch::Tensor approx = corr + v.narrow(1, 0, 1).matmul(v.narrow(1, 0, 1).t()) * (1.0 - w[0]);
+  torch::Tensor expected = approx * sd.unsqueeze(0) * sd.unsqueeze(1);
+  EXPECT_LT((l.matmul(l.t()) - expected).abs().max().item<double>(), 1e-10);
+  EXPECT_NEAR(s->precondition_log_det().item<double>(), std::log(std::abs(torch::linalg::det(l).item<double>())), 1e-10);
+  // From draws: the Gram route (n = 5 < D = 8) and the D x D route (n = 40) give orthonormal Q and
+  // the eigenvalues of the sample correlation (shrunk towards 1).
+  at::Generator g = make_generator(4);
+  for (int64_t n : {5, 40}) {
+    torch::Tensor x = torch::randn({n, 8}, g, kF64).matmul(torch::randn({8, 8}, g, kF64));
+    auto [q, lam] = low_rank_correlation(x, 3);
+    EXPECT_LT((q.t().matmul(q) - torch::eye(3, kF64)).abs().max().item<double>(), 1e-10) << n;
+    torch::Tensor c = x - x.mean(0);
+    torch::Tensor sdx = c.pow(2).sum(0).div(n - 1).sqrt();
+    torch::Tensor cx = c.t().matmul(c) / (n - 1) / sdx.unsqueeze(0) / sdx.unsqueeze(1);
+    torch::Tensor top = std::get<0>(torch::linalg_eigh(cx)).flip(0).narrow(0, 0, 3);
+    EXPECT_LT(((lam * (n + 5.0) - 5.0) / n - top).abs().max().item<double>(), 1e-9) << n;
+    EXPECT_LT((cx.matmul(q) - q * top).abs().max().item<double>(), 1e-9) << n;  // eigenvectors
+  }
+  // Bad factors are refused.
+  EXPECT_THROW(s->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
+                                              torch::ones({6, 2}, kF64), torch::ones({2}, kF64)),
+               DataError);  // not orthonormal
+  EXPECT_THROW(s->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
+                                              torch::eye(6, kF64).narrow(1, 0, 2), -torch::ones({2}, kF64)),
+               DataError);
 }
 
 TEST(Preconditioner, BadInputIsRefused) {

@@ -37,6 +37,11 @@
 // term cancels in the MH ratio. With zero networks the proposal is MALA with inverse mass matrix
 // L L^T; with L = I it is plain MALA. L and m come from a warm-up of the chains
 // (services/train.cpp) or set_preconditioner().
+// lowrank (for large D; `auto` above kDenseMaxDim): L = diag(exp(s)) (I + Q diag(exp(t) - 1) Q^T)
+// with Q [D, k] orthonormal (the top-k eigenvectors of the warm-up's correlation matrix, eigenvalues
+// exp(2t)): the symmetric square root of a "diagonal plus k factors" covariance. Its inverse is the
+// same form with t -> -t, log|det L| = sum s + sum t, and every product costs O(D k); s and t are
+// learned when learn_precondition (Q stays fixed).
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
@@ -55,9 +60,14 @@ std::string variant_name(Variant v);
 inline void to_json(nlohmann::json& j, Variant v) { j = variant_name(v); }
 inline void from_json(const nlohmann::json& j, Variant& v) { v = parse_variant(j.get<std::string>()); }
 
-/// "auto": dense up to kDenseMaxDim dimensions (L costs O(D^2) per proposal), diag above.
+/// "auto": dense up to kDenseMaxDim dimensions (L costs O(D^2) per proposal), lowrank above.
 constexpr int64_t kDenseMaxDim = 1000;
 std::string resolve_precondition(const std::string& precondition, int64_t dim);
+
+/// The top-k eigenvectors Q [D, k] and eigenvalues [k] (descending) of the correlation matrix of
+/// `draws` [n, D], through the n x n Gram matrix when n < D (O(n^2 D), never a D x D matrix), each
+/// eigenvalue shrunk towards 1 as Stan regularises its metric: (n lambda + 5) / (n + 5).
+std::pair<torch::Tensor, torch::Tensor> low_rank_correlation(const torch::Tensor& draws, int64_t k);
 
 /// Model hyper-parameters (the paper's "hidden width / steps N", plus the rest).
 struct LearnedOptions {
@@ -69,8 +79,9 @@ struct LearnedOptions {
   std::string activation = "elu";  // elu | relu | tanh | softplus | silu
   double eps = 0.1;            // initial step size (learned, stored as log eps)
   uint64_t mask_seed = 0;      // seed of the random half-half masks
-  std::string precondition = "none";  // none | diag | dense | auto: Note [Affine preconditioner]
+  std::string precondition = "none";  // none | diag | dense | lowrank | auto: Note [Affine preconditioner]
   bool learn_precondition = false;    // L is trained with the entropy objective (else fixed)
+  int64_t precondition_rank = 16;     // lowrank: k factors (at most D - 1)
   LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
   LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
   LearnedOptions& set_hidden(int64_t h) { hidden = h; return *this; }
@@ -81,11 +92,12 @@ struct LearnedOptions {
   LearnedOptions& set_mask_seed(uint64_t s) { mask_seed = s; return *this; }
   LearnedOptions& set_precondition(std::string p) { precondition = std::move(p); return *this; }
   LearnedOptions& set_learn_precondition(bool b) { learn_precondition = b; return *this; }
+  LearnedOptions& set_precondition_rank(int64_t k) { precondition_rank = k; return *this; }
   nlohmann::json to_json() const;
   static LearnedOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hidden, steps, shared_layers, activation,
-                                                eps, mask_seed, precondition, learn_precondition)
+                                                eps, mask_seed, precondition, learn_precondition, precondition_rank)
 
 /// An MLP whose first and last layers have separate weights per sub-step k and whose middle
 /// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden
@@ -162,7 +174,12 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   bool preconditioned() const { return options_.precondition != "none"; }
   /// Sets m [D] and L from a covariance: [D, D] (L = its Cholesky factor; a diagonal model keeps
   /// only the variances) or variances [D]. DataError if the covariance is not positive definite.
+  /// lowrank: the variances and the top-k eigenvectors of the correlation matrix (from [D, D]).
   void set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance);
+  /// lowrank: m [D], variances [D], Q [D, k'] orthonormal and correlation eigenvalues [k'] > 0
+  /// (k' <= k; missing factors get eigenvalue 1). DataError for bad values.
+  void set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
+                                   const torch::Tensor& directions, const torch::Tensor& eigenvalues);
   /// L [D, D] (identity without a preconditioner), in the model's dtype.
   torch::Tensor precondition_matrix() const;
   /// m [D] (zero without a preconditioner).
@@ -199,6 +216,8 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor pre_log_scale_;             // s [D]: diag: L = diag(exp(s)); dense: diag(M) = exp(s)
   torch::Tensor pre_lower_;                 // dense: B [D, D], M = tril(B, -1) + diag(exp(s)); L = L0 M
                                             // (s, B parameters if learned, else zero buffers)
+  torch::Tensor pre_directions_;            // lowrank: Q [D, k] (buffer)
+  torch::Tensor pre_log_eigen_;             // lowrank: t [k] (parameter if learned)
   std::vector<torch::Tensor> upd_idx_, cond_idx_;  // per sub-step index sets (int64)
   StepMLP net_sqt_{nullptr}, net_r_{nullptr}, net_drift_{nullptr};
 };
