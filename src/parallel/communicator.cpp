@@ -125,11 +125,18 @@ std::shared_ptr<Communicator> single_process() { return std::make_shared<SingleP
 
 #if NMCMC_HAVE_C10D
 namespace {
+// Templated on the concrete group (ProcessGroupGloo, ProcessGroupNCCL) rather than held as a
+// c10d::ProcessGroup: in LibTorch 1.13 they derive from ProcessGroup, in 2.x from c10d::Backend,
+// and both offer these collectives with these signatures.
+template <typename Group>
 class C10dCommunicator final : public Communicator {
  public:
-  C10dCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::intrusive_ptr<c10d::Store> store, int rank,
-                   int world, std::chrono::milliseconds timeout)
-      : group_(std::move(group)), store_(std::move(store)), rank_(rank), world_(world), timeout_(timeout) {}
+  /// `device`: where the group's tensors must live (CPU for Gloo, the rank's GPU for NCCL); inputs
+  /// elsewhere are copied there and results back.
+  C10dCommunicator(c10::intrusive_ptr<Group> group, c10::intrusive_ptr<c10d::Store> store, int rank, int world,
+                   std::chrono::milliseconds timeout, torch::Device device)
+      : group_(std::move(group)), store_(std::move(store)), rank_(rank), world_(world), timeout_(timeout),
+        device_(device) {}
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
 
@@ -143,7 +150,7 @@ class C10dCommunicator final : public Communicator {
     for (auto& [key, members] : groups) {
       std::vector<torch::Tensor> flat;
       for (size_t k : members) flat.push_back(tensors[k].detach().reshape({-1}));
-      std::vector<torch::Tensor> buffer = {torch::cat(flat)};
+      std::vector<torch::Tensor> buffer = {torch::cat(flat).to(device_)};
       run("all-reduce", buffer[0].numel() * buffer[0].element_size(), [&] {
         c10d::AllreduceOptions o;
         o.timeout = timeout_;
@@ -152,7 +159,7 @@ class C10dCommunicator final : public Communicator {
       int64_t offset = 0;
       for (size_t k : members) {
         const int64_t n = tensors[k].numel();
-        tensors[k].detach().copy_(buffer[0].narrow(0, offset, n).view(tensors[k].sizes()));
+        tensors[k].detach().copy_(buffer[0].narrow(0, offset, n).view(tensors[k].sizes()).to(tensors[k].device()));
         offset += n;
       }
     }
@@ -160,7 +167,7 @@ class C10dCommunicator final : public Communicator {
 
   torch::Tensor all_gather_rows(const torch::Tensor& rows) override {
     TORCH_CHECK(rows.dim() >= 1, "all_gather_rows: need at least one dimension");
-    torch::Tensor local = rows.contiguous();
+    torch::Tensor local = rows.to(device_).contiguous();
     // The row counts first, then equal-sized (padded) blocks.
     std::vector<torch::Tensor> n = {torch::tensor({local.size(0)}, torch::kInt64).to(local.device())};
     std::vector<std::vector<torch::Tensor>> counts(1);
@@ -181,11 +188,11 @@ class C10dCommunicator final : public Communicator {
     run("all-gather", padded[0].numel() * padded[0].element_size(), [&] { return group_->allgather(out, padded); });
     std::vector<torch::Tensor> parts;
     for (int r = 0; r < world_; ++r) parts.push_back(out[0][r].narrow(0, 0, sizes[r]));
-    return torch::cat(parts);
+    return torch::cat(parts).to(rows.device());
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
-    std::vector<torch::Tensor> t = {tensor.contiguous()};
+    std::vector<torch::Tensor> t = {tensor.to(device_).contiguous()};
     run("broadcast", t[0].numel() * t[0].element_size(), [&] {
       c10d::BroadcastOptions o;
       o.rootRank = root;
@@ -221,10 +228,11 @@ class C10dCommunicator final : public Communicator {
   }
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<Group> group_;
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_, world_;
   std::chrono::milliseconds timeout_;
+  torch::Device device_;
 };
 }  // namespace
 #endif
@@ -260,15 +268,17 @@ std::shared_ptr<Communicator> connect(const DistOptions& options, const torch::D
   }
   try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nmcmc/", store);
-    c10::intrusive_ptr<c10d::ProcessGroup> group;
+    std::shared_ptr<Communicator> comm;
 #if NMCMC_HAVE_NCCL
     if (backend == "nccl") {
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = options.timeout;
-      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank, options.world_size, o);
+      auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, options.rank, options.world_size, o);
+      comm = std::make_shared<C10dCommunicator<c10d::ProcessGroupNCCL>>(group, store, options.rank, options.world_size,
+                                                                        options.timeout, device);
     }
 #endif
-    if (!group) {
+    if (!comm) {
       auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
       if (auto ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
         o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
@@ -277,9 +287,10 @@ std::shared_ptr<Communicator> connect(const DistOptions& options, const torch::D
       } else {
         o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       }
-      group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.world_size, o);
+      auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank, options.world_size, o);
+      comm = std::make_shared<C10dCommunicator<c10d::ProcessGroupGloo>>(group, store, options.rank, options.world_size,
+                                                                        options.timeout, torch::Device(torch::kCPU));
     }
-    auto comm = std::make_shared<C10dCommunicator>(group, store, options.rank, options.world_size, options.timeout);
     comm->barrier();
     comm->reset_stats();
     return comm;
