@@ -4,6 +4,14 @@
 
 namespace nmcmc {
 
+uint64_t stream_seed(uint64_t seed, int64_t index) {
+  if (index == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(index);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 at::Generator make_generator(uint64_t seed, const torch::Device& device) {
   if (device.is_cpu()) {
     return at::make_generator<at::CPUGeneratorImpl>(seed);

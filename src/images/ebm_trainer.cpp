@@ -32,14 +32,6 @@ void set_lr(torch::optim::Adam& opt, double lr) {
 }  // namespace
 
 namespace {
-/// Rank r's seed: rank 0 keeps the run's (one process: the single-process streams).
-uint64_t rank_seed(uint64_t seed, int rank) {
-  if (rank == 0) return seed;
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(rank);  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 const EbmOptions& checked_split(const EbmOptions& o, int world) {
   for (auto [name, value] : {std::pair<const char*, int64_t>{"buffer", o.buffer}, {"sampler_batch", o.sampler_batch},
                              {"neg_batch", o.neg_batch}}) {
@@ -54,8 +46,8 @@ const EbmOptions& checked_split(const EbmOptions& o, int world) {
 
 EbmTrainer::EbmTrainer(EbmOptions options, torch::Tensor data_uint8, std::shared_ptr<parallel::Communicator> comm)
     : o_(std::move(options)), comm_(comm ? std::move(comm) : parallel::single_process()), data_(std::move(data_uint8)),
-      gen_(make_generator(rank_seed(checked_split(o_, comm_->world_size()).seed, comm_->rank()), checked_device(o_))),
-      cpu_gen_(make_generator(rank_seed(o_.seed + 0x9e3779b9ULL, comm_->rank()))),
+      gen_(make_generator(stream_seed(checked_split(o_, comm_->world_size()).seed, comm_->rank()), checked_device(o_))),
+      cpu_gen_(make_generator(stream_seed(o_.seed + 0x9e3779b9ULL, comm_->rank()))),
       log_eps_mala_(std::log(o_.conv.eps)) {
   if (data_.dim() != 4 || data_.size(0) < 1) throw DataError("image data must be a non-empty [N, C, H, W] set");
   const int64_t c = data_.size(1), h = data_.size(2), w = data_.size(3);

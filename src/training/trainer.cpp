@@ -53,17 +53,6 @@ std::shared_ptr<ProposalModel> placed(std::shared_ptr<ProposalModel> model, cons
 }
 }  // namespace
 
-namespace {
-/// Shard s's seed: shard 0 keeps the run's seed (one process, one shard: the single-process stream).
-uint64_t shard_seed(uint64_t seed, int64_t shard) {
-  if (shard == 0) return seed;
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(shard);  // splitmix64
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-}  // namespace
-
 Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOptions options,
                  std::shared_ptr<parallel::Communicator> comm)
     : target_(target), options_(std::move(options)),
@@ -97,7 +86,7 @@ Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOpti
   for (int64_t k = 0; k < per_rank; ++k) {
     Shard sh;
     sh.index = comm_->rank() * per_rank + k;
-    sh.gen = make_generator(shard_seed(options_.seed, sh.index), target.options().device());
+    sh.gen = make_generator(stream_seed(options_.seed, sh.index), target.options().device());
     if (use_buffer_) sh.buffer = randn({size / n_shards, target.dim()}, sh.gen, target.options()) * options_.buffer_init_scale;
     shards_.push_back(std::move(sh));
   }
@@ -196,13 +185,18 @@ TrainStats Trainer::step(bool stop) {
     else sh.buffer = moved;
   }
   grads_ += target_.grad_evals() - g0;
+  return record_step(r.terms.loss_value, r.terms.accept, r.terms.entropy.mean().item<double>(), lr, t0);
+}
+
+TrainStats Trainer::record_step(double loss, double accept, double entropy, double lr,
+                                std::chrono::steady_clock::time_point t0) {
   ++step_;
   TrainStats s;
   s.step = step_;
-  s.loss = r.terms.loss_value;
-  s.accept = r.terms.accept;
+  s.loss = loss;
+  s.accept = accept;
   s.beta = core_.beta().value();
-  s.entropy = r.terms.entropy.mean().item<double>();
+  s.entropy = entropy;
   s.eps = core_.model().eps().item<double>();
   s.lr = lr;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -241,22 +235,7 @@ TrainStats Trainer::step_sharded(bool stop) {
   }
   // Gradient evaluations per batch row: every row costs the same, so this rank's count stands for all.
   grads_ += (target_.grad_evals() - g0) / static_cast<int64_t>(shards_.size());
-  ++step_;
-  TrainStats s;
-  s.step = step_;
-  s.loss = r.loss;
-  s.accept = r.accept;
-  s.beta = core_.beta().value();
-  s.entropy = r.entropy;
-  s.eps = core_.model().eps().item<double>();
-  s.lr = lr;
-  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  s.grads = grads_;
-  s.skipped = skipped_;
-  elapsed_ += s.seconds;
-  s.elapsed = elapsed_;
-  if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.steps) log_.push_back(s);
-  return s;
+  return record_step(r.loss, r.accept, r.entropy, lr, t0);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -125,6 +126,9 @@ class Trainer {
   /// U(x) and, when the model carries it, dU(x) (undefined otherwise), without a graph.
   EnergyGrad batch_state(const torch::Tensor& x);
   TrainStats step_sharded(bool stop);
+  /// Counts the step and logs its statistics (every log_every steps, the first and the last).
+  TrainStats record_step(double loss, double accept, double entropy, double lr,
+                         std::chrono::steady_clock::time_point t0);
   Target& target_;
   TrainOptions options_;
   ProposalTrainer core_;
