@@ -35,6 +35,22 @@ double median(std::vector<double> v) {
 }
 }  // namespace
 
+/// A config's target and a fresh learned sampler for it, training at `batch` for "ever".
+struct LearnedSetup {
+  nmcmc::TrainConfig cfg;
+  std::shared_ptr<nmcmc::Target> target;
+  nmcmc::LearnedSampler sampler{nullptr};
+  LearnedSetup(const std::string& config, int64_t batch)
+      : cfg(nmcmc::parse_train_config(nmcmc::read_config_file(config))),
+        target(nmcmc::make_target(cfg.target, torch::kFloat32)) {
+    auto model = cfg.model;
+    model.dim = target->dim();
+    cfg.train.batch = batch;
+    cfg.train.steps = 1000000;
+    sampler = nmcmc::LearnedSampler(model);
+  }
+};
+
 int main(int argc, char** argv) {
   CLI::App app{"nmcmc speed benchmarks"};
   app.require_subcommand(1);
@@ -75,13 +91,8 @@ int main(int argc, char** argv) {
 
   if (*dist) {
     auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
-    nmcmc::TrainConfig cfg = nmcmc::parse_train_config(nmcmc::read_config_file(config));
-    auto target = nmcmc::make_target(cfg.target, torch::kFloat32);
-    auto model = cfg.model;
-    model.dim = target->dim();
-    cfg.train.batch = batch;
-    cfg.train.steps = 1000000;
-    nmcmc::LearnedSampler sampler(model);
+    LearnedSetup setup(config, batch);
+    auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);
     trainer.broadcast_from_root();
     std::vector<double> step_s, comm_s;
@@ -153,13 +164,8 @@ int main(int argc, char** argv) {
   }
 
   if (*learned) {
-    nmcmc::TrainConfig cfg = nmcmc::parse_train_config(nmcmc::read_config_file(config));
-    auto target = nmcmc::make_target(cfg.target, torch::kFloat32);
-    auto model = cfg.model;
-    model.dim = target->dim();
-    cfg.train.batch = batch;
-    cfg.train.steps = 1000000;
-    nmcmc::LearnedSampler sampler(model);
+    LearnedSetup setup(config, batch);
+    auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train);
     const double flops_per_row = static_cast<double>(sampler->flops_per_step());
     std::vector<double> times;
