@@ -1,9 +1,11 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
@@ -115,17 +117,89 @@ std::unique_ptr<Target> make_scg(const json&, torch::TensorOptions options) {
                                           torch::Tensor(), options);
 }
 
+// numpy's legacy RandomState stream (MT19937 seeded by init_genrand, 53-bit doubles, the polar Gaussian
+// with its cached second value, and the legacy Gamma sampler for shape < 1), so that rotated_icg with
+// seed 10 is, number for number, the target NeuTra and the authors use (their code draws it with
+// np.random.RandomState(seed=10)). Checked against numpy's draws in tests/unit/test_targets.cpp.
+class NumpyLegacyRandom {
+ public:
+  explicit NumpyLegacyRandom(uint32_t seed) : mt_(seed) {}
+  double uniform() {
+    const uint64_t a = mt_() >> 5, b = mt_() >> 6;
+    return (static_cast<double>(a) * 67108864.0 + static_cast<double>(b)) / 9007199254740992.0;
+  }
+  double exponential() { return -std::log(1.0 - uniform()); }
+  double gauss() {
+    if (has_gauss_) {
+      has_gauss_ = false;
+      return gauss_;
+    }
+    double x1, x2, r2;
+    do {
+      x1 = 2.0 * uniform() - 1.0;
+      x2 = 2.0 * uniform() - 1.0;
+      r2 = x1 * x1 + x2 * x2;
+    } while (r2 >= 1.0 || r2 == 0.0);
+    const double f = std::sqrt(-2.0 * std::log(r2) / r2);
+    gauss_ = f * x1;
+    has_gauss_ = true;
+    return f * x2;
+  }
+  double gamma_below_one(double shape) {  // 0 < shape < 1
+    for (;;) {
+      const double u = uniform(), v = exponential();
+      if (u <= 1.0 - shape) {
+        const double x = std::pow(u, 1.0 / shape);
+        if (x <= v) return x;
+      } else {
+        const double y = -std::log((1.0 - u) / shape);
+        const double x = std::pow(1.0 - shape + shape * y, 1.0 / shape);
+        if (x <= v + y) return x;
+      }
+    }
+  }
+
+ private:
+  std::mt19937 mt_;
+  bool has_gauss_ = false;
+  double gauss_ = 0.0;
+};
+
+// NeuTra's ill-conditioned Gaussian (Hoffman et al. 2019; the inference gym's IllConditionedGaussian; the
+// authors' 'NDICG'): the eigenvalues of the *precision* are 100 Gamma(0.5, 1) draws (float32, sorted), i.e.
+// the covariance's are inverse-Gamma, rotated by the Q of a QR decomposition of a standard-normal matrix.
+// "eigenvalues": "covariance" puts the Gamma draws on the covariance instead.
 std::unique_ptr<Target> make_rotated_icg(const json& spec, torch::TensorOptions options) {
   int64_t d = get_int(spec, "dim", 100, 2);
-  int64_t seed = get_int(spec, "seed", 1, 0);
-  at::Generator gen = make_generator(static_cast<uint64_t>(seed));
-  torch::Tensor var = at::_standard_gamma(torch::full({d}, 0.5, torch::kFloat64), gen);  // Gamma(0.5, scale 1)
-  var = torch::clamp_min(var, 1e-12);
-  torch::Tensor g = torch::randn({d, d}, gen, torch::kFloat64);
-  auto [q, r] = torch::linalg::qr(g);
-  q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);  // Haar-distributed rotation
-  return std::make_unique<GaussianTarget>("rotated_icg", json{{"name", "rotated_icg"}, {"dim", d}, {"seed", seed}}, var,
-                                          q, torch::Tensor(), options);
+  int64_t seed = get_int(spec, "seed", 10, 0);
+  if (seed > 4294967295LL) throw UsageError("rotated_icg: 'seed' must be below 2^32");
+  std::string eig = "precision";
+  if (spec.contains("eigenvalues")) {
+    if (!spec["eigenvalues"].is_string()) throw UsageError("rotated_icg: 'eigenvalues' must be \"precision\" or \"covariance\"");
+    eig = spec["eigenvalues"].get<std::string>();
+    if (eig != "precision" && eig != "covariance") {
+      throw UsageError("rotated_icg: 'eigenvalues' must be \"precision\" (Gamma(0.5, 1) precision eigenvalues, NeuTra's) or "
+                       "\"covariance\" (Gamma(0.5, 1) covariance eigenvalues), not \"" + eig + "\"");
+    }
+  }
+  NumpyLegacyRandom rng(static_cast<uint32_t>(seed));
+  std::vector<double> g(static_cast<size_t>(d));
+  for (auto& v : g) v = static_cast<double>(static_cast<float>(rng.gamma_below_one(0.5)));
+  std::sort(g.begin(), g.end());
+  if (g.front() <= 0.0) throw UsageError("rotated_icg: seed " + std::to_string(seed) + " draws a zero eigenvalue; pick another");
+  std::vector<double> normal(static_cast<size_t>(d * d));
+  for (auto& v : normal) v = rng.gauss();
+  std::vector<double> var_values(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {  // like numpy: g**-1 of the float32 draws is computed in float32
+    var_values[i] = eig == "precision" ? static_cast<double>(1.0f / static_cast<float>(g[i])) : g[i];
+  }
+  torch::Tensor var = torch::tensor(var_values, torch::kFloat64);
+  torch::Tensor m = torch::tensor(normal, torch::kFloat64).reshape({d, d});
+  auto [q, r] = torch::linalg::qr(m);
+  q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);  // Haar-distributed; q q^T-sums are sign-free anyway
+  return std::make_unique<GaussianTarget>(
+      "rotated_icg", json{{"name", "rotated_icg"}, {"dim", d}, {"seed", seed}, {"eigenvalues", eig}}, var, q,
+      torch::Tensor(), options);
 }
 
 std::unique_ptr<Target> make_funnel(const json& spec, torch::TensorOptions options) {
@@ -165,8 +239,10 @@ std::vector<TargetInfo> builtin_infos() {
       {"icg", "ill-conditioned Gaussian: diagonal, variances log-spaced from 1e-2 to 1e2", {{"dim", "dimension (50)"}}},
       {"scg", "strongly correlated 2-d Gaussian: variances 1e2 and 1e-1 rotated by pi/4", {}},
       {"rotated_icg",
-       "Gaussian with Gamma(0.5, 1) eigenvalues and a random rotation",
-       {{"dim", "dimension (100)"}, {"seed", "seed of the eigenvalues and rotation (1)"}}},
+       "NeuTra's ill-conditioned Gaussian: Gamma(0.5, 1) precision eigenvalues, random rotation",
+       {{"dim", "dimension (100)"},
+        {"seed", "numpy RandomState seed of the eigenvalues and rotation (10: NeuTra's target)"},
+        {"eigenvalues", "precision (NeuTra's) or covariance: which matrix has the Gamma(0.5, 1) eigenvalues"}}},
       {"funnel",
        "Neal's funnel: x0 ~ N(0, sigma^2), x_i | x0 ~ N(0, exp(-x0)); Funnel-1 = (100, 1), Funnel-3 = (20, 3)",
        {{"dim", "dimension (20)"}, {"sigma", "sd of x0 (3)"}}},

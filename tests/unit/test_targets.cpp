@@ -123,6 +123,40 @@ TEST(Targets, PaperGeometry) {
   torch::Tensor x = torch::ones({1, 100}, kF64);
   EXPECT_EQ(r1->energy(x).item<double>(), r2->energy(x).item<double>());  // same seed, same target
   EXPECT_EQ(r1->spec()["dim"], 100);
+  EXPECT_EQ(r1->spec()["eigenvalues"], "precision");
+  EXPECT_EQ(make_target({{"name", "rotated_icg"}}, kF64)->spec()["seed"], 10);
+  // The default is NeuTra's / the authors' target: numpy's RandomState(seed=10) draws the sorted float32
+  // Gamma(0.5, 1) precision eigenvalues, then randn(d, d) for the QR rotation; covariance =
+  // (q * g**-1) @ q.T. Reference numbers computed with numpy 1.24:
+  //   rng = np.random.RandomState(seed=10); g = np.sort(rng.gamma(0.5, 1., d)).astype(np.float32)
+  //   q, _ = np.linalg.qr(rng.randn(d, d)); cov = (q * g**-1).dot(q.T)
+  struct NumpyRef {
+    int64_t d;
+    double g0, cov00, cov01, cov_last;
+  };
+  for (const NumpyRef& ref : {NumpyRef{5, 0.028598474338650703, 2.10277198893649, 1.0960382984319734, -3.4129768261536566},
+                              NumpyRef{100, 1.558880649099592e-05, 997.7356148768239, 126.77928635798784,
+                                       -226.12023132871659}}) {
+    auto t = make_target({{"name", "rotated_icg"}, {"dim", ref.d}}, kF64);
+    torch::Tensor c = dynamic_cast<GaussianTarget&>(*t).covariance();
+    const double tol = 1e-9 * c.abs().max().item<double>();
+    EXPECT_NEAR(c[0][0].item<double>(), ref.cov00, tol) << ref.d;
+    EXPECT_NEAR(c[0][1].item<double>(), ref.cov01, tol) << ref.d;
+    EXPECT_NEAR(c[ref.d - 1][ref.d - 2].item<double>(), ref.cov_last, tol) << ref.d;
+    torch::Tensor ev = torch::linalg::eigvalsh(c, "L");
+    EXPECT_NEAR(ev.max().item<double>(), 1.0 / ref.g0, 1e-6 / ref.g0) << ref.d;
+  }
+  // NeuTra's definition: the Gamma(0.5, 1) draws are the precision's eigenvalues; the "covariance" variant
+  // has the same draws and rotation as the covariance's, so the two covariances are each other's inverse.
+  auto prec = make_target({{"name", "rotated_icg"}, {"dim", 12}, {"seed", 4}}, kF64);
+  auto covv = make_target({{"name", "rotated_icg"}, {"dim", 12}, {"seed", 4}, {"eigenvalues", "covariance"}}, kF64);
+  torch::Tensor cp = dynamic_cast<GaussianTarget&>(*prec).covariance();
+  torch::Tensor cc = dynamic_cast<GaussianTarget&>(*covv).covariance();
+  EXPECT_LT((torch::matmul(cp, cc) - torch::eye(12, kF64)).abs().max().item<double>(), 1e-6);
+  torch::Tensor ev = torch::linalg::eigvalsh(cp, "L");
+  EXPECT_GT(ev.max().item<double>() / ev.min().item<double>(), 10.0);  // ill-conditioned
+  EXPECT_THROW(make_target({{"name", "rotated_icg"}, {"eigenvalues", "both"}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "rotated_icg"}, {"eigenvalues", 1}}, kF64), UsageError);
 }
 
 TEST(Targets, CountsEvaluations) {
