@@ -199,6 +199,22 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   // Every sampler on the same footing, and what the profile changed from the paper's config.
   EXPECT_NE(r.out.find("| heart | hmc | "), std::string::npos) << r.out;
   EXPECT_TRUE(j["experiments"]["funnel1"]["learned"]["msjd_x1"].is_number());
+  // The ablation's "full" variant has Funnel-1's settings: that run is reused, not trained again.
+  EXPECT_NE(r.out.find("full: the funnel1 experiment's training above"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out + "/ablation/full")) << "trained twice";
+  EXPECT_TRUE(fs::exists(out + "/ablation/langevin/training_log.csv"));
+  {
+    std::ifstream log(out + "/funnel1/training_log.csv");
+    std::string line, last;
+    while (std::getline(log, line)) {
+      if (!line.empty()) last = line;
+    }
+    std::vector<std::string> cells;
+    std::stringstream row(last);
+    for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
+    ASSERT_GT(cells.size(), 4u) << last;  // step,loss,accept,beta,entropy,...
+    EXPECT_NEAR(j["ablation"]["full"]["final_entropy"].get<double>(), std::stod(cells[4]), 1e-4) << last;
+  }
   const auto changes = j["experiments"]["icg"]["profile_changes"];
   ASSERT_TRUE(changes.is_array());
   EXPECT_NE(std::find(changes.begin(), changes.end(), "train.batch 8192 -> 64"), changes.end()) << changes.dump();
