@@ -5,7 +5,7 @@
 # at the cpu profile's batch for a step count that fits in 60 s here, then samples 256 chains x
 # 1000 draws (after 500 burn-in, from exact draws) and prints the training wall time (the
 # preconditioner's NUTS warm-up included) and the paper's ESS per MH step.
-# Usage: bash bench/fast_training.sh [BUILD_DIR]   (run it on a quiet machine)
+# Usage: bash bench/fast_training.sh [BUILD_DIR]   (run it on a quiet machine; VARIANTS=langevin TARGETS=icg for a part)
 set -euo pipefail
 build=${1:-build}
 out=bench/out/fast_training
@@ -25,7 +25,9 @@ run() {  # name batch steps variant
     "$name" "$variant" "$batch" "$steps" "${warm:-0}" "$train" "$(echo "${warm:-0} + $train" | bc)" "$ess"
 }
 date -u +"# %Y-%m-%d %H:%M UTC, commit $(git rev-parse --short HEAD)"
-for variant in full langevin; do
-  run icg 256 1500 "$variant"
-  run scg 1024 5000 "$variant"
+# VARIANTS and TARGETS (icg, scg) from the environment run a part.
+for variant in ${VARIANTS:-full langevin}; do
+  for t in ${TARGETS:-icg scg}; do
+    if [ "$t" = icg ]; then run icg 256 1500 "$variant"; else run scg 1024 5000 "$variant"; fi
+  done
 done
