@@ -8,7 +8,8 @@
 # chains x 1000 draws from exact draws, and prints one JSON line per run with the training time,
 # the paper's ESS per gradient (true moments, minimum over dimensions) and the accept rate; then
 # NUTS with a diagonal and a dense metric for reference.
-# Usage: bash bench/lowrank.sh [BUILD_DIR]   (DIM, STEPS, BATCH from the environment; quiet machine)
+# Usage: bash bench/lowrank.sh [BUILD_DIR]   (DIM, STEPS, BATCH, NUTS_METRICS="diag dense" from the
+# environment; quiet machine. A diagonal metric runs NUTS at its tree-depth limit on this target.)
 set -euo pipefail
 build=${1:-build}
 dim=${DIM:-1200}
@@ -34,7 +35,7 @@ for pre in lowrank diag dense; do
   printf '{"sampler": "learned", "precondition": "%s", "dim": %s, "steps": %s, "batch": %s, "train_seconds": %.1f, "ess_per_grad_min": %s, "accept": %s}\n' \
     "$pre" "$dim" "$steps" "$batch" "$secs" "$ess" "$acc"
 done
-for metric in diag dense; do
+for metric in ${NUTS_METRICS-diag dense}; do
   "$build/nmcmc" sample --target rotated_icg --dim "$dim" --sampler nuts --metric "$metric" --chains 16 \
     --warmup 1000 --draws 1000 --init exact -q > "$out/nuts_$metric.sample.txt" 2>&1 || true
   read -r ess acc < <(ess_of "$out/nuts_$metric.sample.txt")
