@@ -28,6 +28,10 @@ date -u +"# %Y-%m-%d %H:%M UTC, commit $(git rev-parse --short HEAD)"
 # VARIANTS and TARGETS (icg, scg) from the environment run a part.
 for variant in ${VARIANTS:-full langevin}; do
   for t in ${TARGETS:-icg scg}; do
-    if [ "$t" = icg ]; then run icg 256 1500 "$variant"; else run scg 1024 5000 "$variant"; fi
+    case $t in
+      icg) run icg 256 1500 "$variant" ;;
+      scg) run scg 1024 5000 "$variant" ;;
+      *) echo "TARGETS: unknown target '$t' (icg, scg)" >&2; exit 64 ;;
+    esac
   done
 done
