@@ -29,7 +29,7 @@ std::string resolve_precondition(const std::string& precondition, int64_t dim) {
   return dim <= kDenseMaxDim ? "dense" : "lowrank";
 }
 
-std::pair<torch::Tensor, torch::Tensor> low_rank_correlation(const torch::Tensor& draws, int64_t k) {
+LowRankFactors low_rank_correlation(const torch::Tensor& draws, int64_t k) {
   torch::NoGradGuard no_grad;
   torch::Tensor x = draws.to(torch::kCPU, torch::kFloat64);
   TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2, "low_rank_correlation: need draws [n >= 2, D]");
@@ -49,7 +49,13 @@ std::pair<torch::Tensor, torch::Tensor> low_rank_correlation(const torch::Tensor
     q = cv.narrow(1, d - k, k).flip(1);
   }
   const double nn = static_cast<double>(n);
-  return {q, (nn * w + 5.0) / (nn + 5.0)};
+  double r = 1.0;
+  if (k < d) {
+    // trace R = D (up to the clamp of constant columns), so the other eigenvalues average to this.
+    const double rest = std::max(0.0, (static_cast<double>(d) - w.sum().item<double>()) / static_cast<double>(d - k));
+    r = (nn * rest + 5e-3) / (nn + 5.0);
+  }
+  return {q, (nn * w + 5.0 * r) / (nn + 5.0), r};
 }
 
 nlohmann::json LearnedOptions::to_json() const { return nlohmann::json(*this); }
@@ -291,7 +297,9 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
     auto [w, v] = torch::linalg_eigh(0.5 * (corr + corr.t()));  // ascending
     const int64_t k = pre_directions_.size(1);
     if (!(w > 0).all().item<bool>()) throw DataError("preconditioner: the covariance is not positive definite");
-    set_low_rank_preconditioner(m, var, v.narrow(1, d - k, k), w.narrow(0, d - k, k));
+    // The probabilistic-PCA fit: the other directions at the mean of their eigenvalues.
+    const double residual = k < d ? w.narrow(0, 0, d - k).mean().item<double>() : 1.0;
+    set_low_rank_preconditioner(m, var, v.narrow(1, d - k, k), w.narrow(0, d - k, k), residual);
     return;
   } else {
     torch::Tensor base;
@@ -311,7 +319,8 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
 }
 
 void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
-                                                     const torch::Tensor& directions, const torch::Tensor& eigenvalues) {
+                                                     const torch::Tensor& directions, const torch::Tensor& eigenvalues,
+                                                     double residual) {
   TORCH_CHECK(options_.precondition == "lowrank", "set_low_rank_preconditioner: the model's precondition is ",
               options_.precondition);
   const int64_t d = options_.dim, k = pre_directions_.size(1);
@@ -327,9 +336,13 @@ void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift,
   for (const auto& t : {m, var, q, lam}) {
     if (!torch::isfinite(t).all().item<bool>()) throw DataError("preconditioner: non-finite values");
   }
-  if (!(var > 0).all().item<bool>() || !(lam > 0).all().item<bool>()) {
-    throw DataError("preconditioner: the variances and eigenvalues must be positive");
+  if (!(var > 0).all().item<bool>() || !(lam > 0).all().item<bool>() || !(residual > 0) || !std::isfinite(residual)) {
+    throw DataError("preconditioner: the variances, eigenvalues and residual must be positive");
   }
+  // L = diag(sqrt(v r)) (I + Q diag(sqrt(Lambda / r) - 1) Q^T) has L L^T = diag(sqrt v) (Q Lambda Q^T +
+  // r (I - Q Q^T)) diag(sqrt v): the residual is folded into the scales, the factors divided by it.
+  var = var * residual;
+  lam = lam / residual;
   const int64_t given = q.size(1);
   if (given > 0 && (q.t().matmul(q) - torch::eye(given, torch::kFloat64)).abs().max().item<double>() > 1e-6) {
     throw DataError("preconditioner: the directions must be orthonormal");

@@ -84,9 +84,10 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
   }
   if (kind == "lowrank") {
     // A diagonal metric from the warm-up, and the correlations' top factors from its draws.
-    auto [q, lambda] = low_rank_correlation(draws, sampler->options().precondition_rank);
+    LowRankFactors f = low_rank_correlation(draws, sampler->options().precondition_rank);
     torch::Tensor var = r.inv_mass.dim() == 1 ? r.inv_mass : r.inv_mass.diagonal();
-    sampler->set_low_rank_preconditioner(draws.mean(0), var, q, lambda);
+    sampler->set_low_rank_preconditioner(draws.mean(0), var, f.directions, f.eigenvalues, f.residual);
+    record["lowrank_residual"] = f.residual;
   } else {
     sampler->set_preconditioner(draws.mean(0), r.inv_mass);
   }

@@ -202,6 +202,25 @@ std::unique_ptr<Target> make_rotated_icg(const json& spec, torch::TensorOptions 
       torch::Tensor(), options);
 }
 
+// A Gaussian with a few wide directions (the case a low-rank preconditioner is built for): covariance
+// I + (spike_sd^2 - 1) V V^T for `spikes` random orthonormal directions V (the first columns of the Q
+// of a QR decomposition of a standard-normal matrix drawn with `seed`).
+std::unique_ptr<Target> make_spiked(const json& spec, torch::TensorOptions options) {
+  const int64_t d = get_int(spec, "dim", 1200, 2);
+  const int64_t k = get_int(spec, "spikes", 8, 1);
+  const double spike_sd = get_positive(spec, "spike_sd", 30.0);
+  const int64_t seed = get_int(spec, "seed", 0, 0);
+  if (k >= d) throw UsageError("spiked: 'spikes' must be below 'dim' (" + std::to_string(k) + " >= " + std::to_string(d) + ")");
+  at::Generator gen = make_generator(static_cast<uint64_t>(seed));
+  auto [q, r] = torch::linalg::qr(randn({d, d}, gen, torch::TensorOptions().dtype(torch::kFloat64)));
+  q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);
+  torch::Tensor var = torch::ones({d}, torch::kFloat64);
+  var.narrow(0, 0, k).fill_(spike_sd * spike_sd);
+  return std::make_unique<GaussianTarget>(
+      "spiked", json{{"name", "spiked"}, {"dim", d}, {"spikes", k}, {"spike_sd", spike_sd}, {"seed", seed}}, var, q,
+      torch::Tensor(), options);
+}
+
 std::unique_ptr<Target> make_funnel(const json& spec, torch::TensorOptions options) {
   return std::make_unique<FunnelTarget>(get_int(spec, "dim", 20, 2), get_positive(spec, "sigma", 3.0), options);
 }
@@ -243,6 +262,12 @@ std::vector<TargetInfo> builtin_infos() {
        {{"dim", "dimension (100)"},
         {"seed", "numpy RandomState seed of the eigenvalues and rotation (10: NeuTra's target)"},
         {"eigenvalues", "precision (NeuTra's) or covariance: which matrix has the Gamma(0.5, 1) eigenvalues"}}},
+      {"spiked",
+       "Gaussian with a few wide directions: covariance I + (spike_sd^2 - 1) V V^T, V random orthonormal",
+       {{"dim", "dimension (1200)"},
+        {"spikes", "number of wide directions (8)"},
+        {"spike_sd", "their standard deviation (30)"},
+        {"seed", "seed of the directions (0)"}}},
       {"funnel",
        "Neal's funnel: x0 ~ N(0, sigma^2), x_i | x0 ~ N(0, exp(-x0)); Funnel-1 = (100, 1), Funnel-3 = (20, 3)",
        {{"dim", "dimension (20)"}, {"sigma", "sd of x0 (3)"}}},
@@ -271,7 +296,7 @@ struct Registry {
   std::vector<std::pair<TargetInfo, TargetFactory>> entries;
   Registry() {
     const std::map<std::string, TargetFactory> factories = {
-        {"icg", make_icg},     {"scg", make_scg},   {"rotated_icg", make_rotated_icg}, {"funnel", make_funnel},
+        {"icg", make_icg},     {"scg", make_scg},   {"rotated_icg", make_rotated_icg}, {"spiked", make_spiked}, {"funnel", make_funnel},
         {"moon", make_moon},   {"logistic", make_logistic}, {"gaussian", make_gaussian},
         {"torchscript", make_torchscript_target}};
     for (auto& info : builtin_infos()) entries.emplace_back(info, factories.at(info.name));

@@ -40,7 +40,7 @@ TEST(Cli, HelpOnEveryCommand) {
   }
   CliRun t = run("targets");
   EXPECT_EQ(t.code, 0);
-  for (const char* name : {"icg", "scg", "rotated_icg", "funnel", "moon", "logistic", "gaussian"}) {
+  for (const char* name : {"icg", "scg", "rotated_icg", "spiked", "funnel", "moon", "logistic", "gaussian"}) {
     EXPECT_NE(t.out.find(name), std::string::npos) << name;
   }
 }

@@ -290,7 +290,7 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
           s->set_preconditioner(torch::full({6}, 0.7, kF64), torch::eye(6, kF64));  // m does not matter
         } else {
           s->set_preconditioner(torch::zeros({6}, kF64), cov);
-          // lowrank: L L^T is the variances with the correlation's top 2 factors, not cov itself.
+          // lowrank: L L^T is the probabilistic-PCA fit with 2 factors, not cov itself.
           torch::Tensor l = s->precondition_matrix();
           mala->set_inv_mass(kind == "dense" ? cov : kind == "diag" ? cov.diagonal().clone() : l.matmul(l.t()));
         }
@@ -385,37 +385,52 @@ TEST(Preconditioner, AutoIsDenseUpToAThousandDimensions) {
   EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(3).set_precondition("auto")), c10::Error);
 }
 
-// The low-rank L: L L^T = diag(sd) (I + Q (Lambda - 1) Q^T) diag(sd) for the top-k factors of the
-// correlation; with k = D - 1 of a 3-d covariance... and from draws through the Gram matrix (n < D)
-// the same factors as from the D x D correlation (n >= D route), to rounding.
+// The low-rank L is the probabilistic-PCA fit of the correlation R: L L^T = diag(sd) (Q Lambda Q^T +
+// r (I - Q Q^T)) diag(sd) with the top-k eigen-pairs and r the mean of the other eigenvalues. With
+// k = D - 1 that is the covariance itself (the old rule, other directions at 1, was not: it left the
+// narrowest direction unscaled). From draws: the Gram route (n < D) and the D x D route (n >= D) give
+// the same factors, shrunk as documented.
 TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
   const torch::Tensor cov = test_covariance(6, 9);
-  LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(5));
-  s->to(torch::kFloat64);
-  s->set_preconditioner(torch::zeros({6}, kF64), cov);
-  torch::Tensor l = s->precondition_matrix();
-  // k = 5 of 6: the correlation minus its smallest eigen-direction, scaled by the sds.
   torch::Tensor sd = cov.diagonal().sqrt();
   torch::Tensor corr = cov / sd.unsqueeze(0) / sd.unsqueeze(1);
-  auto [w, v] = torch::linalg_eigh(corr);
-  torch::Tensor approx = corr + v.narrow(1, 0, 1).matmul(v.narrow(1, 0, 1).t()) * (1.0 - w[0]);
-  torch::Tensor expected = approx * sd.unsqueeze(0) * sd.unsqueeze(1);
-  EXPECT_LT((l.matmul(l.t()) - expected).abs().max().item<double>(), 1e-10);
-  EXPECT_NEAR(s->precondition_log_det().item<double>(), std::log(std::abs(torch::linalg::det(l).item<double>())), 1e-10);
-  // From draws: the Gram route (n = 5 < D = 8) and the D x D route (n = 40) give orthonormal Q and
-  // the eigenvalues of the sample correlation (shrunk towards 1).
+  auto [w, v] = torch::linalg_eigh(corr);  // ascending
+  for (int64_t k : {5, 3}) {
+    LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(k));
+    s->to(torch::kFloat64);
+    s->set_preconditioner(torch::zeros({6}, kF64), cov);
+    torch::Tensor l = s->precondition_matrix();
+    torch::Tensor q = v.narrow(1, 6 - k, k), lam = w.narrow(0, 6 - k, k);
+    const double r = w.narrow(0, 0, 6 - k).mean().item<double>();
+    torch::Tensor fit = (q * lam).matmul(q.t()) + r * (torch::eye(6, kF64) - q.matmul(q.t()));
+    torch::Tensor expected = fit * sd.unsqueeze(0) * sd.unsqueeze(1);
+    EXPECT_LT((l.matmul(l.t()) - expected).abs().max().item<double>(), 1e-10) << k;
+    if (k == 5) EXPECT_LT((l.matmul(l.t()) - cov).abs().max().item<double>(), 1e-10);
+    EXPECT_NEAR(s->precondition_log_det().item<double>(), std::log(std::abs(torch::linalg::det(l).item<double>())), 1e-10);
+  }
   at::Generator g = make_generator(4);
   for (int64_t n : {5, 40}) {
     torch::Tensor x = torch::randn({n, 8}, g, kF64).matmul(torch::randn({8, 8}, g, kF64));
-    auto [q, lam] = low_rank_correlation(x, 3);
+    LowRankFactors f = low_rank_correlation(x, 3);
+    torch::Tensor q = f.directions, lam = f.eigenvalues;
     EXPECT_LT((q.t().matmul(q) - torch::eye(3, kF64)).abs().max().item<double>(), 1e-10) << n;
     torch::Tensor c = x - x.mean(0);
     torch::Tensor sdx = c.pow(2).sum(0).div(n - 1).sqrt();
     torch::Tensor cx = c.t().matmul(c) / (n - 1) / sdx.unsqueeze(0) / sdx.unsqueeze(1);
-    torch::Tensor top = std::get<0>(torch::linalg_eigh(cx)).flip(0).narrow(0, 0, 3);
-    EXPECT_LT(((lam * (n + 5.0) - 5.0) / n - top).abs().max().item<double>(), 1e-9) << n;
+    torch::Tensor all = std::get<0>(torch::linalg_eigh(cx)).flip(0).clamp_min(0.0);
+    torch::Tensor top = all.narrow(0, 0, 3);
+    const double rest = all.narrow(0, 3, 5).mean().item<double>();
+    EXPECT_NEAR(f.residual, (n * rest + 5e-3) / (n + 5.0), 1e-9) << n;
+    EXPECT_LT(((lam * (n + 5.0) - 5.0 * f.residual) / n - top).abs().max().item<double>(), 1e-9) << n;
     EXPECT_LT((cx.matmul(q) - q * top).abs().max().item<double>(), 1e-9) << n;  // eigenvectors
   }
+  // The residual must be positive.
+  EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(2))
+                   ->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
+                                                 torch::eye(6, kF64).narrow(1, 0, 2), torch::ones({2}, kF64), 0.0),
+               DataError);
+  LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(5));
+  s->to(torch::kFloat64);
   // Bad factors are refused.
   EXPECT_THROW(s->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
                                               torch::ones({6, 2}, kF64), torch::ones({2}, kF64)),

@@ -25,6 +25,7 @@ std::vector<GradCase> grad_cases() {
       {{{"name", "icg"}, {"dim", 10}}, 1.0},
       {{{"name", "scg"}}, 3.0},
       {{{"name", "rotated_icg"}, {"dim", 8}, {"seed", 3}}, 1.0},
+      {{{"name", "spiked"}, {"dim", 7}, {"spikes", 2}, {"spike_sd", 4}}, 2.0},
       {{{"name", "funnel"}, {"dim", 20}, {"sigma", 3}}, 1.0},
       {{{"name", "funnel"}, {"dim", 100}, {"sigma", 1}}, 0.5},
       {{{"name", "moon"}}, 2.0},
@@ -91,6 +92,7 @@ TEST(Targets, FunnelOverflowGuard) {
 TEST(Targets, ExactSamplersMatchTrueMoments) {
   at::Generator gen = make_generator(7);
   for (json spec : {json{{"name", "icg"}}, json{{"name", "scg"}}, json{{"name", "rotated_icg"}},
+                    json{{"name", "spiked"}, {"dim", 40}, {"spikes", 3}, {"spike_sd", 10}},
                     json{{"name", "funnel"}, {"dim", 20}, {"sigma", 1}}, json{{"name", "moon"}}}) {
     auto t = make_target(spec, kF64);
     const int64_t n = 400000;
@@ -177,6 +179,8 @@ TEST(Targets, RegistryRejectsBadSpecs) {
   EXPECT_THROW(make_target({{"name", "logistic"}, {"dataset", "mnist"}}, kF64), UsageError);
   EXPECT_THROW(make_target({{"name", "logistic"}}, kF64), UsageError);
   EXPECT_THROW(make_target({{"name", "gaussian"}, {"scales", {1.0, -2.0}}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "spiked"}, {"dim", 4}, {"spikes", 4}}, kF64), UsageError);
+  EXPECT_THROW(make_target({{"name", "spiked"}, {"spike_sd", 0}}, kF64), UsageError);
   EXPECT_THROW(make_target(json::array(), kF64), UsageError);
 }
 
@@ -260,4 +264,20 @@ TEST(Targets, LogisticDatasetsAndUserFiles) {
   EXPECT_THROW(load_labelled_table(::testing::TempDir() + "missing.txt", -1), DataError);
   EXPECT_THROW(make_target({{"name", "logistic"}, {"file", write_temp("const.txt", "1 2 1\n1 5 2\n")}}, kF64),
                DataError);
+}
+
+TEST(Targets, SpikedHasItsWideDirections) {
+  // Covariance I + (s^2 - 1) V V^T: eigenvalues s^2 (k times) and 1; the same seed, the same target.
+  auto t = make_target({{"name", "spiked"}, {"dim", 30}, {"spikes", 3}, {"spike_sd", 5}, {"seed", 2}}, kF64);
+  auto* g = dynamic_cast<GaussianTarget*>(t.get());
+  ASSERT_NE(g, nullptr);
+  torch::Tensor w = std::get<0>(torch::linalg_eigh(g->covariance()));  // ascending
+  EXPECT_LT((w.narrow(0, 0, 27) - 1.0).abs().max().item<double>(), 1e-10);
+  EXPECT_LT((w.narrow(0, 27, 3) - 25.0).abs().max().item<double>(), 1e-9);
+  auto again = make_target({{"name", "spiked"}, {"dim", 30}, {"spikes", 3}, {"spike_sd", 5}, {"seed", 2}}, kF64);
+  auto other = make_target({{"name", "spiked"}, {"dim", 30}, {"spikes", 3}, {"spike_sd", 5}, {"seed", 3}}, kF64);
+  torch::Tensor x = torch::linspace(-2, 2, 30, kF64).unsqueeze(0);
+  EXPECT_EQ(t->energy(x).item<double>(), again->energy(x).item<double>());
+  EXPECT_GT(std::abs(t->energy(x).item<double>() - other->energy(x).item<double>()), 1e-6);
+  EXPECT_EQ(t->spec(), (json{{"name", "spiked"}, {"dim", 30}, {"spikes", 3}, {"spike_sd", 5.0}, {"seed", 2}}));
 }

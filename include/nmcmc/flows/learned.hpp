@@ -38,8 +38,11 @@
 // L L^T; with L = I it is plain MALA. L and m come from a warm-up of the chains
 // (services/train.cpp) or set_preconditioner().
 // lowrank (for large D; `auto` above kDenseMaxDim): L = diag(exp(s)) (I + Q diag(exp(t) - 1) Q^T)
-// with Q [D, k] orthonormal (the top-k eigenvectors of the warm-up's correlation matrix, eigenvalues
-// exp(2t)): the symmetric square root of a "diagonal plus k factors" covariance. Its inverse is the
+// with Q [D, k] orthonormal: the symmetric square root of a "diagonal plus k factors" covariance,
+// fitted to the warm-up's correlation matrix R as probabilistic PCA: Q its top-k eigenvectors, the
+// other D - k directions at the mean r of their eigenvalues (exp(2s) = variances * r, exp(2t) =
+// eigenvalues / r). Without r (other directions at 1) a correlation whose small eigenvalues lie far
+// below 1 left its narrowest directions unscaled, and the chains could not move (BENCHMARKS.md). Its inverse is the
 // same form with t -> -t, log|det L| = sum s + sum t, and every product costs O(D k); s and t are
 // learned when learn_precondition (Q stays fixed).
 #include <torch/torch.h>
@@ -64,10 +67,18 @@ inline void from_json(const nlohmann::json& j, Variant& v) { v = parse_variant(j
 constexpr int64_t kDenseMaxDim = 1000;
 std::string resolve_precondition(const std::string& precondition, int64_t dim);
 
-/// The top-k eigenvectors Q [D, k] and eigenvalues [k] (descending) of the correlation matrix of
-/// `draws` [n, D], through the n x n Gram matrix when n < D (O(n^2 D), never a D x D matrix), each
-/// eigenvalue shrunk towards 1 as Stan regularises its metric: (n lambda + 5) / (n + 5).
-std::pair<torch::Tensor, torch::Tensor> low_rank_correlation(const torch::Tensor& draws, int64_t k);
+/// The top-k factors of the correlation matrix R of `draws` [n, D] as a probabilistic-PCA fit
+/// (Tipping and Bishop 1999): R ~ Q Lambda Q^T + r (I - Q Q^T), with Q [D, k] the top-k
+/// eigenvectors, Lambda [k] their eigenvalues (descending) and r the mean of the other D - k
+/// eigenvalues, (D - sum Lambda) / (D - k), the maximum-likelihood residual variance. Computed
+/// through the n x n Gram matrix when n < D (O(n^2 D), never a D x D matrix). Shrunk as Stan
+/// regularises its metric: r -> (n r + 5e-3) / (n + 5), then Lambda -> (n Lambda + 5 r) / (n + 5).
+struct LowRankFactors {
+  torch::Tensor directions;   // Q [D, k] float64
+  torch::Tensor eigenvalues;  // Lambda [k] float64, descending
+  double residual = 1.0;      // r > 0 (1 when k = D)
+};
+LowRankFactors low_rank_correlation(const torch::Tensor& draws, int64_t k);
 
 /// Model hyper-parameters (the paper's "hidden width / steps N", plus the rest).
 struct LearnedOptions {
@@ -174,12 +185,15 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   bool preconditioned() const { return options_.precondition != "none"; }
   /// Sets m [D] and L from a covariance: [D, D] (L = its Cholesky factor; a diagonal model keeps
   /// only the variances) or variances [D]. DataError if the covariance is not positive definite.
-  /// lowrank: the variances and the top-k eigenvectors of the correlation matrix (from [D, D]).
+  /// lowrank: the variances, the top-k eigenvectors of the correlation matrix (from [D, D]) and the
+  /// mean of its other eigenvalues as the residual (the probabilistic-PCA fit).
   void set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance);
-  /// lowrank: m [D], variances [D], Q [D, k'] orthonormal and correlation eigenvalues [k'] > 0
-  /// (k' <= k; missing factors get eigenvalue 1). DataError for bad values.
+  /// lowrank: m [D], variances v [D], Q [D, k'] orthonormal, correlation eigenvalues [k'] > 0 and
+  /// the residual r > 0 of the other directions: L L^T = diag(sqrt v) (Q Lambda Q^T + r (I - Q Q^T))
+  /// diag(sqrt v) (k' <= k; missing factors get eigenvalue r). DataError for bad values.
   void set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
-                                   const torch::Tensor& directions, const torch::Tensor& eigenvalues);
+                                   const torch::Tensor& directions, const torch::Tensor& eigenvalues,
+                                   double residual = 1.0);
   /// L [D, D] (identity without a preconditioner), in the model's dtype.
   torch::Tensor precondition_matrix() const;
   /// m [D] (zero without a preconditioner).
