@@ -1,6 +1,7 @@
 #include "nmcmc/flows/learned.hpp"
 
 #include <cmath>
+#include <functional>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
@@ -29,15 +30,62 @@ std::string resolve_precondition(const std::string& precondition, int64_t dim) {
   return dim <= kDenseMaxDim ? "dense" : "lowrank";
 }
 
-LowRankFactors low_rank_correlation(const torch::Tensor& draws, int64_t k) {
+namespace {
+
+/// The factor-analysis fit shared by draws and covariances. `apply_s(M)` is S M for the [D, D]
+/// (sample) covariance S, `v` its diagonal, (w, q) the top-k eigenpairs of its correlation matrix
+/// (descending), `n` the number of draws (0: S is exact). The maximum-likelihood fixed point (as
+/// scikit-learn's FactorAnalysis): whiten by psi, take the top-k eigenpairs (Lambda, Q) of
+/// C = psi^-1/2 S psi^-1/2 (one warm-started subspace step each time), keep those above the noise
+/// edge (1 + sqrt(D / n))^2, and set psi = diag(S - W W^T) with W = psi^1/2 Q (Lambda - 1)^1/2.
+LowRankFactors fit_factors(const std::function<torch::Tensor(const torch::Tensor&)>& apply_s, const torch::Tensor& v,
+                           torch::Tensor w, torch::Tensor q, int64_t n) {
+  const int64_t d = v.size(0), k = q.size(1);
+  const double edge = n > 0 ? std::pow(1.0 + std::sqrt(static_cast<double>(d) / static_cast<double>(n)), 2) : 1.0;
+  torch::Tensor psi = v.clone();
+  auto whitened = [&](const torch::Tensor& m) {  // C m
+    torch::Tensor root = psi.rsqrt().unsqueeze(1);
+    return apply_s(m * root) * root;
+  };
+  torch::Tensor keep = torch::zeros({k}, torch::kBool);
+  for (int it = 0; it < 1000 && k > 0; ++it) {
+    if (it > 0) {  // one subspace step, then Rayleigh-Ritz
+      q = std::get<0>(torch::linalg_qr(whitened(q)));
+      auto [bw, bv] = torch::linalg_eigh(q.t().matmul(whitened(q)));
+      w = bw.flip(0);
+      q = q.matmul(bv.flip(1));
+    }
+    keep = w > edge;
+    torch::Tensor excess = torch::where(keep, w - 1.0, torch::zeros_like(w));
+    torch::Tensor next = torch::maximum(v - psi * q.pow(2).matmul(excess), 1e-3 * v);
+    const double change = (next.log() - psi.log()).abs().max().item<double>();
+    psi = next;
+    if (change < 1e-11) break;
+  }
+  torch::Tensor idx = keep.nonzero().squeeze(1);
+  LowRankFactors f;
+  f.variances = psi;
+  f.directions = q.index_select(1, idx).contiguous();
+  torch::Tensor lam = w.index_select(0, idx);
+  if (n > 0) lam = (static_cast<double>(n) * lam + 5.0) / (static_cast<double>(n) + 5.0);  // towards 1, as Stan
+  f.eigenvalues = lam;
+  return f;
+}
+
+}  // namespace
+
+LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k) {
   torch::NoGradGuard no_grad;
   torch::Tensor x = draws.to(torch::kCPU, torch::kFloat64);
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2, "low_rank_correlation: need draws [n >= 2, D]");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 2, "low_rank_factors: need draws [n >= 2, D >= 2]");
   const int64_t n = x.size(0), d = x.size(1);
-  k = std::min({k, d, n - 1});
-  torch::Tensor centred = x - x.mean(0);
-  torch::Tensor sd = centred.pow(2).sum(0).div(n - 1).sqrt().clamp_min(1e-300);
-  torch::Tensor z = centred / sd / std::sqrt(static_cast<double>(n - 1));  // z^T z = correlation
+  k = std::max<int64_t>(0, std::min({k, d - 1, n - 1}));
+  const double nn = static_cast<double>(n);
+  torch::Tensor a = (x - x.mean(0)) / std::sqrt(nn - 1.0);  // a^T a = S
+  // Stan's regularisation of a metric: S = (n S_draws + 5e-3 I) / (n + 5).
+  const double keep = nn / (nn + 5.0), ridge = 5e-3 / (nn + 5.0);
+  torch::Tensor v = keep * a.pow(2).sum(0) + ridge;
+  torch::Tensor z = a * std::sqrt(keep) / v.sqrt();         // z^T z = correlation of S, less its ridge
   torch::Tensor w, q;
   if (n < d) {
     auto [gw, gv] = torch::linalg_eigh(z.matmul(z.t()));  // ascending
@@ -48,14 +96,21 @@ LowRankFactors low_rank_correlation(const torch::Tensor& draws, int64_t k) {
     w = cw.narrow(0, d - k, k).flip(0).clamp_min(1e-12);
     q = cv.narrow(1, d - k, k).flip(1);
   }
-  const double nn = static_cast<double>(n);
-  double r = 1.0;
-  if (k < d) {
-    // trace R = D (up to the clamp of constant columns), so the other eigenvalues average to this.
-    const double rest = std::max(0.0, (static_cast<double>(d) - w.sum().item<double>()) / static_cast<double>(d - k));
-    r = (nn * rest + 5e-3) / (nn + 5.0);
-  }
-  return {q, (nn * w + 5.0 * r) / (nn + 5.0), r};
+  return fit_factors([&](const torch::Tensor& m) { return keep * a.t().matmul(a.matmul(m)) + ridge * m; }, v, w, q, n);
+}
+
+LowRankFactors low_rank_factors_of_covariance(const torch::Tensor& covariance, int64_t k) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor c = covariance.to(torch::kCPU, torch::kFloat64);
+  TORCH_CHECK(c.dim() == 2 && c.size(0) == c.size(1) && c.size(0) >= 2, "low_rank_factors_of_covariance: need [D, D]");
+  const int64_t d = c.size(0);
+  k = std::max<int64_t>(0, std::min(k, d - 1));
+  c = 0.5 * (c + c.t());
+  torch::Tensor v = c.diagonal().clone();
+  torch::Tensor sd = v.sqrt();
+  auto [cw, cv] = torch::linalg_eigh(c / sd.unsqueeze(0) / sd.unsqueeze(1));  // ascending
+  torch::Tensor w = cw.narrow(0, d - k, k).flip(0), q = cv.narrow(1, d - k, k).flip(1);
+  return fit_factors([&](const torch::Tensor& m) { return c.matmul(m); }, v, w, q, 0);
 }
 
 nlohmann::json LearnedOptions::to_json() const { return nlohmann::json(*this); }
@@ -292,14 +347,10 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
       set_low_rank_preconditioner(m, var, torch::zeros({d, 0}, torch::kFloat64), torch::zeros({0}, torch::kFloat64));
       return;
     }
-    torch::Tensor sd = var.sqrt();
-    torch::Tensor corr = c / sd.unsqueeze(0) / sd.unsqueeze(1);
-    auto [w, v] = torch::linalg_eigh(0.5 * (corr + corr.t()));  // ascending
-    const int64_t k = pre_directions_.size(1);
+    auto [w, v] = torch::linalg_eigh(0.5 * (c + c.t()));
     if (!(w > 0).all().item<bool>()) throw DataError("preconditioner: the covariance is not positive definite");
-    // The probabilistic-PCA fit: the other directions at the mean of their eigenvalues.
-    const double residual = k < d ? w.narrow(0, 0, d - k).mean().item<double>() : 1.0;
-    set_low_rank_preconditioner(m, var, v.narrow(1, d - k, k), w.narrow(0, d - k, k), residual);
+    LowRankFactors f = low_rank_factors_of_covariance(c, pre_directions_.size(1));
+    set_low_rank_preconditioner(m, f.variances, f.directions, f.eigenvalues);
     return;
   } else {
     torch::Tensor base;
@@ -319,8 +370,7 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
 }
 
 void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
-                                                     const torch::Tensor& directions, const torch::Tensor& eigenvalues,
-                                                     double residual) {
+                                                     const torch::Tensor& directions, const torch::Tensor& eigenvalues) {
   TORCH_CHECK(options_.precondition == "lowrank", "set_low_rank_preconditioner: the model's precondition is ",
               options_.precondition);
   const int64_t d = options_.dim, k = pre_directions_.size(1);
@@ -336,13 +386,9 @@ void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift,
   for (const auto& t : {m, var, q, lam}) {
     if (!torch::isfinite(t).all().item<bool>()) throw DataError("preconditioner: non-finite values");
   }
-  if (!(var > 0).all().item<bool>() || !(lam > 0).all().item<bool>() || !(residual > 0) || !std::isfinite(residual)) {
-    throw DataError("preconditioner: the variances, eigenvalues and residual must be positive");
+  if (!(var > 0).all().item<bool>() || !(lam > 0).all().item<bool>()) {
+    throw DataError("preconditioner: the variances and eigenvalues must be positive");
   }
-  // L = diag(sqrt(v r)) (I + Q diag(sqrt(Lambda / r) - 1) Q^T) has L L^T = diag(sqrt v) (Q Lambda Q^T +
-  // r (I - Q Q^T)) diag(sqrt v): the residual is folded into the scales, the factors divided by it.
-  var = var * residual;
-  lam = lam / residual;
   const int64_t given = q.size(1);
   if (given > 0 && (q.t().matmul(q) - torch::eye(given, torch::kFloat64)).abs().max().item<double>() > 1e-6) {
     throw DataError("preconditioner: the directions must be orthonormal");

@@ -83,11 +83,10 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
                     " chains produced non-finite draws or no metric; set model.precondition = none");
   }
   if (kind == "lowrank") {
-    // A diagonal metric from the warm-up, and the correlations' top factors from its draws.
-    LowRankFactors f = low_rank_correlation(draws, sampler->options().precondition_rank);
-    torch::Tensor var = r.inv_mass.dim() == 1 ? r.inv_mass : r.inv_mass.diagonal();
-    sampler->set_low_rank_preconditioner(draws.mean(0), var, f.directions, f.eigenvalues, f.residual);
-    record["lowrank_residual"] = f.residual;
+    // A factor-analysis fit of the warm-up draws' covariance: unique variances and the wide factors.
+    LowRankFactors f = low_rank_factors(draws, sampler->options().precondition_rank);
+    sampler->set_low_rank_preconditioner(draws.mean(0), f.variances, f.directions, f.eigenvalues);
+    record["lowrank_factors"] = f.eigenvalues.size(0);
   } else {
     sampler->set_preconditioner(draws.mean(0), r.inv_mass);
   }

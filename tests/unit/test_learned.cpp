@@ -385,53 +385,75 @@ TEST(Preconditioner, AutoIsDenseUpToAThousandDimensions) {
   EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(3).set_precondition("auto")), c10::Error);
 }
 
-// The low-rank L is the probabilistic-PCA fit of the correlation R: L L^T = diag(sd) (Q Lambda Q^T +
-// r (I - Q Q^T)) diag(sd) with the top-k eigen-pairs and r the mean of the other eigenvalues. With
-// k = D - 1 that is the covariance itself (the old rule, other directions at 1, was not: it left the
-// narrowest direction unscaled). From draws: the Gram route (n < D) and the D x D route (n >= D) give
-// the same factors, shrunk as documented.
+// The low-rank L is a factor-analysis fit: L L^T = diag(psi) + W W^T. Where the covariance is
+// exactly that (a few wide directions over unequal unique variances), the fit recovers it; the first
+// design (total variances on the diagonal, the correlation's top factors, the rest at 1) did not,
+// and left the narrow directions unscaled. From draws, factors under the noise edge are dropped.
+namespace {
+torch::Tensor factor_covariance(int64_t d, int64_t k, double loading, uint64_t seed) {
+  at::Generator g = make_generator(seed);
+  torch::Tensor psi = torch::rand({d}, g, kF64) * 1.5 + 0.5;
+  torch::Tensor w = torch::randn({d, k}, g, kF64) * loading;
+  return torch::diag(psi) + w.matmul(w.t());
+}
+torch::Tensor fitted(const LowRankFactors& f) {
+  torch::Tensor root = f.variances.sqrt();
+  torch::Tensor inner = torch::eye(f.variances.size(0), kF64) + (f.directions * (f.eigenvalues - 1.0)).matmul(f.directions.t());
+  return inner * root.unsqueeze(0) * root.unsqueeze(1);
+}
+}  // namespace
+
 TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
-  const torch::Tensor cov = test_covariance(6, 9);
-  torch::Tensor sd = cov.diagonal().sqrt();
-  torch::Tensor corr = cov / sd.unsqueeze(0) / sd.unsqueeze(1);
-  auto [w, v] = torch::linalg_eigh(corr);  // ascending
-  for (int64_t k : {5, 3}) {
-    LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(k));
+  const torch::Tensor cov = factor_covariance(8, 2, 3.0, 9);
+  for (int64_t rank : {2, 4}) {
+    LearnedSampler s(LearnedOptions().set_dim(8).set_hidden(8).set_precondition("lowrank").set_precondition_rank(rank));
     s->to(torch::kFloat64);
-    s->set_preconditioner(torch::zeros({6}, kF64), cov);
+    s->set_preconditioner(torch::zeros({8}, kF64), cov);
     torch::Tensor l = s->precondition_matrix();
-    torch::Tensor q = v.narrow(1, 6 - k, k), lam = w.narrow(0, 6 - k, k);
-    const double r = w.narrow(0, 0, 6 - k).mean().item<double>();
-    torch::Tensor fit = (q * lam).matmul(q.t()) + r * (torch::eye(6, kF64) - q.matmul(q.t()));
-    torch::Tensor expected = fit * sd.unsqueeze(0) * sd.unsqueeze(1);
-    EXPECT_LT((l.matmul(l.t()) - expected).abs().max().item<double>(), 1e-10) << k;
-    if (k == 5) EXPECT_LT((l.matmul(l.t()) - cov).abs().max().item<double>(), 1e-10);
+    EXPECT_LT((l.matmul(l.t()) - cov).abs().max().item<double>(), 1e-6) << rank;  // exact
     EXPECT_NEAR(s->precondition_log_det().item<double>(), std::log(std::abs(torch::linalg::det(l).item<double>())), 1e-10);
+    LowRankFactors f = low_rank_factors_of_covariance(cov, rank);
+    EXPECT_LT((fitted(f) - cov).abs().max().item<double>(), 1e-6) << rank;
+    EXPECT_TRUE((f.eigenvalues > 1.0).all().item<bool>());
   }
+  // The first design's L L^T, for the record: far from cov on this target.
+  {
+    torch::Tensor sd = cov.diagonal().sqrt();
+    auto [w, v] = torch::linalg_eigh(cov / sd.unsqueeze(0) / sd.unsqueeze(1));
+    torch::Tensor q = v.narrow(1, 6, 2);
+    torch::Tensor old = (torch::eye(8, kF64) + (q * (w.narrow(0, 6, 2) - 1.0)).matmul(q.t())) * sd.unsqueeze(0) * sd.unsqueeze(1);
+    EXPECT_GT((old - cov).abs().max().item<double>(), 0.1);
+  }
+  // Any covariance: a fit whose diagonal is close to the covariance's (exact at the fixed point).
+  const torch::Tensor any = test_covariance(6, 9);
+  LowRankFactors fa = low_rank_factors_of_covariance(any, 3);
+  EXPECT_LT(((fitted(fa).diagonal() - any.diagonal()).abs() / any.diagonal()).max().item<double>(), 1e-2);
+  // From draws of the factor model: the D x D route (n = 4000 >= D) finds the 2 factors of 5 asked
+  // for (the rest are under the noise edge), the covariance to sampling error and the draws'
+  // (regularised) variances on the diagonal to the eigenvalues' shrinkage; the Gram route
+  // (n = 8 < D) gives a valid fit.
   at::Generator g = make_generator(4);
-  for (int64_t n : {5, 40}) {
-    torch::Tensor x = torch::randn({n, 8}, g, kF64).matmul(torch::randn({8, 8}, g, kF64));
-    LowRankFactors f = low_rank_correlation(x, 3);
-    torch::Tensor q = f.directions, lam = f.eigenvalues;
-    EXPECT_LT((q.t().matmul(q) - torch::eye(3, kF64)).abs().max().item<double>(), 1e-10) << n;
+  const torch::Tensor big = factor_covariance(12, 2, 4.0, 5);
+  const torch::Tensor chol = torch::linalg::cholesky(big);
+  for (int64_t n : {4000, 8}) {
+    torch::Tensor x = torch::randn({n, 12}, g, kF64).matmul(chol.t());
+    LowRankFactors f = low_rank_factors(x, 5);
+    const torch::Tensor q = f.directions;
+    EXPECT_LT((q.t().matmul(q) - torch::eye(q.size(1), kF64)).abs().max().item<double>(), 1e-10) << n;
+    EXPECT_TRUE((f.variances > 0).all().item<bool>() && (f.eigenvalues > 1).all().item<bool>()) << n;
+    EXPECT_TRUE(torch::isfinite(fitted(f)).all().item<bool>()) << n;
     torch::Tensor c = x - x.mean(0);
-    torch::Tensor sdx = c.pow(2).sum(0).div(n - 1).sqrt();
-    torch::Tensor cx = c.t().matmul(c) / (n - 1) / sdx.unsqueeze(0) / sdx.unsqueeze(1);
-    torch::Tensor all = std::get<0>(torch::linalg_eigh(cx)).flip(0).clamp_min(0.0);
-    torch::Tensor top = all.narrow(0, 0, 3);
-    const double rest = all.narrow(0, 3, 5).mean().item<double>();
-    EXPECT_NEAR(f.residual, (n * rest + 5e-3) / (n + 5.0), 1e-9) << n;
-    EXPECT_LT(((lam * (n + 5.0) - 5.0 * f.residual) / n - top).abs().max().item<double>(), 1e-9) << n;
-    EXPECT_LT((cx.matmul(q) - q * top).abs().max().item<double>(), 1e-9) << n;  // eigenvectors
+    torch::Tensor var = (n * c.pow(2).sum(0) / (n - 1) + 5e-3) / (n + 5.0);
+    EXPECT_TRUE((f.variances <= var * (1 + 1e-12)).all().item<bool>()) << n;
+    if (n == 4000) {
+      EXPECT_EQ(q.size(1), 2);
+      EXPECT_LT(((fitted(f).diagonal() - var).abs() / var).max().item<double>(), 5e-3);
+      EXPECT_LT(((fitted(f) - big).abs().max() / big.abs().max()).item<double>(), 0.1);
+    }
   }
-  // The residual must be positive.
-  EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(2))
-                   ->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
-                                                 torch::eye(6, kF64).narrow(1, 0, 2), torch::ones({2}, kF64), 0.0),
-               DataError);
+  // Bad factors are refused.
   LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(5));
   s->to(torch::kFloat64);
-  // Bad factors are refused.
   EXPECT_THROW(s->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
                                               torch::ones({6, 2}, kF64), torch::ones({2}, kF64)),
                DataError);  // not orthonormal

@@ -39,12 +39,12 @@
 // (services/train.cpp) or set_preconditioner().
 // lowrank (for large D; `auto` above kDenseMaxDim): L = diag(exp(s)) (I + Q diag(exp(t) - 1) Q^T)
 // with Q [D, k] orthonormal: the symmetric square root of a "diagonal plus k factors" covariance,
-// fitted to the warm-up's correlation matrix R as probabilistic PCA: Q its top-k eigenvectors, the
-// other D - k directions at the mean r of their eigenvalues (exp(2s) = variances * r, exp(2t) =
-// eigenvalues / r). Without r (other directions at 1) a correlation whose small eigenvalues lie far
-// below 1 left its narrowest directions unscaled, and the chains could not move (BENCHMARKS.md). Its inverse is the
-// same form with t -> -t, log|det L| = sum s + sum t, and every product costs O(D k); s and t are
-// learned when learn_precondition (Q stays fixed).
+// fitted to the warm-up's draws by factor analysis (low_rank_factors: exp(2s) the unique variances
+// psi, exp(2t) the factors' eigenvalues in psi-whitened units). The first design (exp(2s) the
+// total variances, Q the correlation's top-k, the other directions at 1) left directions unscaled
+// whenever the wide ones dominate the variances, and the chains could not move (BENCHMARKS.md).
+// Its inverse is the same form with t -> -t, log|det L| = sum s + sum t, and every product costs
+// O(D k); s and t are learned when learn_precondition (Q stays fixed).
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
@@ -67,18 +67,24 @@ inline void from_json(const nlohmann::json& j, Variant& v) { v = parse_variant(j
 constexpr int64_t kDenseMaxDim = 1000;
 std::string resolve_precondition(const std::string& precondition, int64_t dim);
 
-/// The top-k factors of the correlation matrix R of `draws` [n, D] as a probabilistic-PCA fit
-/// (Tipping and Bishop 1999): R ~ Q Lambda Q^T + r (I - Q Q^T), with Q [D, k] the top-k
-/// eigenvectors, Lambda [k] their eigenvalues (descending) and r the mean of the other D - k
-/// eigenvalues, (D - sum Lambda) / (D - k), the maximum-likelihood residual variance. Computed
-/// through the n x n Gram matrix when n < D (O(n^2 D), never a D x D matrix). Shrunk as Stan
-/// regularises its metric: r -> (n r + 5e-3) / (n + 5), then Lambda -> (n Lambda + 5 r) / (n + 5).
+/// A factor-analysis fit of a covariance, S ~ diag(psi) + W W^T with k' <= k factors, in the form the
+/// low-rank L takes: S ~ diag(sqrt psi) (I + Q diag(Lambda - 1) Q^T) diag(sqrt psi) with Q [D, k']
+/// orthonormal and Lambda [k'] > 1. The maximum-likelihood fixed point (scikit-learn's
+/// FactorAnalysis): whiten by psi, take the top-k eigenpairs of the whitened covariance, keep the
+/// eigenvalues above the noise edge (1 + sqrt(D/n))^2 (below it a sample eigenvalue is
+/// indistinguishable from noise), set psi = diag(S - W W^T); until psi settles (at most 1000
+/// iterations of O(n D k) time, O(D k) memory). Where S is diagonal plus k wide factors (a few
+/// dominant directions over unequal variances), the fit is exact.
 struct LowRankFactors {
-  torch::Tensor directions;   // Q [D, k] float64
-  torch::Tensor eigenvalues;  // Lambda [k] float64, descending
-  double residual = 1.0;      // r > 0 (1 when k = D)
+  torch::Tensor variances;    // psi [D] float64
+  torch::Tensor directions;   // Q [D, k'] float64
+  torch::Tensor eigenvalues;  // Lambda [k'] float64, descending
 };
-LowRankFactors low_rank_correlation(const torch::Tensor& draws, int64_t k);
+/// From draws [n, D] (S their covariance, regularised as Stan's metric: (n S + 5e-3 I) / (n + 5);
+/// Lambda shrunk the same way towards 1); through the n x n Gram matrix when n < D, never a D x D matrix.
+LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k);
+/// From an exact covariance [D, D] (no noise edge, no shrinkage).
+LowRankFactors low_rank_factors_of_covariance(const torch::Tensor& covariance, int64_t k);
 
 /// Model hyper-parameters (the paper's "hidden width / steps N", plus the rest).
 struct LearnedOptions {
@@ -185,15 +191,13 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   bool preconditioned() const { return options_.precondition != "none"; }
   /// Sets m [D] and L from a covariance: [D, D] (L = its Cholesky factor; a diagonal model keeps
   /// only the variances) or variances [D]. DataError if the covariance is not positive definite.
-  /// lowrank: the variances, the top-k eigenvectors of the correlation matrix (from [D, D]) and the
-  /// mean of its other eigenvalues as the residual (the probabilistic-PCA fit).
+  /// lowrank: the factor-analysis fit of the covariance (low_rank_factors_of_covariance; from [D, D]).
   void set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance);
-  /// lowrank: m [D], variances v [D], Q [D, k'] orthonormal, correlation eigenvalues [k'] > 0 and
-  /// the residual r > 0 of the other directions: L L^T = diag(sqrt v) (Q Lambda Q^T + r (I - Q Q^T))
-  /// diag(sqrt v) (k' <= k; missing factors get eigenvalue r). DataError for bad values.
+  /// lowrank: m [D], variances psi [D], Q [D, k'] orthonormal and eigenvalues Lambda [k'] > 0:
+  /// L L^T = diag(sqrt psi) (I + Q diag(Lambda - 1) Q^T) diag(sqrt psi) (k' <= k; missing factors
+  /// get eigenvalue 1). DataError for bad values.
   void set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
-                                   const torch::Tensor& directions, const torch::Tensor& eigenvalues,
-                                   double residual = 1.0);
+                                   const torch::Tensor& directions, const torch::Tensor& eigenvalues);
   /// L [D, D] (identity without a preconditioner), in the model's dtype.
   torch::Tensor precondition_matrix() const;
   /// m [D] (zero without a preconditioner).
