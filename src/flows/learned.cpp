@@ -74,10 +74,8 @@ LowRankFactors fit_factors(const std::function<torch::Tensor(const torch::Tensor
 
 }  // namespace
 
-LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor x = draws.to(torch::kCPU, torch::kFloat64);
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 2, "low_rank_factors: need draws [n >= 2, D >= 2]");
+namespace {
+LowRankFactors fit_draws(const torch::Tensor& x, int64_t k) {
   const int64_t n = x.size(0), d = x.size(1);
   k = std::max<int64_t>(0, std::min({k, d - 1, n - 1}));
   const double nn = static_cast<double>(n);
@@ -97,6 +95,38 @@ LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k) {
     q = cv.narrow(1, d - k, k).flip(1);
   }
   return fit_factors([&](const torch::Tensor& m) { return keep * a.t().matmul(a.matmul(m)) + ridge * m; }, v, w, q, n);
+}
+
+/// How many of `f`'s factors the held-out draws `x` confirm: whitened by f's psi, the variance of x
+/// along the factor at least kConfirm times the mean variance of the directions orthogonal to all
+/// of f's factors (psi itself is biased when noise factors take a share of the variances).
+constexpr double kConfirm = 1.5;
+int64_t confirmed(const LowRankFactors& f, const torch::Tensor& x) {
+  const int64_t kf = f.directions.size(1), d = x.size(1);
+  if (kf == 0 || x.size(0) < 2) return 0;
+  torch::Tensor z = (x - x.mean(0)) / f.variances.sqrt();
+  torch::Tensor along = z.matmul(f.directions).pow(2).sum(0) / static_cast<double>(x.size(0) - 1);  // [k']
+  const double total = z.pow(2).sum().item<double>() / static_cast<double>(x.size(0) - 1);
+  const double rest = (total - along.sum().item<double>()) / static_cast<double>(d - kf);
+  return (along >= kConfirm * rest).sum().item<int64_t>();
+}
+}  // namespace
+
+LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k, int64_t chains) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = draws.to(torch::kCPU, torch::kFloat64);
+  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 2, "low_rank_factors: need draws [n >= 2, D >= 2]");
+  TORCH_CHECK(chains >= 1 && x.size(0) % chains == 0, "low_rank_factors: ", x.size(0), " rows are not draws of ", chains, " chains");
+  if (chains >= 2 && x.size(0) / chains >= 2) {
+    // Cross-fitting: factors fitted on one half of the chains and confirmed on the other. MCMC
+    // draws are autocorrelated, so the noise edge (computed for independent draws) lets sample
+    // noise through; a noise direction of one half has unit variance in the other.
+    torch::Tensor chain = torch::arange(x.size(0)) % chains;
+    torch::Tensor first = (chain < chains / 2).nonzero().squeeze(1), second = (chain >= chains / 2).nonzero().squeeze(1);
+    torch::Tensor xa = x.index_select(0, first), xb = x.index_select(0, second);
+    k = std::min(confirmed(fit_draws(xa, k), xb), confirmed(fit_draws(xb, k), xa));
+  }
+  return fit_draws(x, k);
 }
 
 LowRankFactors low_rank_factors_of_covariance(const torch::Tensor& covariance, int64_t k) {

@@ -84,7 +84,7 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
   }
   if (kind == "lowrank") {
     // A factor-analysis fit of the warm-up draws' covariance: unique variances and the wide factors.
-    LowRankFactors f = low_rank_factors(draws, sampler->options().precondition_rank);
+    LowRankFactors f = low_rank_factors(draws, sampler->options().precondition_rank, ro.chains);
     sampler->set_low_rank_preconditioner(draws.mean(0), f.variances, f.directions, f.eigenvalues);
     record["lowrank_factors"] = f.eigenvalues.size(0);
   } else {

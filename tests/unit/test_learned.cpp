@@ -451,6 +451,23 @@ TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
       EXPECT_LT(((fitted(f) - big).abs().max() / big.abs().max()).item<double>(), 0.1);
     }
   }
+  // Autocorrelated draws (8 AR(1) chains, rho 0.9: about 20 draws per independent one) put noise
+  // above the edge for independent draws; cross-fitting over the chains keeps the 2 real factors.
+  {
+    const int64_t chains = 8, steps = 200, d = 40;
+    const torch::Tensor cf = torch::linalg::cholesky(factor_covariance(d, 2, 4.0, 6));
+    const double rho = 0.9;
+    torch::Tensor state = torch::randn({chains, d}, g, kF64).matmul(cf.t());
+    std::vector<torch::Tensor> rows;
+    for (int64_t t = 0; t < steps; ++t) {
+      state = rho * state + std::sqrt(1 - rho * rho) * torch::randn({chains, d}, g, kF64).matmul(cf.t());
+      rows.push_back(state);
+    }
+    torch::Tensor x = torch::cat(rows, 0);  // draw-major: row i is chain i % chains
+    EXPECT_GT(low_rank_factors(x, 8).directions.size(1), 2);
+    EXPECT_EQ(low_rank_factors(x, 8, chains).directions.size(1), 2);
+    EXPECT_THROW(low_rank_factors(x, 8, 7), c10::Error);  // 1600 rows are not draws of 7 chains
+  }
   // Bad factors are refused.
   LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(5));
   s->to(torch::kFloat64);

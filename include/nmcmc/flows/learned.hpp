@@ -81,8 +81,13 @@ struct LowRankFactors {
   torch::Tensor eigenvalues;  // Lambda [k'] float64, descending
 };
 /// From draws [n, D] (S their covariance, regularised as Stan's metric: (n S + 5e-3 I) / (n + 5);
-/// Lambda shrunk the same way towards 1); through the n x n Gram matrix when n < D, never a D x D matrix.
-LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k);
+/// Lambda shrunk the same way towards 1); through the n x n Gram matrix when n < D, never a D x D
+/// matrix. With `chains` >= 2 (rows are draw-major: row i belongs to chain i % chains) the number
+/// of factors is cross-fitted first: a factor fitted on half of the chains is kept only if the
+/// other half's (whitened) variance along it is at least 1.5 times their mean variance in the
+/// directions orthogonal to all the factors, both ways round (autocorrelated draws put sample
+/// noise above the noise edge for independent draws).
+LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k, int64_t chains = 1);
 /// From an exact covariance [D, D] (no noise edge, no shrinkage).
 LowRankFactors low_rank_factors_of_covariance(const torch::Tensor& covariance, int64_t k);
 
