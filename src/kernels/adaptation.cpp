@@ -116,6 +116,10 @@ torch::Tensor CovarianceEstimator::regularised_covariance() const {
   TORCH_CHECK(n_ > 1, "CovarianceEstimator needs at least two draws");
   const double n = static_cast<double>(n_);
   torch::Tensor cov = m2_ / (n - 1.0);
+  // No more draws than dimensions: S is singular, and Stan's estimate would put a variance of
+  // ~1e-3 * 5 / n on every direction the draws missed (NUTS then ran at its tree-depth limit for
+  // minutes on an 800-d target with 16 chains). Such a window adapts the diagonal only.
+  if (n_ <= cov.size(0)) cov = torch::diag(cov.diagonal());
   return (n / (n + 5.0)) * cov + 1e-3 * (5.0 / (n + 5.0)) * torch::eye(cov.size(0), cov.options());
 }
 

@@ -36,8 +36,8 @@ TrainOptions TrainOptions::from_json(const json& j) {
   if (o.precondition_sampler != "nuts" && o.precondition_sampler != "hmc" && o.precondition_sampler != "mala") {
     throw UsageError("train: precondition_sampler must be nuts, hmc or mala");
   }
-  if (o.precondition_warmup < 20 || o.precondition_draws < 1 || o.precondition_chains < 1) {
-    throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 1 and precondition_chains >= 1");
+  if (o.precondition_warmup < 20 || o.precondition_draws < 0 || o.precondition_chains < 1) {
+    throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 0 (0: auto) and precondition_chains >= 1");
   }
   return o;
 }

@@ -156,10 +156,17 @@ TEST(Adaptation, DenseMetricLearnsACovariance) {
   for (int i = 0; i < 40; ++i) est.add(torch::matmul(torch::randn({500, 3}, gen, kF64), l.t()));
   torch::Tensor got = est.regularised_covariance();
   EXPECT_LT((got - cov).abs().max().item<double>(), 0.1) << got;
-  // Stan's regularisation: shrinks towards 1e-3 I with weight 5 / (n + 5).
+  // Stan's regularisation: shrinks towards 1e-3 I with weight 5 / (n + 5). Three draws in 2-d:
+  // variances 1/3, covariance 1/3 (the draws lie on a line).
+  CovarianceEstimator three;
+  three.add(torch::tensor({0.0, 0.0, 1.0, 1.0, 0.0, 0.0}, kF64).reshape({3, 2}));
+  torch::Tensor r = three.regularised_covariance();
+  EXPECT_NEAR(r[0][0].item<double>(), (3.0 / 8.0) / 3.0 + 1e-3 * 5.0 / 8.0, 1e-15);
+  EXPECT_NEAR(r[0][1].item<double>(), (3.0 / 8.0) / 3.0, 1e-15);
+  // n <= D draws: S is singular; only its diagonal is kept (a diagonal metric for that window).
   CovarianceEstimator two;
   two.add(torch::tensor({0.0, 0.0, 1.0, 1.0}, kF64).reshape({2, 2}));
-  torch::Tensor r = two.regularised_covariance();
-  EXPECT_NEAR(r[0][0].item<double>(), (2.0 / 7.0) * 0.5 + 1e-3 * 5.0 / 7.0, 1e-15);
-  EXPECT_NEAR(r[0][1].item<double>(), (2.0 / 7.0) * 0.5, 1e-15);
+  torch::Tensor d = two.regularised_covariance();
+  EXPECT_NEAR(d[0][0].item<double>(), (2.0 / 7.0) * 0.5 + 1e-3 * 5.0 / 7.0, 1e-15);
+  EXPECT_EQ(d[0][1].item<double>(), 0.0);
 }

@@ -67,7 +67,8 @@ class VarianceEstimator {
 class CovarianceEstimator {
  public:
   void add(const torch::Tensor& x);  // x [C, D]
-  /// Stan's regularised estimate (stan/mcmc/covar_adaptation): (n / (n + 5)) S + 1e-3 (5 / (n + 5)) I.
+  /// Stan's regularised estimate (stan/mcmc/covar_adaptation): (n / (n + 5)) S + 1e-3 (5 / (n + 5)) I;
+  /// with n <= D draws (S singular) S's diagonal only, a diagonal metric for that window.
   torch::Tensor regularised_covariance() const;
   void reset();
   int64_t count() const { return n_; }

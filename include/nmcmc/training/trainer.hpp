@@ -41,7 +41,8 @@ struct TrainOptions {
   // regularised covariance gives L and whose draws give m and the first bootstrap buffer.
   std::string precondition_sampler = "nuts";  // nuts | hmc | mala
   int64_t precondition_warmup = 500;          // adaptation iterations
-  int64_t precondition_draws = 100;           // draws after it (for m and the buffer)
+  int64_t precondition_draws = 0;             // draws after it (for m, L and the buffer); 0: auto, 100
+                                              // (400 for lowrank, whose factors need them: BENCHMARKS.md)
   int64_t precondition_chains = 16;
   bool eps_from_warmup = true;                // start eps at the warm-up's adapted step size
   bool beta_from_warmup = true;               // then start beta where that eps is the objective's optimum
