@@ -72,9 +72,6 @@ LowRankFactors fit_factors(const std::function<torch::Tensor(const torch::Tensor
   return f;
 }
 
-}  // namespace
-
-namespace {
 LowRankFactors fit_draws(const torch::Tensor& x, int64_t k) {
   const int64_t n = x.size(0), d = x.size(1);
   k = std::max<int64_t>(0, std::min({k, d - 1, n - 1}));
@@ -120,7 +117,7 @@ LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k, int64_t c
   if (chains >= 2 && x.size(0) / chains >= 2) {
     // Cross-fitting: factors fitted on one half of the chains and confirmed on the other. MCMC
     // draws are autocorrelated, so the noise edge (computed for independent draws) lets sample
-    // noise through; a noise direction of one half has unit variance in the other.
+    // noise through; a noise direction of one half is an ordinary direction in the other.
     torch::Tensor chain = torch::arange(x.size(0)) % chains;
     torch::Tensor first = (chain < chains / 2).nonzero().squeeze(1), second = (chain >= chains / 2).nonzero().squeeze(1);
     torch::Tensor xa = x.index_select(0, first), xb = x.index_select(0, second);
@@ -377,8 +374,8 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
       set_low_rank_preconditioner(m, var, torch::zeros({d, 0}, torch::kFloat64), torch::zeros({0}, torch::kFloat64));
       return;
     }
-    auto [w, v] = torch::linalg_eigh(0.5 * (c + c.t()));
-    if (!(w > 0).all().item<bool>()) throw DataError("preconditioner: the covariance is not positive definite");
+    auto [l, info] = torch::linalg_cholesky_ex(0.5 * (c + c.t()));
+    if (info.item<int64_t>() != 0) throw DataError("preconditioner: the covariance is not positive definite");
     LowRankFactors f = low_rank_factors_of_covariance(c, pre_directions_.size(1));
     set_low_rank_preconditioner(m, f.variances, f.directions, f.eigenvalues);
     return;
