@@ -290,7 +290,7 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
           s->set_preconditioner(torch::full({6}, 0.7, kF64), torch::eye(6, kF64));  // m does not matter
         } else {
           s->set_preconditioner(torch::zeros({6}, kF64), cov);
-          // lowrank: L L^T is the probabilistic-PCA fit with 2 factors, not cov itself.
+          // lowrank: L L^T is the factor-analysis fit with at most 2 factors, not cov itself.
           torch::Tensor l = s->precondition_matrix();
           mala->set_inv_mass(kind == "dense" ? cov : kind == "diag" ? cov.diagonal().clone() : l.matmul(l.t()));
         }
