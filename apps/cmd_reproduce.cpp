@@ -31,6 +31,7 @@ int run(ReproduceArgs a) {
   // a rerun resumes the finished trainings.
   auto say = [](const std::string& line) { std::cout << line << std::endl; };
   nlohmann::json results = reproduce(a.options, say, train_progress(a.quiet, "  "));
+  if (!a.options.part.empty()) return 0;  // a child of --jobs: the parent writes the tables
   std::cout << "\n" << results_table(results) << "\nWrote " << a.options.output << "/results.json, results.md and the figures.\n";
   return 0;
 }
@@ -44,6 +45,11 @@ Command add_reproduce_command(CLI::App& app) {
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--configs", a->options.configs, "directory of the experiment configs (default: the shipped configs/)");
   cmd->add_flag("--no-figures", a->no_figures, "skip the figures");
+  cmd->add_option("--jobs,-j", a->options.jobs,
+                  "experiments run side by side, each in its own process with a one-thread BLAS (the results equal a "
+                  "one-job run's with OPENBLAS_NUM_THREADS=1; times and ESS/s include the contention)")
+      ->capture_default_str();
+  cmd->add_option("--part", a->options.part, "internal: one unit of a --jobs run")->group("");
   cmd->add_flag("--quiet,-q", a->quiet, "no training progress line");
   cmd->add_option("--table", a->table, "only print the table of an existing results.json (e.g. of an unfinished run)");
   return {cmd, [a] { return run(*a); }};

@@ -73,6 +73,9 @@ int run_parsed(const std::vector<nmcmc::cli::Command>& commands) {
   } catch (const nmcmc::IoError& e) {
     std::cerr << prefix() << ": " << e.what() << "\n";
     return nmcmc::kExitIo;
+  } catch (const nmcmc::ExitError& e) {
+    std::cerr << prefix() << ": " << e.what() << "\n";
+    return e.code;
   } catch (const nmcmc::DistError& e) {
     std::cerr << "\nnmcmc: " << e.what() << "\n";  // the message says which rank
     return nmcmc::kExitUnavailable;

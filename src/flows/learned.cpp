@@ -339,7 +339,7 @@ class LatentTarget : public Target {
 };
 
 Affine dense_affine(const torch::Tensor& m, const torch::Tensor& l) {
-  return {m, l, torch::Tensor(), torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64)};
+  return {m, l, torch::Tensor(), torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64), {}, {}};
 }
 }  // namespace
 
@@ -441,17 +441,14 @@ Affine model_affine(const torch::Tensor& m, const torch::Tensor& base, const tor
                     const torch::Tensor& lower, bool learned, const torch::Tensor& directions = {},
                     const torch::Tensor& log_eigen = {}) {
   if (directions.defined()) {
-    Affine a{m, torch::Tensor(), torch::Tensor(), log_scale.exp(),
-             (log_scale.sum() + log_eigen.sum()).to(torch::kFloat64)};
-    a.q = directions;
-    a.t = log_eigen;
-    return a;
+    return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), (log_scale.sum() + log_eigen.sum()).to(torch::kFloat64),
+            directions, log_eigen};
   }
-  if (!base.defined()) return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64)};
+  if (!base.defined()) return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64), {}, {}};
   torch::Tensor log_det = base.diagonal().log().sum().to(torch::kFloat64);
-  if (!learned) return {m, base, torch::Tensor(), torch::Tensor(), log_det};
+  if (!learned) return {m, base, torch::Tensor(), torch::Tensor(), log_det, {}, {}};
   return {m, base, torch::tril(lower, -1) + torch::diag_embed(log_scale.exp()), torch::Tensor(),
-          log_det + log_scale.sum().to(torch::kFloat64)};
+          log_det + log_scale.sum().to(torch::kFloat64), {}, {}};
 }
 }  // namespace
 

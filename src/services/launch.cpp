@@ -1,10 +1,13 @@
 #include "nmcmc/services/launch.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -25,19 +28,19 @@ void on_signal(int sig) {
   g_signals = g_signals + 1;
 }
 
-std::string self_executable() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) throw IoError("launch: cannot find the nmcmc executable (/proc/self/exe)");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 int exit_code(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
 }
 }  // namespace
+
+std::string self_executable() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw IoError("cannot find the nmcmc executable (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
 
 LaunchResult launch_local(const LaunchOptions& o) {
   if (o.nproc < 1 || o.nproc > 256) throw UsageError(fmt::format("launch: --nproc must be in 1..256, got {}", o.nproc));
@@ -145,6 +148,100 @@ LaunchResult launch_local(const LaunchOptions& o) {
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   for (int c : result.codes) result.code = std::max(result.code, c);
+  return result;
+}
+
+JobsResult run_jobs(const std::vector<ChildJob>& jobs, int parallel, const std::function<void(size_t, int)>& on_start,
+                    const std::function<void(size_t, const ChildOutcome&, int, int)>& on_done) {
+  if (parallel < 1) throw UsageError(fmt::format("jobs: the number of parallel jobs must be at least 1, got {}", parallel));
+  const std::string program = self_executable();
+  JobsResult result;
+  result.outcomes.resize(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) result.outcomes[i].name = jobs[i].name;
+
+  struct sigaction sa {}, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  g_signals = 0;
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+  const pid_t parent = ::getpid();
+
+  using clock = std::chrono::steady_clock;
+  struct Running {
+    pid_t pid;
+    size_t job;
+    clock::time_point start;
+  };
+  std::vector<Running> running;
+  size_t next = 0;
+  int done = 0, forwarded = 0;
+  bool failed = false;
+  auto start = [&](size_t i) {
+    const ChildJob& job = jobs[i];
+    const pid_t pid = ::fork();
+    if (pid < 0) throw IoError(std::string("cannot start a job: fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(143);  // the parent died before prctl
+      ::setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
+      const int fd = ::open(job.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) {
+        const std::string msg = fmt::format("nmcmc: cannot write the job log {}: {}\n", job.log, std::strerror(errno));
+        (void)!::write(2, msg.data(), msg.size());
+        ::_exit(kExitIo);
+      }
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(program.c_str()));
+      for (const auto& a : job.args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(program.c_str(), argv.data());
+      const std::string msg = fmt::format("nmcmc: cannot run {}: {}\n", program, std::strerror(errno));
+      (void)!::write(2, msg.data(), msg.size());
+      ::_exit(127);
+    }
+    running.push_back({pid, i, clock::now()});
+    if (on_start) on_start(i, static_cast<int>(running.size()));
+  };
+  while (true) {
+    while (!failed && g_signals == 0 && next < jobs.size() && static_cast<int>(running.size()) < parallel) start(next++);
+    if (running.empty()) break;
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      auto it = std::find_if(running.begin(), running.end(), [&](const Running& r) { return r.pid == pid; });
+      if (it == running.end()) continue;
+      ChildOutcome& out = result.outcomes[it->job];
+      out.code = exit_code(status);
+      out.seconds = std::chrono::duration<double>(clock::now() - it->start).count();
+      if (WIFSIGNALED(status)) {
+        out.note = fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+      } else if (out.code != 0) {
+        out.note = fmt::format("exited with code {}", out.code);
+      }
+      if (out.code != 0) failed = true;
+      const size_t job = it->job;
+      running.erase(it);
+      ++done;
+      if (on_done) on_done(job, out, done, static_cast<int>(running.size()));
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    while (forwarded < g_signals) {
+      ++forwarded;
+      for (const auto& r : running) ::kill(r.pid, g_last_signal);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  result.interrupted = g_signals > 0;
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
   return result;
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "nmcmc/core/errors.hpp"
@@ -15,6 +16,7 @@
 #include "nmcmc/io/plot.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/services/figures.hpp"
+#include "nmcmc/services/launch.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -244,10 +246,24 @@ void proposal_cloud(const std::string& path, Target& target, LearnedSampler& sam
   save_figure(path, panels, 0, "One step of the learned proposal: 400 proposals from one state");
 }
 
-}  // namespace
+/// One `reproduce` invocation's shared state.
+struct Run {
+  const ReproduceOptions& o;
+  const std::function<void(const std::string&)>& say;
+  const TrainProgressFn& progress;
+  // Each experiment's training config (less the logging cadence) and log: the ablation's "full"
+  // variant is Funnel-1's own training when the settings agree, and is then not trained twice.
+  std::map<std::string, std::pair<json, decltype(TrainResult::log)>> trained_runs;
+};
 
-json reproduce(const ReproduceOptions& o, const std::function<void(const std::string&)>& say,
-               const TrainProgressFn& progress) {
+json training_identity(const TrainConfig& c) {
+  json j = c.to_json();
+  j["train"].erase("log_every");
+  return j;
+}
+
+/// The experiments and extras a run does, validated, in the paper's order.
+std::vector<std::string> selected_units(const ReproduceOptions& o) {
   std::vector<std::string> selected = o.only.empty() ? experiment_names() : o.only;
   const std::vector<std::string> extras = {"moon", "ablation"};
   for (const auto& name : selected) {
@@ -258,196 +274,385 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     }
   }
   if (o.only.empty()) selected.insert(selected.end(), extras.begin(), extras.end());
-  profile_settings(o.profile, "icg");  // validates the profile before any work
-  ensure_directory(o.output);
-  json results = {{"profile", o.profile}, {"experiments", json::object()}};
-  const auto t_all = Clock::now();
-  // Each experiment's training config (less the logging cadence) and log: the ablation's "full"
-  // variant is Funnel-1's own training when the settings agree, and is then not trained twice.
-  std::map<std::string, std::pair<json, decltype(TrainResult::log)>> trained_runs;
-  auto training_identity = [](const TrainConfig& c) {
-    json j = c.to_json();
-    j["train"].erase("log_every");
-    return j;
-  };
-  for (const auto& name : selected) {
-    const json settings = profile_settings(o.profile, name);
-    const std::string dir = (fs::path(o.output) / name).string();
-    ensure_directory(dir);
-    if (name == "moon" || name == "ablation") continue;  // figures, below
-    say(fmt::format("== {} ({} profile)", name, o.profile));
-    const json paper = paper_config(o, name);
-    json cfg = with_profile(paper, settings);
-    TrainConfig config = parse_train_config(cfg);
-    say(fmt::format("  training: batch {}, {} steps, width {}, N = {}", config.train.batch, config.train.steps,
-                    config.model.hidden, config.model.steps));
-    const std::vector<std::string> changes = profile_changes(paper, settings);
-    if (!changes.empty()) say(fmt::format("  changed from the paper's config: {}", fmt::join(changes, ", ")));
-    TrainResult trained = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress);
-    if (o.figures) plot_training_curves(dir + "/training_curves.png", trained.log, name);
-    trained_runs[name] = {training_identity(config), trained.log};
-    const double train_seconds = trained.log.empty() ? 0.0 : trained.log.back().elapsed;
-    auto target = make_target(config.target, torch::kFloat32);
-    auto [sampler, meta] = load_model(dir + "/model.pt");
-    sampler->eval();
-    const json ev = settings["eval"];
-    const int64_t chains = ev["chains"], burn = ev["burn"], keep = ev["keep"];
-    say(fmt::format("  evaluating: {} chains, {} steps, ESS on the last {}", chains, burn + keep, keep));
-    // Without an exact sampler the learned chains start from the training buffer (the sampler's
-    // own persistent chains), as the paper's bootstrap does; burn-in steps follow either way.
-    torch::Tensor init_x = target->has_sampler() ? torch::Tensor() : load_buffer(dir + "/model.pt");
-    SampleResult learned = evaluate(*target, std::make_shared<LearnedProposal>(sampler), chains, burn, keep, false, 1, init_x);
-    json entry;
-    entry["config"] = config.to_json();
-    entry["paper"] = cfg.value("paper", json::object());
-    entry["profile_changes"] = changes;
-    entry["learned"] = measures(learned, *target, train_seconds, trained.grads);
-    // All the gradients training spent: every batch row's, plus the preconditioner's warm-up.
-    const json& pre = trained.preconditioner;
-    const double warmup_grads = pre.is_object() ? pre.value("grads", 0.0) : 0.0;
-    entry["learned"]["grads_training_total"] = static_cast<double>(trained.grads) * config.train.batch + warmup_grads;
-    entry["learned"]["seconds_training"] = train_seconds + (pre.is_object() ? pre.value("seconds", 0.0) : 0.0);
-    if (pre.is_object()) entry["preconditioner"] = pre;
-    const json& paper_data = entry["paper"];
-    if (paper_data.contains("authors_sd_rest")) {
-      // The funnels: the authors' normalising constant for x2.., for comparison (README).
-      auto m = target->reference_moments();
-      torch::Tensor sd = m->sd.clone();
-      sd.narrow(0, 1, sd.size(0) - 1).fill_(paper_data["authors_sd_rest"].get<double>());
-      torch::Tensor ratio = paper_ess_ratio(learned.draws, m->mean, sd);
-      entry["learned"]["authors_constants_ess_per_step_rest_min"] = ratio.narrow(0, 1, ratio.size(0) - 1).min().item<double>();
-    }
-    if (paper_data.contains("authors_moments")) {
-      // German: the authors' constants are off by up to ~0.1 sd from our reference run (README).
-      Moments a = reference_file_moments(paper_data["authors_moments"].get<std::string>());
-      torch::Tensor ratio = paper_ess_ratio(learned.draws, a.mean, a.sd);
-      entry["learned"]["authors_constants_ess_5k_min"] = 5000.0 * ratio.min().item<double>();
-      entry["learned"]["authors_constants_ess_5k_mean"] = 5000.0 * ratio.mean().item<double>();
-    }
-    const json bl = settings["baseline"];
-    for (const std::string b : {"mala", "hmc"}) {
-      ProposalOptions po;
-      po.set_sampler(b).set_leapfrog(10).set_jitter(b == "hmc" ? 0.2 : 0.0);
-      SampleResult r = evaluate(*target, make_baseline_proposal(po), chains, bl["warmup"], bl["draws"], true, 2);
-      entry[b] = measures(r, *target, 0, 0);
-      say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),
-                      entry[b]["ess_per_grad_min"].get<double>()));
-    }
-    if (name == "rotated_icg") {
-      // A diagonal metric cannot undo a rotation: NUTS runs at its tree-depth limit (1023
-      // gradients per draw) and took over 15 minutes of the cpu profile; only the dense metric runs.
-      say("  nuts (diagonal metric): skipped on rotated_icg (tree-depth limit; see the dense metric below)");
-    } else {
-      // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
-      Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
-      const int64_t nuts_chains = settings.value("nuts_chains", chains);
-      SampleResult r = evaluate(*target, nuts, nuts_chains, bl["warmup"], bl["draws"], true, 2);
-      entry["nuts"] = measures(r, *target, 0, 0);
-      entry["nuts"]["chains"] = nuts_chains;
-      say(fmt::format("  nuts{}: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
-                      nuts_chains == chains ? std::string() : fmt::format(" ({} chains)", nuts_chains),
-                      entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
-                      entry["nuts"]["grads_per_step"].get<double>()));
-    }
-    if (name.rfind("funnel", 0) != 0) {
-      // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
-      // learned sampler, whose L comes from the same kind of estimate.
-      Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
-      RunOptions run;
-      run.set_chains(chains).set_warmup(bl["warmup"]).set_draws(bl["draws"]).set_adapt_step(true).set_adapt_mass(true);
-      run.set_dense_mass(true).set_init(target->has_sampler() ? "exact" : "uniform");
-      SampleResult r = run_sampler(*target, nuts, run, 2);
-      entry["nuts_dense"] = measures(r, *target, 0, 0);
-      say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
-                      entry["nuts_dense"]["ess_per_step_min"].get<double>(),
-                      entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
-                      entry["nuts_dense"]["grads_per_step"].get<double>()));
-    }
-    say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f} (x1 {:.4f}), ESS/grad min {:.4g}, max R-hat {:.3f}, "
-                    "x1 mean squared jump {:.3g} (MALA {:.3g}, HMC {:.3g})",
-                    entry["learned"]["accept"].get<double>(), entry["learned"]["ess_per_step_min"].get<double>(),
-                    entry["learned"]["ess_per_step_x1"].get<double>(), entry["learned"]["ess_per_grad_min"].get<double>(),
-                    entry["learned"]["max_rhat"].get<double>(), entry["learned"]["msjd_x1"].get<double>(),
-                    entry["mala"]["msjd_x1"].get<double>(), entry["hmc"]["msjd_x1"].get<double>()));
-    if (name == "funnel3") {
-      SampleResult long_hmc;
-      entry["hmc_paper"] = funnel3_hmc(*target, sampler->grads_per_step(), settings["hmc_long_steps"], dir, say, &long_hmc);
-      if (o.figures) {
-        plot_traces(dir + "/fig2_x1_traces.png",
-                    {{"HMC (paper protocol)", long_hmc.draws}, {"learned", learned.draws}}, 0, 1000, "x.1");
-        const double sigma = 3.0;
-        auto density = [sigma](double x0, double x1) {
-          return std::exp(-x0 * x0 / (2 * sigma * sigma) - 0.5 * std::exp(x0) * x1 * x1 + 0.5 * x0);
-        };
-        std::vector<double> neck(20, 0.0), base(20, 0.0);
-        neck[0] = 5.0;
-        base[0] = -5.0;
-        base[1] = 8.0;
-        proposal_cloud(dir + "/figA2_proposal_clouds.png", *target, sampler,
-                       {{"from the neck (x1 = 5)", neck}, {"from the base (x1 = -5)", base}}, 0, 1, density, {-9, 9},
-                       {-30, 30});
-      }
-    }
-    results["experiments"][name] = entry;
-    write_atomically((fs::path(o.output) / "results.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
+  return selected;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+TrainConfig experiment_config(const ReproduceOptions& o, const std::string& name) {
+  return parse_train_config(with_profile(paper_config(o, name), profile_settings(o.profile, name)));
+}
+
+/// Trains (or resumes) one experiment, evaluates the learned sampler and the baselines, draws its
+/// figures; returns its results entry (also written to <output>/<name>/entry.json).
+json run_experiment(Run& run, const std::string& name) {
+  const ReproduceOptions& o = run.o;
+  const auto& say = run.say;
+  const auto& progress = run.progress;
+  const json settings = profile_settings(o.profile, name);
+  const std::string dir = (fs::path(o.output) / name).string();
+  ensure_directory(dir);
+  say(fmt::format("== {} ({} profile)", name, o.profile));
+  const json paper = paper_config(o, name);
+  json cfg = with_profile(paper, settings);
+  TrainConfig config = parse_train_config(cfg);
+  say(fmt::format("  training: batch {}, {} steps, width {}, N = {}", config.train.batch, config.train.steps,
+                  config.model.hidden, config.model.steps));
+  const std::vector<std::string> changes = profile_changes(paper, settings);
+  if (!changes.empty()) say(fmt::format("  changed from the paper's config: {}", fmt::join(changes, ", ")));
+  TrainResult trained = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress);
+  if (o.figures) plot_training_curves(dir + "/training_curves.png", trained.log, name);
+  run.trained_runs[name] = {training_identity(config), trained.log};
+  const double train_seconds = trained.log.empty() ? 0.0 : trained.log.back().elapsed;
+  auto target = make_target(config.target, torch::kFloat32);
+  auto [sampler, meta] = load_model(dir + "/model.pt");
+  sampler->eval();
+  const json ev = settings["eval"];
+  const int64_t chains = ev["chains"], burn = ev["burn"], keep = ev["keep"];
+  say(fmt::format("  evaluating: {} chains, {} steps, ESS on the last {}", chains, burn + keep, keep));
+  // Without an exact sampler the learned chains start from the training buffer (the sampler's
+  // own persistent chains), as the paper's bootstrap does; burn-in steps follow either way.
+  torch::Tensor init_x = target->has_sampler() ? torch::Tensor() : load_buffer(dir + "/model.pt");
+  SampleResult learned = evaluate(*target, std::make_shared<LearnedProposal>(sampler), chains, burn, keep, false, 1, init_x);
+  json entry;
+  entry["config"] = config.to_json();
+  entry["paper"] = cfg.value("paper", json::object());
+  entry["profile_changes"] = changes;
+  entry["learned"] = measures(learned, *target, train_seconds, trained.grads);
+  // All the gradients training spent: every batch row's, plus the preconditioner's warm-up.
+  const json& pre = trained.preconditioner;
+  const double warmup_grads = pre.is_object() ? pre.value("grads", 0.0) : 0.0;
+  entry["learned"]["grads_training_total"] = static_cast<double>(trained.grads) * config.train.batch + warmup_grads;
+  entry["learned"]["seconds_training"] = train_seconds + (pre.is_object() ? pre.value("seconds", 0.0) : 0.0);
+  if (pre.is_object()) entry["preconditioner"] = pre;
+  const json& paper_data = entry["paper"];
+  if (paper_data.contains("authors_sd_rest")) {
+    // The funnels: the authors' normalising constant for x2.., for comparison (README).
+    auto m = target->reference_moments();
+    torch::Tensor sd = m->sd.clone();
+    sd.narrow(0, 1, sd.size(0) - 1).fill_(paper_data["authors_sd_rest"].get<double>());
+    torch::Tensor ratio = paper_ess_ratio(learned.draws, m->mean, sd);
+    entry["learned"]["authors_constants_ess_per_step_rest_min"] = ratio.narrow(0, 1, ratio.size(0) - 1).min().item<double>();
   }
+  if (paper_data.contains("authors_moments")) {
+    // German: the authors' constants are off by up to ~0.1 sd from our reference run (README).
+    Moments a = reference_file_moments(paper_data["authors_moments"].get<std::string>());
+    torch::Tensor ratio = paper_ess_ratio(learned.draws, a.mean, a.sd);
+    entry["learned"]["authors_constants_ess_5k_min"] = 5000.0 * ratio.min().item<double>();
+    entry["learned"]["authors_constants_ess_5k_mean"] = 5000.0 * ratio.mean().item<double>();
+  }
+  const json bl = settings["baseline"];
+  for (const std::string b : {"mala", "hmc"}) {
+    ProposalOptions po;
+    po.set_sampler(b).set_leapfrog(10).set_jitter(b == "hmc" ? 0.2 : 0.0);
+    SampleResult r = evaluate(*target, make_baseline_proposal(po), chains, bl["warmup"], bl["draws"], true, 2);
+    entry[b] = measures(r, *target, 0, 0);
+    say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),
+                    entry[b]["ess_per_grad_min"].get<double>()));
+  }
+  if (name == "rotated_icg") {
+    // A diagonal metric cannot undo a rotation: NUTS runs at its tree-depth limit (1023
+    // gradients per draw) and took over 15 minutes of the cpu profile; only the dense metric runs.
+    say("  nuts (diagonal metric): skipped on rotated_icg (tree-depth limit; see the dense metric below)");
+  } else {
+    // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
+    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    const int64_t nuts_chains = settings.value("nuts_chains", chains);
+    SampleResult r = evaluate(*target, nuts, nuts_chains, bl["warmup"], bl["draws"], true, 2);
+    entry["nuts"] = measures(r, *target, 0, 0);
+    entry["nuts"]["chains"] = nuts_chains;
+    say(fmt::format("  nuts{}: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
+                    nuts_chains == chains ? std::string() : fmt::format(" ({} chains)", nuts_chains),
+                    entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
+                    entry["nuts"]["grads_per_step"].get<double>()));
+  }
+  if (name.rfind("funnel", 0) != 0) {
+    // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
+    // learned sampler, whose L comes from the same kind of estimate.
+    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    RunOptions run;
+    run.set_chains(chains).set_warmup(bl["warmup"]).set_draws(bl["draws"]).set_adapt_step(true).set_adapt_mass(true);
+    run.set_dense_mass(true).set_init(target->has_sampler() ? "exact" : "uniform");
+    SampleResult r = run_sampler(*target, nuts, run, 2);
+    entry["nuts_dense"] = measures(r, *target, 0, 0);
+    say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
+                    entry["nuts_dense"]["ess_per_step_min"].get<double>(),
+                    entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
+                    entry["nuts_dense"]["grads_per_step"].get<double>()));
+  }
+  say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f} (x1 {:.4f}), ESS/grad min {:.4g}, max R-hat {:.3f}, "
+                  "x1 mean squared jump {:.3g} (MALA {:.3g}, HMC {:.3g})",
+                  entry["learned"]["accept"].get<double>(), entry["learned"]["ess_per_step_min"].get<double>(),
+                  entry["learned"]["ess_per_step_x1"].get<double>(), entry["learned"]["ess_per_grad_min"].get<double>(),
+                  entry["learned"]["max_rhat"].get<double>(), entry["learned"]["msjd_x1"].get<double>(),
+                  entry["mala"]["msjd_x1"].get<double>(), entry["hmc"]["msjd_x1"].get<double>()));
+  if (name == "funnel3") {
+    SampleResult long_hmc;
+    entry["hmc_paper"] = funnel3_hmc(*target, sampler->grads_per_step(), settings["hmc_long_steps"], dir, say, &long_hmc);
+    if (o.figures) {
+      plot_traces(dir + "/fig2_x1_traces.png",
+                  {{"HMC (paper protocol)", long_hmc.draws}, {"learned", learned.draws}}, 0, 1000, "x.1");
+      const double sigma = 3.0;
+      auto density = [sigma](double x0, double x1) {
+        return std::exp(-x0 * x0 / (2 * sigma * sigma) - 0.5 * std::exp(x0) * x1 * x1 + 0.5 * x0);
+      };
+      std::vector<double> neck(20, 0.0), base(20, 0.0);
+      neck[0] = 5.0;
+      base[0] = -5.0;
+      base[1] = 8.0;
+      proposal_cloud(dir + "/figA2_proposal_clouds.png", *target, sampler,
+                     {{"from the neck (x1 = 5)", neck}, {"from the base (x1 = -5)", base}}, 0, 1, density, {-9, 9},
+                     {-30, 30});
+    }
+  }
+  write_atomically(dir + "/entry.json", [&](std::ostream& os) { os << entry.dump(2) << "\n"; });
+  return entry;
+}
+
+/// Figure 1: the proposal cloud on the 2-d moon target.
+void run_moon(Run& run) {
+  const ReproduceOptions& o = run.o;
+  const auto& say = run.say;
+  const auto& progress = run.progress;
   const int64_t aux = profile_settings(o.profile, "moon")["aux_steps"];
-  if (o.figures && std::find(selected.begin(), selected.end(), "moon") != selected.end()) {
-    say("== figure 1: proposal cloud on the 2-d moon target");
-    json cfg = read_config_file((fs::path(configs_of(o)) / "moon.json").string());
-    cfg["train"]["steps"] = std::max<int64_t>(aux * 3, 30);
-    TrainConfig config = parse_train_config(cfg);
-    const std::string dir = (fs::path(o.output) / "moon").string();
-    train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true, progress);
-    auto target = make_target(config.target, torch::kFloat32);
-    auto [sampler, meta] = load_model(dir + "/model.pt");
-    auto density = [](double x0, double x1) { return std::exp(-0.5 * x0 * x0 - 0.5 * std::pow(x1 - x0 * x0 + 4, 2)); };
-    proposal_cloud((fs::path(o.output) / "fig1_proposal_cloud.png").string(), *target, sampler,
-                   {{"learned proposals from one point", {1.0, -3.0}}}, 0, 1, density, {-3.5, 3.5}, {-6, 8});
-  }
-  if (o.figures && std::find(selected.begin(), selected.end(), "ablation") != selected.end()) {
-    const int64_t ablation_steps = profile_settings(o.profile, "funnel1")["ablation_steps"];
-    say(fmt::format("== appendix ablation: proposal entropy on Funnel-1 for full, no-grad and langevin ({} steps)",
-                    ablation_steps));
-    Plot plot("Funnel-1: proposal entropy during training (appendix ablation)");
-    plot.xlabel("training step").ylabel("proposal entropy (nats, + const)");
-    int k = 0;
-    json ablation = json::object();
-    for (const std::string variant : {"full", "no-grad", "langevin"}) {
-      json cfg = with_profile(paper_config(o, "funnel1"), profile_settings(o.profile, "funnel1"));
-      cfg["model"]["variant"] = variant;
-      cfg["train"]["steps"] = ablation_steps;
-      cfg["train"]["log_every"] = std::max<int64_t>(1, ablation_steps / 100);
-      TrainConfig config = parse_train_config(cfg);
-      decltype(TrainResult::log) log;
-      auto same = trained_runs.find("funnel1");
-      if (same != trained_runs.end() && same->second.first == training_identity(config)) {
-        log = same->second.second;  // bit for bit the run the funnel1 experiment just trained
-        say(fmt::format("  {}: the funnel1 experiment's training above (the same config)", variant));
-      } else {
-        const std::string dir = (fs::path(o.output) / "ablation" / variant).string();
-        ensure_directory(dir);
-        log = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true, progress).log;
-      }
-      std::vector<double> step, entropy;
-      for (const auto& row : log) {
-        step.push_back(static_cast<double>(row.step));
-        entropy.push_back(row.entropy);
-      }
-      ablation[variant] = {{"final_entropy", entropy.empty() ? NAN : entropy.back()}, {"steps", ablation_steps},
-                           {"seconds_training", log.empty() ? 0.0 : log.back().elapsed}};
-      plot.line(step, entropy, palette(k++), variant);
-      say(fmt::format("  {}: proposal entropy {:.1f} after {} steps", variant, ablation[variant]["final_entropy"].get<double>(),
+  say("== figure 1: proposal cloud on the 2-d moon target");
+  json cfg = read_config_file((fs::path(configs_of(o)) / "moon.json").string());
+  cfg["train"]["steps"] = std::max<int64_t>(aux * 3, 30);
+  TrainConfig config = parse_train_config(cfg);
+  const std::string dir = (fs::path(o.output) / "moon").string();
+  ensure_directory(dir);
+  train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true, progress);
+  auto target = make_target(config.target, torch::kFloat32);
+  auto [sampler, meta] = load_model(dir + "/model.pt");
+  auto density = [](double x0, double x1) { return std::exp(-0.5 * x0 * x0 - 0.5 * std::pow(x1 - x0 * x0 + 4, 2)); };
+  proposal_cloud((fs::path(o.output) / "fig1_proposal_cloud.png").string(), *target, sampler,
+                 {{"learned proposals from one point", {1.0, -3.0}}}, 0, 1, density, {-3.5, 3.5}, {-6, 8});
+}
+
+const char* const kAblationVariants[] = {"full", "no-grad", "langevin"};
+
+TrainConfig ablation_config(const ReproduceOptions& o, const std::string& variant) {
+  const int64_t ablation_steps = profile_settings(o.profile, "funnel1")["ablation_steps"];
+  json cfg = with_profile(paper_config(o, "funnel1"), profile_settings(o.profile, "funnel1"));
+  cfg["model"]["variant"] = variant;
+  cfg["train"]["steps"] = ablation_steps;
+  cfg["train"]["log_every"] = std::max<int64_t>(1, ablation_steps / 100);
+  return parse_train_config(cfg);
+}
+
+/// Whether the ablation's variant is the funnel1 experiment's training (same settings): then it
+/// is not trained again.
+bool ablation_reuses_funnel1(const ReproduceOptions& o, const std::string& variant, const std::vector<std::string>& selected) {
+  return has(selected, "funnel1") && training_identity(ablation_config(o, variant)) == training_identity(experiment_config(o, "funnel1"));
+}
+
+/// Trains (or resumes: a finished checkpoint only loads) one variant of the ablation.
+decltype(TrainResult::log) train_ablation_variant(Run& run, const std::string& variant) {
+  const std::string dir = (fs::path(run.o.output) / "ablation" / variant).string();
+  ensure_directory(dir);
+  return train(ablation_config(run.o, variant), torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true,
+               run.progress).log;
+}
+
+/// The appendix ablation: proposal entropy during training of the three variants on Funnel-1.
+json run_ablation(Run& run) {
+  const ReproduceOptions& o = run.o;
+  const int64_t ablation_steps = profile_settings(o.profile, "funnel1")["ablation_steps"];
+  run.say(fmt::format("== appendix ablation: proposal entropy on Funnel-1 for full, no-grad and langevin ({} steps)",
                       ablation_steps));
+  Plot plot("Funnel-1: proposal entropy during training (appendix ablation)");
+  plot.xlabel("training step").ylabel("proposal entropy (nats, + const)");
+  int k = 0;
+  json ablation = json::object();
+  for (const std::string variant : kAblationVariants) {
+    TrainConfig config = ablation_config(o, variant);
+    decltype(TrainResult::log) log;
+    auto same = run.trained_runs.find("funnel1");
+    if (same != run.trained_runs.end() && same->second.first == training_identity(config)) {
+      log = same->second.second;  // bit for bit the run the funnel1 experiment just trained
+      run.say(fmt::format("  {}: the funnel1 experiment's training above (the same config)", variant));
+    } else {
+      log = train_ablation_variant(run, variant);
     }
-    save_figure((fs::path(o.output) / "ablation_entropy.png").string(), {plot}, 1, "",
-                "Proposal entropy (log-determinant + D log eps, up to a constant) of the three model variants "
-                "on Funnel-1 during training.",
-                {6.4, 4.0});
-    results["ablation"] = ablation;
+    std::vector<double> step, entropy;
+    for (const auto& row : log) {
+      step.push_back(static_cast<double>(row.step));
+      entropy.push_back(row.entropy);
+    }
+    ablation[variant] = {{"final_entropy", entropy.empty() ? NAN : entropy.back()}, {"steps", ablation_steps},
+                         {"seconds_training", log.empty() ? 0.0 : log.back().elapsed}};
+    plot.line(step, entropy, palette(k++), variant);
+    run.say(fmt::format("  {}: proposal entropy {:.1f} after {} steps", variant,
+                        ablation[variant]["final_entropy"].get<double>(), ablation_steps));
   }
-  results["seconds_total"] = since(t_all);
+  save_figure((fs::path(o.output) / "ablation_entropy.png").string(), {plot}, 1, "",
+              "Proposal entropy (log-determinant + D log eps, up to a constant) of the three model variants "
+              "on Funnel-1 during training.",
+              {6.4, 4.0});
+  return ablation;
+}
+
+void write_results(const ReproduceOptions& o, const json& results) {
   write_atomically((fs::path(o.output) / "results.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
+}
+
+/// What a unit of `reproduce --jobs` costs, in minutes of the cpu profile on one core (run C of
+/// BENCHMARKS.md): the longest start first, so that the last to finish is a short one.
+double unit_cost(const std::string& unit) {
+  static const std::map<std::string, double> cost = {
+      {"funnel3", 18.2}, {"funnel1", 13.4}, {"ablation:full", 9.6}, {"ablation:langevin", 5.7}, {"ablation:no-grad", 4.4},
+      {"rotated_icg", 2.6}, {"icg", 2.5},  {"scg", 2.5},           {"german", 2.5},          {"australian", 2.0},
+      {"heart", 1.5},     {"moon", 0.5}};
+  auto it = cost.find(unit);
+  return it == cost.end() ? 1.0 : it->second;
+}
+
+/// The last lines of a job's log, for an error message.
+std::string log_tail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "\n    " + all[i];
+  return out;
+}
+
+/// --jobs N: every experiment, the moon figure and each ablation variant that needs training as a
+/// child `nmcmc reproduce --part UNIT`, N at a time; then the ablation's figure and the tables here.
+void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& results) {
+  const ReproduceOptions& o = run.o;
+  std::vector<std::string> units;
+  for (const auto& name : selected) {
+    if (name == "ablation") {
+      if (!o.figures) continue;  // the ablation is a figure
+      for (const std::string variant : kAblationVariants) {
+        if (!ablation_reuses_funnel1(o, variant, selected)) units.push_back("ablation:" + variant);
+      }
+    } else if (name != "moon" || o.figures) {
+      units.push_back(name);
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const std::string& a, const std::string& b) { return unit_cost(a) > unit_cost(b); });
+  const std::string logs = (fs::path(o.output) / "logs").string();
+  ensure_directory(logs);
+  std::vector<ChildJob> jobs;
+  for (const auto& unit : units) {
+    ChildJob job;
+    job.name = unit;
+    job.args = {"reproduce", "--part", unit, "--profile", o.profile, "--output", o.output, "--quiet"};
+    if (!o.configs.empty()) job.args.insert(job.args.end(), {"--configs", o.configs});
+    if (!o.figures) job.args.push_back("--no-figures");
+    job.log = (fs::path(logs) / (unit == "ablation:full" || unit == "ablation:no-grad" || unit == "ablation:langevin"
+                                     ? "ablation_" + unit.substr(9) + ".log"
+                                     : unit + ".log")).string();
+    jobs.push_back(job);
+  }
+  const auto t0 = Clock::now();
+  const int total = static_cast<int>(jobs.size());
+  double cost_total = 0, cost_done = 0;
+  for (const auto& unit : units) cost_total += unit_cost(unit);
+  run.say(fmt::format("running {} jobs, {} at a time (each one process; its output in {}/)", total, o.jobs, logs));
+  auto on_start = [&](size_t i, int running) {
+    run.say(fmt::format("  started {} [{} running, {:.1f} min]", jobs[i].name, running, since(t0) / 60));
+  };
+  auto on_done = [&](size_t i, const ChildOutcome& out, int done, int running) {
+    const std::string& unit = jobs[i].name;
+    std::string what;
+    if (out.code == 0 && has(experiment_names(), unit)) {
+      const std::string path = (fs::path(o.output) / unit / "entry.json").string();
+      json entry = read_config_file(path);
+      results["experiments"][unit] = entry;
+      write_results(o, results);
+      const json& l = entry["learned"];
+      what = fmt::format(": learned ESS/grad min {:.4g}, accept {:.3f}, max R-hat {:.3f}", l.value("ess_per_grad_min", NAN),
+                         l.value("accept", NAN), l.value("max_rhat", NAN));
+    }
+    cost_done += unit_cost(unit);
+    const double elapsed = since(t0) / 60;
+    // ETA: the remaining units' cost (the cpu profile's minutes per unit) at the rate so far.
+    const std::string eta = done < total && cost_done > 0
+                                ? fmt::format(", ~{:.0f} min to go", (cost_total - cost_done) * elapsed / cost_done)
+                                : std::string();
+    run.say(fmt::format("  {} {} in {:.1f} min{} [{} of {} done, {} running, {:.1f} min{}]", unit,
+                        out.code == 0 ? "done" : "FAILED (" + out.note + ")", out.seconds / 60, what, done, total, running,
+                        elapsed, eta));
+  };
+  JobsResult r = run_jobs(jobs, o.jobs, on_start, on_done);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const ChildOutcome& out = r.outcomes[i];
+    if (out.code == 0) continue;
+    if (r.interrupted) {
+      throw ExitError(fmt::format("interrupted; the finished experiments are in {}/results.json, and a rerun resumes the "
+                                  "finished trainings", o.output), 130);
+    }
+    if (out.code < 0) continue;  // never started (after the failure reported here)
+    throw ExitError(fmt::format("job {} {}; its log, {}, ends:{}", out.name, out.note, jobs[i].log, log_tail(jobs[i].log, 12)),
+                    out.code >= 64 && out.code <= 78 ? out.code : kExitSoftware);
+  }
+  if (r.interrupted) throw ExitError("interrupted", 130);
+  // The funnel1 training's log, for the ablation's "full" variant (its finished checkpoint only loads).
+  if (has(selected, "ablation") && has(selected, "funnel1")) {
+    TrainConfig config = experiment_config(o, "funnel1");
+    const std::string dir = (fs::path(o.output) / "funnel1").string();
+    run.trained_runs["funnel1"] = {training_identity(config),
+                                   train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true, {}).log};
+  }
+}
+
+}  // namespace
+
+json reproduce(const ReproduceOptions& o, const std::function<void(const std::string&)>& say,
+               const TrainProgressFn& progress) {
+  const std::vector<std::string> selected = selected_units(o);
+  profile_settings(o.profile, "icg");  // validates the profile before any work
+  if (o.jobs < 1 || o.jobs > 256) throw UsageError(fmt::format("--jobs must be in 1..256, got {}", o.jobs));
+  ensure_directory(o.output);
+  Run run{o, say, progress, {}};
+  if (o.part.empty()) {
+    // Every config and target up front: a malformed file or a missing data set fails in a second,
+    // not an hour into the run.
+    for (const auto& name : selected) {
+      if (name == "ablation") {
+        for (const std::string variant : kAblationVariants) ablation_config(o, variant);
+      } else if (name == "moon") {
+        parse_train_config(read_config_file((fs::path(configs_of(o)) / "moon.json").string()));
+      } else {
+        make_target(experiment_config(o, name).target, torch::kFloat32);
+      }
+    }
+  }
+  if (!o.part.empty()) {
+    // One unit of a `--jobs` run (a child process): its entry.json, figures, checkpoints.
+    const std::string& unit = o.part;
+    if (unit.rfind("ablation:", 0) == 0) {
+      const std::string variant = unit.substr(9);
+      if (!has({"full", "no-grad", "langevin"}, variant)) throw UsageError("--part: unknown ablation variant '" + variant + "'");
+      train_ablation_variant(run, variant);
+      return json::object();
+    }
+    if (unit == "moon") {
+      run_moon(run);
+      return json::object();
+    }
+    if (!has(experiment_names(), unit)) throw UsageError("--part: unknown experiment '" + unit + "'");
+    return run_experiment(run, unit);
+  }
+  json results = {{"profile", o.profile}, {"experiments", json::object()}};
+  if (o.jobs > 1) results["jobs"] = o.jobs;
+  const auto t_all = Clock::now();
+  if (o.jobs > 1) {
+    run_in_parallel(run, selected, results);
+  } else {
+    for (const auto& name : selected) {
+      if (name == "moon" || name == "ablation") continue;  // figures, below
+      results["experiments"][name] = run_experiment(run, name);
+      write_results(o, results);
+    }
+    if (o.figures && has(selected, "moon")) run_moon(run);
+  }
+  if (o.figures && has(selected, "ablation")) results["ablation"] = run_ablation(run);
+  results["seconds_total"] = since(t_all);
+  write_results(o, results);
   const std::string table = results_table(results);
   write_atomically((fs::path(o.output) / "results.md").string(), [&](std::ostream& os) { os << table; });
   return results;

@@ -238,6 +238,66 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   EXPECT_EQ(bad_only.code, 64) << bad_only.out;
 }
 
+TEST(Cli, ReproduceJobsGiveTheOneJobResults) {
+  // --jobs 2 runs each experiment in its own process with a one-thread BLAS: every figure must equal
+  // a one-job run's with OPENBLAS_NUM_THREADS=1, bit for bit (timings excepted), including the
+  // ablation, whose "full" variant is still the funnel1 experiment's training.
+  const std::string one = ::testing::TempDir() + "repro_jobs1", two = ::testing::TempDir() + "repro_jobs2";
+  fs::remove_all(one);
+  fs::remove_all(two);
+  const std::string args = "reproduce --profile smoke --quiet --only icg,german,funnel1,ablation --configs " +
+                           std::string(NMCMC_SOURCE_DIR) + "/configs --output ";
+  CliRun a = run_with_prefix("OPENBLAS_NUM_THREADS=1 ", args + one);
+  ASSERT_EQ(a.code, 0) << a.out;
+  CliRun b = run(args + two + " --jobs 2");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("running 5 jobs, 2 at a time"), std::string::npos) << b.out;  // 3 experiments, 2 variants (not full)
+  EXPECT_NE(b.out.find("full: the funnel1 experiment's training above"), std::string::npos) << b.out;
+  const nlohmann::json ja = nlohmann::json::parse(std::ifstream(one + "/results.json"));
+  const nlohmann::json jb = nlohmann::json::parse(std::ifstream(two + "/results.json"));
+  EXPECT_EQ(jb["jobs"], 2);
+  int compared = 0;
+  for (const char* e : {"icg", "german", "funnel1"}) {
+    ASSERT_TRUE(jb["experiments"].contains(e)) << e;
+    for (const char* s : {"learned", "mala", "hmc", "nuts"}) {
+      for (const char* m : {"accept", "ess_per_step_min", "ess_per_step_mean", "bulk_ess_per_step_min", "max_rhat", "msjd_x1"}) {
+        EXPECT_EQ(ja["experiments"][e][s][m].dump(), jb["experiments"][e][s][m].dump()) << e << " " << s << " " << m;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 72);
+  for (const char* v : {"full", "no-grad", "langevin"}) {
+    EXPECT_EQ(ja["ablation"][v]["final_entropy"].dump(), jb["ablation"][v]["final_entropy"].dump()) << v;
+  }
+  EXPECT_FALSE(fs::exists(two + "/ablation/full")) << "trained twice";
+  for (const char* f : {"logs/german.log", "logs/ablation_langevin.log", "german/entry.json", "ablation_entropy.png", "results.md"}) {
+    EXPECT_TRUE(fs::exists(two + "/" + f)) << f;
+  }
+  // A job that fails (a file where its directory should be): the others finish, the run exits
+  // with the job's code and says which job and where its log is.
+  const std::string bad = ::testing::TempDir() + "repro_jobs_bad";
+  fs::remove_all(bad);
+  fs::create_directories(bad);
+  std::ofstream(bad + "/heart") << "in the way";
+  CliRun c = run("reproduce --profile smoke --quiet --only icg,heart --jobs 2 --no-figures --output " + bad);
+  EXPECT_EQ(c.code, 74) << c.out;
+  EXPECT_NE(c.out.find("job heart exited with code 74"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("cannot create directory"), std::string::npos) << c.out;
+  EXPECT_TRUE(fs::exists(bad + "/icg/entry.json"));
+  EXPECT_EQ(run("reproduce --profile smoke --jobs 0 --output " + bad).code, 64);
+  EXPECT_EQ(run("reproduce --profile smoke --part nope --output " + bad).code, 64);
+  // A malformed config is found before any work, not when its experiment's turn comes.
+  const std::string cfgs = ::testing::TempDir() + "repro_bad_configs";
+  fs::remove_all(cfgs);
+  fs::copy(std::string(NMCMC_SOURCE_DIR) + "/configs", cfgs);
+  std::ofstream(cfgs + "/heart.json") << "{\"name\": \"heart\", \"target\": {\"name\": \"logistic\", \"dataset\": \"nope\"}}";
+  CliRun d = run("reproduce --profile smoke --quiet --only icg,heart --jobs 2 --configs " + cfgs + " --output " + bad + "2");
+  EXPECT_NE(d.code, 0) << d.out;
+  EXPECT_EQ(d.out.find("running"), std::string::npos) << d.out;
+  EXPECT_FALSE(fs::exists(bad + "2/icg")) << d.out;
+}
+
 TEST(Cli, EbmTrainResumeSampleAndBadInput) {
   // A tiny IDX data set (24 images of 8x8), the smoke profile, through the command line.
   const std::string dir = ::testing::TempDir() + "cli_ebm/";

@@ -28,5 +28,10 @@ struct DataError : std::runtime_error {
 struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+/// A failure whose exit code is already decided, e.g. a child process's (`reproduce --jobs`).
+struct ExitError : std::runtime_error {
+  ExitError(const std::string& message, int exit_code) : std::runtime_error(message), code(exit_code) {}
+  int code;
+};
 
 }  // namespace nmcmc

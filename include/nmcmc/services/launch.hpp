@@ -1,6 +1,7 @@
 #pragma once
 /// `nmcmc launch`: N local ranks of one nmcmc command on loopback, as torchrun starts PyTorch's.
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,38 @@ struct LaunchResult {
 /// in its own process group; forwards SIGINT and SIGTERM to them (once per signal received), so
 /// one Ctrl-C makes every rank save once and stop; waits for all. UsageError for bad options.
 LaunchResult launch_local(const LaunchOptions& options);
+
+/// The nmcmc executable this process runs (/proc/self/exe); IoError when it cannot be found.
+std::string self_executable();
+
+/// One child nmcmc command of run_jobs.
+struct ChildJob {
+  std::string name;               // for messages
+  std::vector<std::string> args;  // the nmcmc command and its arguments (without the program name)
+  std::string log;                // the child's stdout and stderr (the file is truncated first)
+};
+
+struct ChildOutcome {
+  std::string name;
+  int code = -1;  // exit code; a signal counts as 128 + its number; -1: never started
+  double seconds = 0;
+  std::string note;  // e.g. "killed by signal 9"; empty on success
+};
+
+struct JobsResult {
+  std::vector<ChildOutcome> outcomes;  // one per job, in the jobs' order
+  bool interrupted = false;            // a Ctrl-C / SIGTERM reached this process
+};
+
+/// Runs the jobs as child processes of this executable, at most `parallel` at a time, started in
+/// the order given. Each child gets OPENBLAS_NUM_THREADS=1 unless the environment sets it (two
+/// BLAS pools per core slow every job), its own process group, and SIGTERM when this process
+/// dies. `on_start(i, running)` and `on_done(i, outcome, done, running)` run in this process.
+/// After a job fails no other starts; those running finish. A Ctrl-C or SIGTERM is forwarded once
+/// to the running jobs, none starts after it, and the result says `interrupted`.
+/// UsageError when parallel < 1.
+JobsResult run_jobs(const std::vector<ChildJob>& jobs, int parallel,
+                    const std::function<void(size_t, int)>& on_start,
+                    const std::function<void(size_t, const ChildOutcome&, int, int)>& on_done);
 
 }  // namespace nmcmc

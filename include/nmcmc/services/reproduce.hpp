@@ -17,6 +17,12 @@ struct ReproduceOptions {
   std::string output = "results";
   std::string configs;                  // where the experiment configs live (empty: configs_directory())
   bool figures = true;
+  /// Experiments run side by side, each in its own process (1: one after another in this one).
+  /// Results do not depend on it; the times and per-second figures include the contention.
+  int jobs = 1;
+  /// Internal (the child processes of jobs > 1): run only this unit, an experiment name, "moon"
+  /// or "ablation:<variant>", and write <output>/<name>/entry.json instead of the results files.
+  std::string part;
 };
 
 /// The experiments, in the paper's order.
