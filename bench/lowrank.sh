@@ -11,7 +11,8 @@
 # NUTS with a diagonal and a dense metric for reference.
 # spiked: 8 wide directions (sd 30) in random orientation and unit variance elsewhere.
 # Usage: bash bench/lowrank.sh [BUILD_DIR]   (TARGET = rotated_icg | spiked, DIM, STEPS, BATCH,
-# PRECONDITIONS="lowrank diag dense", NUTS_METRICS="diag dense" from the environment; quiet machine.
+# PRECONDITIONS="lowrank diag dense", NUTS_METRICS="diag dense", OUT (the output directory) from the
+# environment; quiet machine.
 # A diagonal metric runs NUTS at its tree-depth limit on rotated_icg.)
 set -euo pipefail
 build=${1:-build}
@@ -24,7 +25,7 @@ dim=${DIM:-1200}
 steps=${STEPS:-1500}
 batch=${BATCH:-256}
 spec="{\"name\": \"$target\", \"dim\": $dim}"
-out=bench/out/lowrank_${target}_$dim
+out=${OUT:-bench/out/lowrank_${target}_$dim}
 mkdir -p "$out"
 date -u +"# %Y-%m-%d %H:%M UTC, commit $(git rev-parse --short HEAD), target $target, dim $dim, steps $steps, batch $batch"
 ess_of() {  # sample.txt -> "ess_per_grad accept"
