@@ -74,6 +74,12 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                              "{:.1f} s; step size {:.3g}\n",
                              p.value("kind", ""), p.value("sampler", ""), p.value("chains", 0), p.value("warmup", 0) + p.value("draws", 0),
                              p.value("grads", 0), p.value("seconds", 0.0), p.value("step_size", 0.0));
+    if (p.contains("refit") && p["refit"].is_object()) {
+      std::cout << fmt::format("  (of which the second stage, with the first fit as the metric and the factors refitted from "
+                               "its draws: {} iterations, {} gradient evaluations, {:.1f} s)\n",
+                               p["refit"].value("warmup", 0) + p["refit"].value("draws", 0), p["refit"].value("grads", 0),
+                               p["refit"].value("seconds", 0.0));
+    }
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row); model: {}; log: {}\n",
                            result.steps, result.seconds, result.grads, a.output, log_path);

@@ -89,6 +89,40 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
     LowRankFactors f = low_rank_factors(draws, sampler->options().precondition_rank, ro.chains);
     sampler->set_low_rank_preconditioner(draws.mean(0), f.variances, f.directions, f.eigenvalues);
     record["lowrank_factors"] = f.eigenvalues.size(0);
+    if (o.precondition_refit) {
+      // The first stage's diagonal metric mixes slowly along the wide directions, so their fitted
+      // variances are noisy. A second stage runs the sampler with the fit as a (dense) metric,
+      // adapting only its step size, from where the first left the chains, and refits from its
+      // draws, which are nearly independent.
+      auto kernel2 = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
+      torch::Tensor l = sampler->precondition_matrix().to(torch::kFloat64);
+      kernel2->set_inv_mass(l.matmul(l.t()).to(target.options()));
+      RunOptions ro2 = ro;
+      ro2.warmup = std::max<int64_t>(100, o.precondition_warmup / 4);
+      ro2.adapt_mass = false;
+      ro2.dense_mass = false;
+      ro2.init_x = r.draws.select(0, r.draws.size(0) - 1).to(target.options());
+      SampleResult r2 = run_sampler(target, *kernel2, ro2, o.seed + 7927, adapter);
+      record["refit"] = {{"warmup", ro2.warmup}, {"draws", ro2.draws}, {"first_step_size", r.step_size},
+                         {"grads", (r2.grads_warmup + r2.grads_sampling) * ro2.chains},
+                         {"seconds", r2.seconds_warmup + r2.seconds_sampling}};
+      record["grads"] = record["grads"].get<int64_t>() + record["refit"]["grads"].get<int64_t>();
+      record["seconds"] = record["seconds"].get<double>() + record["refit"]["seconds"].get<double>();
+      if (!r2.complete) {
+        record["interrupted"] = true;
+        return record;
+      }
+      torch::Tensor draws2 = r2.draws.reshape({-1, target.dim()});
+      if (!torch::isfinite(draws2).all().item<bool>()) {
+        throw DataError("preconditioner warm-up: the second stage produced non-finite draws; set "
+                        "train.precondition_refit = false or model.precondition = diag");
+      }
+      LowRankFactors f2 = low_rank_factors(draws2, sampler->options().precondition_rank, ro.chains);
+      sampler->set_low_rank_preconditioner(draws2.mean(0), f2.variances, f2.directions, f2.eigenvalues);
+      record["lowrank_factors"] = f2.eigenvalues.size(0);
+      record["step_size"] = r2.step_size;  // in the fit's coordinates, as eps is: where eps starts
+      r = std::move(r2);                   // its draws seed the buffer
+    }
   } else {
     sampler->set_preconditioner(draws.mean(0), r.inv_mass);
   }

@@ -520,6 +520,40 @@ TEST(Preconditioner, LearnedLIsTrainedSavedAndLoaded) {
   for (const auto& p : fixed->named_parameters()) EXPECT_EQ(p.key().find("precondition"), std::string::npos) << p.key();
 }
 
+TEST(Preconditioner, LowRankWarmUpRefitsWithItsFirstFitAsTheMetric) {
+  // A target with 4 wide directions (sd 30) over unit variance, in random orientation. The first
+  // stage's diagonal metric mixes slowly along them, so their fitted variances are noisy; the
+  // second stage samples with the first fit as the metric and refits. Measured: the spread of the
+  // target's variances in the flow's coordinates (eigenvalues of L^T P L, P the exact precision,
+  // from the gradients; 1 = a perfect preconditioner) must shrink by more than half.
+  auto spread = [](bool refit) {
+    TrainConfig c = parse_train_config({{"target", {{"name", "spiked"}, {"dim", 400}, {"spikes", 4}}},
+                                        {"model", {{"hidden", 8}, {"precondition", "lowrank"}, {"precondition_rank", 8}}},
+                                        {"train",
+                                         {{"steps", 0},
+                                          {"batch", 16},
+                                          {"precondition_warmup", 200},
+                                          {"precondition_draws", 200},
+                                          {"precondition_chains", 8},
+                                          {"precondition_refit", refit},
+                                          {"seed", 3}}}});
+    const std::string path = ::testing::TempDir() + (refit ? "refit.pt" : "norefit.pt");
+    TrainResult r = train(c, torch::kCPU, path, path + ".csv", false);
+    EXPECT_EQ(r.preconditioner.contains("refit"), refit);
+    auto [s, meta] = load_model(path);
+    auto target = make_target(c.target, kF64);
+    const int64_t d = target->dim();
+    torch::Tensor p = target->energy_and_grad(torch::eye(d, kF64), false).grad -
+                      target->energy_and_grad(torch::zeros({1, d}, kF64), false).grad;
+    torch::Tensor l = s->precondition_matrix().to(kF64);
+    torch::Tensor ev = torch::linalg_eigvalsh(l.t().matmul(0.5 * (p + p.t())).matmul(l), "L");
+    return (ev.max() / ev.min()).item<double>();
+  };
+  const double without = spread(false), with = spread(true);
+  // Measured: 14.8 without, 5.8 with (400 dimensions, 8 chains x 200 draws per stage).
+  EXPECT_LT(with, 0.5 * without) << "without " << without << ", with " << with;
+}
+
 TEST(Preconditioner, TrainServiceWarmsUpSetsLAndRecordsTheCost) {
   // The train service's warm-up (NUTS with a dense metric over Stan's windows) sets L close to the
   // target's covariance (icg: variances 1e-2 .. 1e2, so L = I would be off by up to 10x in scale),

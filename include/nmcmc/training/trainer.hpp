@@ -44,6 +44,8 @@ struct TrainOptions {
   int64_t precondition_draws = 0;             // draws after it (for m, L and the buffer); 0: auto, 100
                                               // (400 for lowrank, whose factors need them: BENCHMARKS.md)
   int64_t precondition_chains = 16;
+  // lowrank: a second stage that samples with the first fit as the metric and refits from its draws
+  bool precondition_refit = true;
   bool eps_from_warmup = true;                // start eps at the warm-up's adapted step size
   bool beta_from_warmup = true;               // then start beta where that eps is the objective's optimum
   // Data parallelism (Note [Data parallelism]): each batch is split into `shards` blocks with a
@@ -57,7 +59,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr,
                                                 beta_min, beta_max, rho, clip, amsgrad, data, buffer_size,
                                                 buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
                                                 precondition_sampler, precondition_warmup, precondition_draws,
-                                                precondition_chains, eps_from_warmup, beta_from_warmup, shards)
+                                                precondition_chains, precondition_refit, eps_from_warmup, beta_from_warmup,
+                                                shards)
 
 /// One logged training step.
 struct TrainStats {
