@@ -28,6 +28,18 @@ void on_signal(int sig) {
   g_signals = g_signals + 1;
 }
 
+/// In a forked child: replaces it with `program args...`; on failure says why and exits 127.
+[[noreturn]] void exec_program(const std::string& program, const std::vector<std::string>& args, const char* who) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(program.c_str(), argv.data());
+  const std::string msg = fmt::format("{}: cannot run {}: {}\n", who, program, std::strerror(errno));
+  (void)!::write(2, msg.data(), msg.size());
+  ::_exit(127);
+}
+
 int exit_code(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -81,14 +93,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
       ::setenv("NMCMC_DIST_TIMEOUT", fmt::format("{}", std::max(1L, std::lround(o.timeout))).c_str(), 1);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(program.c_str()));
-      for (const auto& a : o.args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(program.c_str(), argv.data());
-      const std::string msg = fmt::format("nmcmc launch: cannot run {}: {}\n", program, std::strerror(errno));
-      (void)!::write(2, msg.data(), msg.size());
-      ::_exit(127);
+      exec_program(program, o.args, "nmcmc launch");
     }
     pids[r] = pid;
   }
@@ -197,14 +202,7 @@ JobsResult run_jobs(const std::vector<ChildJob>& jobs, int parallel, const std::
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       ::close(fd);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(program.c_str()));
-      for (const auto& a : job.args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(program.c_str(), argv.data());
-      const std::string msg = fmt::format("nmcmc: cannot run {}: {}\n", program, std::strerror(errno));
-      (void)!::write(2, msg.data(), msg.size());
-      ::_exit(127);
+      exec_program(program, job.args, "nmcmc");
     }
     running.push_back({pid, i, clock::now()});
     if (on_start) on_start(i, static_cast<int>(running.size()));
