@@ -582,8 +582,12 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
     const ChildOutcome& out = r.outcomes[i];
     if (out.code == 0) continue;
     if (r.interrupted) {
-      throw ExitError(fmt::format("interrupted; the finished experiments are in {}/results.json, and a rerun resumes the "
-                                  "finished trainings", o.output), 130);
+      const size_t finished = results["experiments"].size();
+      throw ExitError(finished > 0 ? fmt::format("interrupted; the {} finished experiment(s) are in {}/results.json, and a "
+                                                 "rerun resumes the finished trainings", finished, o.output)
+                                   : std::string("interrupted before any experiment finished; a rerun resumes the "
+                                                 "finished trainings"),
+                      130);
     }
     if (out.code < 0) continue;  // never started (after the failure reported here)
     throw ExitError(fmt::format("job {} {}; its log, {}, ends:{}", out.name, out.note, jobs[i].log, log_tail(jobs[i].log, 12)),
