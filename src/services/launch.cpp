@@ -28,6 +28,29 @@ void on_signal(int sig) {
   g_signals = g_signals + 1;
 }
 
+/// While alive: SIGINT and SIGTERM are counted in g_signals (and the last one kept) instead of
+/// ending the process; the previous handlers come back when it goes, also on an exception.
+class SignalCatcher {
+ public:
+  SignalCatcher() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    g_signals = 0;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalCatcher() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  SignalCatcher(const SignalCatcher&) = delete;
+  SignalCatcher& operator=(const SignalCatcher&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_{};
+};
+
 /// In a forked child: replaces it with `program args...`; on failure says why and exits 127.
 [[noreturn]] void exec_program(const std::string& program, const std::vector<std::string>& args, const char* who) {
   std::vector<char*> argv;
@@ -64,12 +87,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
   const int port = o.port > 0 ? o.port : parallel::free_local_port();
   const double grace = o.grace >= 0 ? o.grace : o.timeout + 30;
 
-  struct sigaction sa {}, old_int{}, old_term{};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  g_signals = 0;
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
+  const SignalCatcher catcher;  // counts SIGINT / SIGTERM in g_signals until this returns
 
   std::vector<pid_t> pids(o.nproc, -1);
   LaunchResult result;
@@ -150,8 +168,6 @@ LaunchResult launch_local(const LaunchOptions& o) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
   for (int c : result.codes) result.code = std::max(result.code, c);
   return result;
 }
@@ -164,12 +180,7 @@ JobsResult run_jobs(const std::vector<ChildJob>& jobs, int parallel, const std::
   result.outcomes.resize(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) result.outcomes[i].name = jobs[i].name;
 
-  struct sigaction sa {}, old_int{}, old_term{};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  g_signals = 0;
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
+  const SignalCatcher catcher;  // counts SIGINT / SIGTERM in g_signals until this returns
   const pid_t parent = ::getpid();
 
   using clock = std::chrono::steady_clock;
@@ -238,8 +249,6 @@ JobsResult run_jobs(const std::vector<ChildJob>& jobs, int parallel, const std::
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   result.interrupted = g_signals > 0;
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
   return result;
 }
 
