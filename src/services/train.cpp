@@ -86,9 +86,12 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
   }
   if (kind == "lowrank") {
     // A factor-analysis fit of the warm-up draws' covariance: unique variances and the wide factors.
-    LowRankFactors f = low_rank_factors(draws, sampler->options().precondition_rank, ro.chains);
-    sampler->set_low_rank_preconditioner(draws.mean(0), f.variances, f.directions, f.eigenvalues);
-    record["lowrank_factors"] = f.eigenvalues.size(0);
+    auto fit = [&](const torch::Tensor& d) {
+      LowRankFactors f = low_rank_factors(d, sampler->options().precondition_rank, ro.chains);
+      sampler->set_low_rank_preconditioner(d.mean(0), f.variances, f.directions, f.eigenvalues);
+      record["lowrank_factors"] = f.eigenvalues.size(0);
+    };
+    fit(draws);
     if (o.precondition_refit) {
       // The first stage's diagonal metric mixes slowly along the wide directions, so their fitted
       // variances are noisy. A second stage runs the sampler with the fit as a (dense) metric,
@@ -117,9 +120,7 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
         throw DataError("preconditioner warm-up: the second stage produced non-finite draws; set "
                         "train.precondition_refit = false or model.precondition = diag");
       }
-      LowRankFactors f2 = low_rank_factors(draws2, sampler->options().precondition_rank, ro.chains);
-      sampler->set_low_rank_preconditioner(draws2.mean(0), f2.variances, f2.directions, f2.eigenvalues);
-      record["lowrank_factors"] = f2.eigenvalues.size(0);
+      fit(draws2);
       record["step_size"] = r2.step_size;  // in the fit's coordinates, as eps is: where eps starts
       r = std::move(r2);                   // its draws seed the buffer
     }
