@@ -542,9 +542,8 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
     job.args = {"reproduce", "--part", unit, "--profile", o.profile, "--output", o.output, "--quiet"};
     if (!o.configs.empty()) job.args.insert(job.args.end(), {"--configs", o.configs});
     if (!o.figures) job.args.push_back("--no-figures");
-    job.log = (fs::path(logs) / (unit == "ablation:full" || unit == "ablation:no-grad" || unit == "ablation:langevin"
-                                     ? "ablation_" + unit.substr(9) + ".log"
-                                     : unit + ".log")).string();
+    const bool variant = unit.rfind("ablation:", 0) == 0;  // the log's name without the colon
+    job.log = (fs::path(logs) / ((variant ? "ablation_" + unit.substr(9) : unit) + ".log")).string();
     jobs.push_back(job);
   }
   const auto t0 = Clock::now();
