@@ -27,7 +27,7 @@ while stack:
     top = stack.pop()
     self_time[top[1]["name"]] += top[1]["dur"] - top[2]
 
-GEMM = {"aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear"}
+GEMM = {"aten::addmm", "aten::addmm_", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear"}
 ALLOC = {"aten::empty", "aten::empty_strided", "aten::zeros", "aten::zero_", "aten::fill_", "aten::copy_",
          "aten::as_strided", "aten::view", "aten::slice", "aten::select", "aten::t", "aten::transpose",
          "aten::expand", "aten::reshape", "aten::_reshape_alias", "aten::unsqueeze", "aten::squeeze",

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/training/fused_adam.hpp"
+
 namespace nmcmc {
 
 BetaController::BetaController(double beta, double beta_min, double beta_max, double rho, double accept_target)
@@ -15,11 +18,25 @@ double BetaController::update(double accept) {
   return beta_;
 }
 
+namespace {
+/// Drops every parameter's gradient: the next backward pass sets it (no zero-filling pass).
+void clear_grads(torch::nn::Module& module) {
+  for (auto& p : module.parameters()) p.mutable_grad() = torch::Tensor();
+}
+/// Zeros for the parameters no backward pass reached, so that Adam steps every parameter (its
+/// moments decay) exactly as with zeroed gradients.
+void fill_missing_grads(torch::nn::Module& module) {
+  for (auto& p : module.parameters()) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+  }
+}
+}  // namespace
+
 ProposalTrainer::ProposalTrainer(std::shared_ptr<ProposalModel> model, const torch::optim::AdamOptions& adam,
                                  BetaController beta, double clip)
     : model_(std::move(model)), beta_(beta), clip_(clip) {
   TORCH_CHECK(model_, "ProposalTrainer needs a model");
-  optimizer_ = std::make_unique<torch::optim::Adam>(model_->module().parameters(), adam);
+  optimizer_ = std::make_unique<FusedAdam>(model_->module().parameters(), adam);  // Note [Fused Adam]
 }
 
 void ProposalTrainer::set_learning_rate(double lr) {
@@ -30,19 +47,22 @@ ProposalStep ProposalTrainer::step(Target& target, const torch::Tensor& x, const
                                    const torch::Tensor& grad_x, at::Generator& gen, bool create_graph) {
   torch::nn::Module& module = model_->module();
   module.train();
-  optimizer_->zero_grad();
+  clear_grads(module);
   ProposalStep out;
+  DeferredWeightGrads deferred;  // Note [Deferred weight gradients]
   out.terms = entropy_objective(target, *model_, x, u_x, grad_x, beta_.value(), gen, create_graph);
   out.skipped = true;
   if (std::isfinite(out.terms.loss_value)) {
     out.terms.loss.backward();
+    deferred.flush();
+    fill_missing_grads(module);
     const double norm = torch::nn::utils::clip_grad_norm_(module.parameters(), clip_);
     if (std::isfinite(norm)) {
       optimizer_->step();
       out.skipped = false;
     }
   }
-  optimizer_->zero_grad();
+  clear_grads(module);
 
   beta_.update(out.terms.accept);
   return out;
@@ -52,8 +72,9 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
                                          parallel::Communicator& comm, bool stop) {
   torch::nn::Module& module = model_->module();
   module.train();
-  optimizer_->zero_grad();
+  clear_grads(module);
   ShardedStep out;
+  DeferredWeightGrads deferred;  // Note [Deferred weight gradients]: one product per weight over all shards
   double finite = 0, bad = 0, accept = 0, loss = 0, entropy = 0, rows = 0;
   for (const ShardInput& in : shards) {
     TORCH_CHECK(in.gen != nullptr, "step_shards: a shard without a generator");
@@ -72,6 +93,7 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
     t.loss = torch::Tensor();  // the graph is no longer needed
     out.shards.push_back(std::move(t));
   }
+  deferred.flush();
   // Gradients of parameters no shard reached are zeros, so every rank reduces the same list.
   std::vector<torch::Tensor> grads;
   for (auto& p : module.parameters()) {
@@ -97,7 +119,7 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
       out.skipped = false;
     }
   }
-  optimizer_->zero_grad();
+  clear_grads(module);
   beta_.update(out.accept);
   return out;
 }

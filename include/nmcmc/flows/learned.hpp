@@ -134,7 +134,7 @@ class StepMLPImpl : public torch::nn::Module {
   int64_t flops_per_row() const;
 
  private:
-  torch::Tensor activate(const torch::Tensor& h, bool last) const;
+  torch::Tensor activate(torch::Tensor h, bool last) const;
   std::vector<torch::Tensor> w_in_, b_in_, w_out_, b_out_;  // per sub-step: [in, H], [H], [H, out], [out]
   std::vector<torch::nn::Linear> shared_;
   std::string activation_;

@@ -1,0 +1,54 @@
+#pragma once
+/// Linear layers whose weight gradients are computed once per training step.
+//
+// Note [Deferred weight gradients]
+// The learned sampler uses each shared hidden layer 4N times per training step (every coupling
+// sub-step of the forward and of the reverse pass), and each sub-step's own layers twice. Autograd
+// computes one weight gradient grad_out^T input per use into a new tensor and then adds the 4N
+// results one by one, a full pass over the weight matrix each (at batch 128 on Funnel-1 these adds
+// were 11 % of a training step). Inside a DeferredWeightGrads scope, nmcmc::linear()'s backward
+// pass accumulates each use's weight gradient into one buffer per weight with a GEMM that adds
+// to its output (beta = 1: no separate add, no new tensor) and each bias's into one vector;
+// flush() hands the sums to the parameters' .grad. (Concatenating all uses into one GEMM with a
+// long inner dimension was slower here: the copies cost more than the better shape gains.) The
+// gradients of the layers' inputs are computed as usual. Outside a scope, under no_grad, or for
+// a weight that does not require grad, linear() is torch::addmm. The result equals autograd's up
+// to the order of the floating-point sums (tests/unit/test_deferred_linear.cpp).
+// First order only: a backward pass with create_graph over a use recorded in an open scope is
+// refused (std::logic_error): the accumulated gradient would not be differentiable. A graph
+// whose scope has ended gets ordinary weight gradients from its backward pass.
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace nmcmc {
+
+/// input [C, in] -> [C, out]: input @ weight + bias with weight [in, out], or input @ weight^T +
+/// bias with weight [out, in] when `transposed` (torch::nn::Linear's layout). bias [out].
+torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
+                     bool transposed);
+
+/// A scope in which linear() defers its weight gradients (Note [Deferred weight gradients]).
+/// Scopes do not nest (a second one while one is open on any thread is a std::logic_error).
+class DeferredWeightGrads {
+ public:
+  DeferredWeightGrads();
+  ~DeferredWeightGrads();
+  DeferredWeightGrads(const DeferredWeightGrads&) = delete;
+  DeferredWeightGrads& operator=(const DeferredWeightGrads&) = delete;
+
+  /// Adds the weight and bias gradients accumulated by the backward passes so far to the
+  /// parameters' .grad (setting it where undefined) and starts again from zero. Call after
+  /// backward(); uses that no backward pass reached contribute nothing.
+  void flush();
+  /// Weights with accumulated gradients not yet flushed (tests).
+  int64_t pending() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace nmcmc

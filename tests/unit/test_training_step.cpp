@@ -1,0 +1,237 @@
+// The training step's speed-ups must not change what it computes: deferred weight gradients
+// (Note [Deferred weight gradients]) equal autograd's, FusedAdam (Note [Fused Adam]) equals
+// torch's Adam and reads and writes its checkpoints, and a whole ProposalTrainer step equals the
+// plain one (autograd, clipping, torch's Adam) in float64.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/flows/learned.hpp"
+#include "nmcmc/targets/targets.hpp"
+#include "nmcmc/training/fused_adam.hpp"
+#include "nmcmc/training/proposal_trainer.hpp"
+#include "stats.hpp"
+
+using namespace nmcmc;
+
+namespace {
+const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+
+std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
+  std::vector<torch::Tensor> g;
+  for (auto& p : m.parameters()) g.push_back(p.grad().defined() ? p.grad().detach().clone() : torch::Tensor());
+  return g;
+}
+
+void clear_grads(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
+}
+
+/// A loss that uses every sub-step's MLP twice (as the forward and reverse flow passes do) on
+/// inputs that require grad; returns it and the inputs.
+std::pair<torch::Tensor, torch::Tensor> mlp_loss(StepMLP& mlp, int64_t substeps, int64_t rows) {
+  at::Generator gen = make_generator(5);
+  torch::Tensor x = torch::randn({rows, 6}, gen, kF64).requires_grad_();
+  torch::Tensor h = x;
+  torch::Tensor loss = torch::zeros({}, kF64);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t k = 0; k < substeps; ++k) {
+      torch::Tensor out = mlp->forward(k, h);  // [rows, 6]
+      loss = loss + (out * out).sum() * (0.1 * static_cast<double>(k + 1));
+      h = h + 0.5 * torch::tanh(out);
+    }
+  }
+  return {loss, x};
+}
+
+void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].defined(), b[k].defined()) << "tensor " << k;
+    if (!a[k].defined()) continue;
+    const double scale = 1.0 + b[k].abs().max().item<double>();
+    EXPECT_LE((a[k] - b[k]).abs().max().item<double>(), tol * scale) << "tensor " << k;
+  }
+}
+
+StepMLP random_mlp() {
+  StepMLP mlp(3, 6, 16, 6, 2, "elu", true);
+  mlp->to(torch::kFloat64);
+  torch::NoGradGuard no_grad;
+  at::Generator gen = make_generator(9);
+  for (auto& p : mlp->parameters()) p.add_(0.3 * torch::randn(p.sizes(), gen, kF64));  // output layers start at zero
+  return mlp;
+}
+}  // namespace
+
+// Inside a scope the weight gradients of all uses are accumulated and handed over by flush():
+// equal to autograd's to rounding, inputs' gradients unchanged. Without flush() the weights have
+// no gradient at all (so the comparison can fail), the scope refuses create_graph and nesting,
+// and a graph that outlives its scope gets ordinary gradients.
+TEST(DeferredWeightGrads, EqualAutogradsGradients) {
+  StepMLP mlp = random_mlp();
+  auto [ref_loss, ref_x] = mlp_loss(mlp, 3, 7);
+  ref_loss.backward();
+  const std::vector<torch::Tensor> ref = grads_of(*mlp);
+  const torch::Tensor ref_dx = ref_x.grad().clone();
+  for (const auto& g : ref) ASSERT_TRUE(g.defined());
+
+  clear_grads(*mlp);
+  {
+    DeferredWeightGrads deferred;
+    auto [loss, x] = mlp_loss(mlp, 3, 7);
+    EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-12);
+    loss.backward();
+    EXPECT_EQ(deferred.pending(), 8);  // 3 input layers, 2 shared, 3 output layers
+    std::vector<torch::Tensor> before = grads_of(*mlp);
+    int64_t missing = 0;
+    for (const auto& g : before) missing += g.defined() ? 0 : 1;
+    EXPECT_EQ(missing, 16);  // every weight and bias waits for flush()
+    deferred.flush();
+    EXPECT_EQ(deferred.pending(), 0);
+    expect_close(grads_of(*mlp), ref, 1e-12);
+    EXPECT_LE((x.grad() - ref_dx).abs().max().item<double>(), 1e-12);
+
+    // A second backward pass in the same scope accumulates, as autograd does.
+    auto [loss2, x2] = mlp_loss(mlp, 3, 7);
+    loss2.backward();
+    deferred.flush();
+    std::vector<torch::Tensor> twice;
+    for (const auto& g : ref) twice.push_back(2 * g);
+    expect_close(grads_of(*mlp), twice, 1e-12);
+
+    EXPECT_THROW(DeferredWeightGrads nested, std::logic_error);
+    auto [loss3, x3] = mlp_loss(mlp, 3, 7);
+    EXPECT_THROW(torch::autograd::grad({loss3}, {x3}, {}, /*retain_graph=*/true, /*create_graph=*/true),
+                 std::exception);
+  }
+  // The scope has ended: a graph recorded inside it gets ordinary gradients.
+  clear_grads(*mlp);
+  torch::Tensor late;
+  {
+    DeferredWeightGrads deferred;
+    late = mlp_loss(mlp, 3, 7).first;
+  }
+  late.backward();
+  expect_close(grads_of(*mlp), ref, 1e-12);
+  // Under no_grad nothing is recorded.
+  {
+    DeferredWeightGrads deferred;
+    torch::NoGradGuard no_grad;
+    mlp->forward(0, torch::randn({4, 6}, kF64));
+    EXPECT_EQ(deferred.pending(), 0);
+  }
+}
+
+// FusedAdam takes torch's Adam steps (float64 to rounding, float32 to a few ulps) and its state
+// is torch's: saved by one, loaded by the other, the runs continue identically.
+TEST(FusedAdam, EqualsTorchAdamAndSharesItsCheckpoints) {
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const double tol = dtype == torch::kFloat64 ? 1e-13 : 1e-5;
+    at::Generator gen = make_generator(2);
+    auto opts = torch::TensorOptions().dtype(dtype);
+    std::vector<torch::Tensor> a, b;
+    std::vector<torch::Tensor> initial;
+    for (int64_t n : {1, 7, 1000}) {
+      torch::Tensor p = torch::randn({n}, gen, opts);
+      initial.push_back(p.clone());
+      a.push_back(p.clone().requires_grad_());
+      b.push_back(p.clone().requires_grad_());
+    }
+    auto options = torch::optim::AdamOptions(1e-2).betas(std::make_tuple(0.8, 0.99)).eps(1e-6);
+    torch::optim::Adam reference(a, options);
+    FusedAdam fused(b, options);
+    auto run = [&](torch::optim::Adam& opt, std::vector<torch::Tensor>& ps, int64_t seed, int steps) {
+      at::Generator g = make_generator(static_cast<uint64_t>(seed));
+      for (int s = 0; s < steps; ++s) {
+        for (size_t k = 0; k < ps.size(); ++k) {
+          if (k == 1 && s % 3 == 0) {
+            ps[k].mutable_grad() = torch::Tensor();  // a parameter without gradient is skipped
+          } else {
+            ps[k].mutable_grad() = torch::randn(ps[k].sizes(), g, opts) * (1.0 + s);
+          }
+        }
+        opt.step();
+      }
+    };
+    run(reference, a, 4, 25);
+    run(fused, b, 4, 25);
+    for (size_t k = 0; k < a.size(); ++k) {
+      const double scale = 1.0 + a[k].abs().max().item<double>();
+      EXPECT_LE((a[k] - b[k]).abs().max().item<double>(), tol * scale) << k;
+      // 25 steps of lr 1e-2 moved every parameter far more than the tolerance.
+      EXPECT_GT((a[k] - initial[k]).abs().max().item<double>(), 1e3 * tol * scale) << k;
+    }
+
+    // Checkpoint: fused -> torch's Adam, and continue both.
+    std::stringstream buffer;
+    {
+      torch::serialize::OutputArchive out;
+      fused.save(out);
+      out.save_to(buffer);
+    }
+    std::vector<torch::Tensor> c;
+    for (auto& p : b) c.push_back(p.detach().clone().requires_grad_());
+    torch::optim::Adam restored(c, options);
+    {
+      torch::serialize::InputArchive in;
+      in.load_from(buffer);
+      restored.load(in);
+    }
+    run(restored, c, 8, 5);
+    run(fused, b, 8, 5);
+    for (size_t k = 0; k < b.size(); ++k) {
+      const double scale = 1.0 + b[k].abs().max().item<double>();
+      EXPECT_LE((b[k] - c[k]).abs().max().item<double>(), tol * scale) << k;
+    }
+  }
+}
+
+// A whole training step (deferred weight gradients, FusedAdam, gradients dropped rather than
+// zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
+// torch's Adam, for the full and the Langevin variant in float64.
+TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
+  auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    SCOPED_TRACE(variant_name(v));
+    auto opts = LearnedOptions().set_dim(5).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3);
+    LearnedSampler fast = test_support::perturbed_sampler(opts, 21);
+    LearnedSampler plain = test_support::perturbed_sampler(opts, 21);
+    fast->to(torch::kFloat64);
+    plain->to(torch::kFloat64);
+    auto adam = torch::optim::AdamOptions(1e-2);
+    const double clip = 0.5;  // small enough that clipping acts
+    ProposalTrainer trainer(fast.ptr(), adam, BetaController(0.5, 1e-3, 1e3, 0.3, 0.7), clip);
+    torch::optim::Adam reference(plain->parameters(), adam);
+    at::Generator data = make_generator(3), g1 = make_generator(7), g2 = make_generator(7);
+    double beta = 0.5;
+    for (int step = 0; step < 4; ++step) {
+      torch::Tensor x = target->sample(9, data);
+      auto [u, grad] = target->energy_and_grad(x);
+      ProposalStep s = trainer.step(*target, x, u, grad, g1, true);
+      ASSERT_FALSE(s.skipped);
+
+      reference.zero_grad();
+      ObjectiveTerms t = entropy_objective(*target, *plain, x, u, grad, beta, g2, true);
+      t.loss.backward();
+      torch::nn::utils::clip_grad_norm_(plain->parameters(), clip);
+      reference.step();
+      beta = BetaController(beta, 1e-3, 1e3, 0.3, 0.7).update(t.accept);
+      EXPECT_NEAR(s.terms.loss_value, t.loss_value, 1e-10 * (1 + std::abs(t.loss_value)));
+    }
+    auto pf = fast->parameters(), pp = plain->parameters();
+    ASSERT_EQ(pf.size(), pp.size());
+    double moved = 0;
+    for (size_t k = 0; k < pf.size(); ++k) {
+      EXPECT_LE((pf[k] - pp[k]).abs().max().item<double>(), 1e-9 * (1 + pp[k].abs().max().item<double>())) << k;
+    }
+    LearnedSampler start = test_support::perturbed_sampler(opts, 21);
+    start->to(torch::kFloat64);
+    auto p0 = start->parameters();
+    for (size_t k = 0; k < pf.size(); ++k) moved = std::max(moved, (pf[k] - p0[k]).abs().max().item<double>());
+    EXPECT_GT(moved, 1e-3);  // the steps moved the weights: the equality is not of two idle models
+  }
+}
