@@ -184,6 +184,9 @@ int main(int argc, char** argv) {
       nmcmc::MetropolisHastings kernel(proposal);
       at::Generator gen = nmcmc::make_generator(1);
       nmcmc::ChainState s = kernel.init(*target, target->has_sampler() ? target->sample(batch, gen) : torch::zeros({batch, target->dim()}));
+      s = kernel.step(*target, s, gen).first;  // warm-up
+      std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+      if (!trace.empty()) profile = std::make_unique<torch::autograd::profiler::RecordProfile>(trace);
       for (int64_t r = 0; r < reps + 1; ++r) {
         auto t0 = Clock::now();
         const int inner = 5;

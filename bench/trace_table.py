@@ -39,7 +39,8 @@ groups = defaultdict(float)
 for name, t in self_time.items():
     if name in GEMM:
         groups["GEMM (addmm, mm, bmm)"] += t
-    elif name.startswith("autograd::engine") or name.endswith("Backward0") or name.endswith("Backward1"):
+    elif (name.startswith("autograd::engine") or name.startswith("torch::autograd::CppNode")
+          or name.endswith("Backward0") or name.endswith("Backward1")):
         groups["autograd engine and backward-node overhead"] += t
     elif name in ALLOC:
         groups["allocation, copies and views"] += t

@@ -24,18 +24,18 @@ namespace {
 
 using Impl = DeferredWeightGrads::Impl;
 
+// A scope is opened on one thread (the data-parallel tests run ranks as threads of one process,
+// each with its own scope) and found by id in the backward pass, which may run on another thread
+// (the autograd engine's device threads).
+thread_local std::shared_ptr<Impl> t_active;  // this thread's open scope, if any
 std::mutex g_mutex;
-std::shared_ptr<Impl> g_active;  // the open scope, if any
+std::unordered_map<int64_t, std::weak_ptr<Impl>> g_scopes;  // open scopes by id
 int64_t g_next_id = 1;
-
-std::shared_ptr<Impl> active_scope() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_active;
-}
 
 std::shared_ptr<Impl> scope_with_id(int64_t id) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_active && g_active->id == id ? g_active : nullptr;
+  auto it = g_scopes.find(id);
+  return it == g_scopes.end() ? nullptr : it->second.lock();
 }
 
 /// The weight's gradient from input x and output gradient g.
@@ -105,7 +105,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
                      bool transposed) {
   std::shared_ptr<Impl> scope;
-  if (torch::GradMode::is_enabled() && weight.requires_grad() && bias.requires_grad()) scope = active_scope();
+  if (torch::GradMode::is_enabled() && weight.requires_grad() && bias.requires_grad()) scope = t_active;
   if (!scope) return torch::addmm(bias, input, transposed ? weight.t() : weight);
   int64_t entry = 0;
   {
@@ -129,15 +129,17 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, co
 }
 
 DeferredWeightGrads::DeferredWeightGrads() : impl_(std::make_shared<Impl>()) {
+  if (t_active) throw std::logic_error("DeferredWeightGrads: scopes do not nest");
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_active) throw std::logic_error("DeferredWeightGrads: scopes do not nest");
   impl_->id = g_next_id++;
-  g_active = impl_;
+  g_scopes.emplace(impl_->id, impl_);
+  t_active = impl_;
 }
 
 DeferredWeightGrads::~DeferredWeightGrads() {
+  if (t_active == impl_) t_active.reset();
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_active == impl_) g_active.reset();
+  g_scopes.erase(impl_->id);
 }
 
 void DeferredWeightGrads::flush() {

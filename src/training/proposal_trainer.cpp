@@ -74,7 +74,7 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
   module.train();
   clear_grads(module);
   ShardedStep out;
-  DeferredWeightGrads deferred;  // Note [Deferred weight gradients]: one product per weight over all shards
+  DeferredWeightGrads deferred;  // Note [Deferred weight gradients]
   double finite = 0, bad = 0, accept = 0, loss = 0, entropy = 0, rows = 0;
   for (const ShardInput& in : shards) {
     TORCH_CHECK(in.gen != nullptr, "step_shards: a shard without a generator");
@@ -84,6 +84,9 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
       bad += 1;
     } else if (t.rows_finite > 0) {
       (t.loss * k).backward();  // the shard's sum over finite rows: divided by the batch's count below
+      // Each shard's weight gradients reach .grad as one sum, as they do on a rank of its own: so a
+      // process training 2 shards adds S1 + S2 in the order the all-reduce of 2 ranks does.
+      deferred.flush();
       loss += t.loss_value * k;
     }
     finite += k;
@@ -93,7 +96,6 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
     t.loss = torch::Tensor();  // the graph is no longer needed
     out.shards.push_back(std::move(t));
   }
-  deferred.flush();
   // Gradients of parameters no shard reached are zeros, so every rank reduces the same list.
   std::vector<torch::Tensor> grads;
   for (auto& p : module.parameters()) {

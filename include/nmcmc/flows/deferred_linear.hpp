@@ -30,7 +30,8 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, co
                      bool transposed);
 
 /// A scope in which linear() defers its weight gradients (Note [Deferred weight gradients]).
-/// Scopes do not nest (a second one while one is open on any thread is a std::logic_error).
+/// A scope belongs to the thread that opens it; scopes do not nest on one thread (a second one is a
+/// std::logic_error). Each thread (a data-parallel rank run as a thread) may have its own.
 class DeferredWeightGrads {
  public:
   DeferredWeightGrads();
