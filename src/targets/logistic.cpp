@@ -96,25 +96,28 @@ LogisticTarget::LogisticTarget(const LabelledData& data, nlohmann::json spec, do
   }
   torch::Tensor standardised = (x - mean) / sd;
   torch::Tensor design = torch::cat({torch::ones({x.size(0), 1}, torch::kFloat64), standardised}, 1);
-  design_ = (design * data.labels.unsqueeze(1)).to(options).contiguous();  // [N, D], rows times y_n
-  dim_ = design_.size(1);
+  // Stored negated: t = y_n (b0 + x_n . b) enters only as softplus(-t) and sigmoid(-t), and
+  // x (-A)^T = -(x A^T) exactly (negation is exact), so the products give -t with no separate
+  // negation pass over the [C, N] matrix (two per gradient, 13 % of a German training step).
+  neg_design_ = (-(design * data.labels.unsqueeze(1))).to(options).contiguous();  // [N, D]: -y_n (1, x_n)
+  dim_ = neg_design_.size(1);
   if (reference_) {
     TORCH_CHECK(reference_->mean.size(0) == dim_, "reference moments have the wrong dimension");
   }
 }
 
 torch::Tensor LogisticTarget::compute_energy(const torch::Tensor& x) const {
-  torch::Tensor t = torch::matmul(x, design_.t());  // [C, N]: y_n (b0 + x_n . b)
+  torch::Tensor s = torch::matmul(x, neg_design_.t());  // [C, N]: -t = -y_n (b0 + x_n . b)
   // -log sigmoid(t) = softplus(-t), stable for any t.
-  return (x * x).sum(1) / (2.0 * prior_var_) + torch::softplus(-t).sum(1);
+  return (x * x).sum(1) / (2.0 * prior_var_) + torch::softplus(s).sum(1);
 }
 
 EnergyGrad LogisticTarget::compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const {
   torch::AutoGradMode mode(create_graph);
-  torch::Tensor t = torch::matmul(x, design_.t());  // [C, N]
-  torch::Tensor u = (x * x).sum(1) / (2.0 * prior_var_) + torch::softplus(-t).sum(1);
-  // d/dt softplus(-t) = -sigmoid(-t).
-  torch::Tensor g = x / prior_var_ - torch::matmul(torch::sigmoid(-t), design_);
+  torch::Tensor s = torch::matmul(x, neg_design_.t());  // [C, N]: -t
+  torch::Tensor u = (x * x).sum(1) / (2.0 * prior_var_) + torch::softplus(s).sum(1);
+  // d/dt softplus(-t) = -sigmoid(-t): the gradient is x / var - sigmoid(-t) A = x / var + sigmoid(-t) (-A).
+  torch::Tensor g = x / prior_var_ + torch::matmul(torch::sigmoid(s), neg_design_);
   return {u, g};
 }
 

@@ -104,7 +104,7 @@ class LogisticTarget : public Target {
   int64_t dim() const override { return dim_; }
   nlohmann::json spec() const override { return spec_; }
   std::optional<Moments> reference_moments() const override { return reference_; }
-  int64_t num_observations() const { return design_.size(0); }
+  int64_t num_observations() const { return neg_design_.size(0); }
 
  protected:
   torch::Tensor compute_energy(const torch::Tensor& x) const override;
@@ -114,7 +114,7 @@ class LogisticTarget : public Target {
   nlohmann::json spec_;
   int64_t dim_;
   double prior_var_;
-  torch::Tensor design_;   // [N, D]: a ones column then standardised features, times y_n
+  torch::Tensor neg_design_;  // [N, D]: minus (a ones column then standardised features) times y_n
   std::optional<Moments> reference_;
 };
 
