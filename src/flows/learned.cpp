@@ -215,7 +215,7 @@ torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
 torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
   // The parameter lists are read through their registered tensors (to() replaces their data).
   // nmcmc::linear: inside a training step's DeferredWeightGrads scope the weight gradients of all
-  // uses are computed in one product each (Note [Deferred weight gradients]).
+  // uses are accumulated into one buffer per weight (Note [Deferred weight gradients]).
   torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false), shared_.empty());
   for (size_t i = 0; i < shared_.size(); ++i) {
     h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true), i + 1 == shared_.size());

@@ -24,7 +24,7 @@ void clear_grads(torch::nn::Module& module) {
   for (auto& p : module.parameters()) p.mutable_grad() = torch::Tensor();
 }
 /// Zeros for the parameters no backward pass reached, so that Adam steps every parameter (its
-/// moments decay) exactly as with zeroed gradients.
+/// moments decay) exactly as with zeroed gradients, and every rank reduces the same list.
 void fill_missing_grads(torch::nn::Module& module) {
   for (auto& p : module.parameters()) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -97,11 +97,9 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
     out.shards.push_back(std::move(t));
   }
   // Gradients of parameters no shard reached are zeros, so every rank reduces the same list.
+  fill_missing_grads(module);
   std::vector<torch::Tensor> grads;
-  for (auto& p : module.parameters()) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    grads.push_back(p.grad());
-  }
+  for (auto& p : module.parameters()) grads.push_back(p.grad());
   comm.all_reduce_sum(grads);
   std::vector<double> totals = parallel::all_reduce_doubles(comm, {finite, bad, accept, loss, entropy, rows,
                                                                    stop ? 1.0 : 0.0});
