@@ -3,7 +3,10 @@
 never copied into nmcmc) on Funnel-1 (D = 100, sigma = 1) with the paper's MLP (width 512, N = 3
 sub-steps, elu, gradient mode 'R'): one training step (sample_train) at a batch size, or one
 sampling step (sample, one MH step) of a number of chains. Prints one JSON line, like
-nmcmc_bench. Usage: authors_step.py REPO --mode train|sample --batch B [--reps 10] [--threads 1]"""
+nmcmc_bench. With --autocast the steps run under PyTorch's CPU autocast to bfloat16 (its linear
+layers' GEMMs in bfloat16: the counterpart of nmcmc's matmul = bfloat16).
+Usage: authors_step.py REPO --mode train|sample --batch B [--reps 10] [--threads 1] [--autocast]"""
+import contextlib
 import argparse
 import json
 import statistics
@@ -24,6 +27,7 @@ def main():
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--autocast", action="store_true", help="torch.autocast('cpu', dtype=torch.bfloat16)")
     a = ap.parse_args()
     sys.path.insert(0, a.repo)
     from distributions import distributions
@@ -39,14 +43,16 @@ def main():
     times = []
     for r in range(a.reps + 3):  # the first 3: warm-up
         t0 = time.perf_counter()
-        if a.mode == "train":
-            x, _, _, _ = ctl.sample_train(dist.sample(a.batch))
-        else:
-            x, _, _, _ = ctl.sample(x, 1, grad=False)
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if a.autocast else contextlib.nullcontext()
+        with amp:
+            if a.mode == "train":
+                x, _, _, _ = ctl.sample_train(dist.sample(a.batch))
+            else:
+                x, _, _, _ = ctl.sample(x, 1, grad=False)
         if r >= 3:
             times.append(time.perf_counter() - t0)
     print(json.dumps({"bench": "authors", "mode": a.mode, "batch": a.batch, "threads": a.threads,
-                      "torch": torch.__version__, "seconds_per_step": statistics.median(times), "reps": a.reps}))
+                      "torch": torch.__version__, "autocast": a.autocast, "seconds_per_step": statistics.median(times), "reps": a.reps}))
 
 
 if __name__ == "__main__":

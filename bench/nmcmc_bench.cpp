@@ -12,6 +12,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
@@ -40,11 +41,12 @@ struct LearnedSetup {
   nmcmc::TrainConfig cfg;
   std::shared_ptr<nmcmc::Target> target;
   nmcmc::LearnedSampler sampler{nullptr};
-  LearnedSetup(const std::string& config, int64_t batch)
+  LearnedSetup(const std::string& config, int64_t batch, const std::string& matmul)
       : cfg(nmcmc::parse_train_config(nmcmc::read_config_file(config))),
         target(nmcmc::make_target(cfg.target, torch::kFloat32)) {
     auto model = cfg.model;
     model.dim = target->dim();
+    if (!matmul.empty()) model.matmul = matmul;
     cfg.train.batch = batch;
     cfg.train.steps = 1000000;
     sampler = nmcmc::LearnedSampler(model);
@@ -63,7 +65,9 @@ int main(int argc, char** argv) {
   learned->add_option("--mode", mode);
   learned->add_option("--reps", reps);
   learned->add_option("--threads", threads);
-  std::string trace;
+  std::string trace, matmul;
+  learned->add_option("--matmul", matmul, "the model's matmul option (default: the config's, else auto)")
+      ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
   learned->add_option("--trace", trace, "write a chrome trace of the timed steps (LibTorch's profiler) to this file");
   auto* baseline = app.add_subcommand("baseline", "MH steps per second of a baseline sampler");
   baseline->add_option("--target-json", target_json);
@@ -91,7 +95,7 @@ int main(int argc, char** argv) {
 
   if (*dist) {
     auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
-    LearnedSetup setup(config, batch);
+    LearnedSetup setup(config, batch, matmul);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);
     trainer.broadcast_from_root();
@@ -164,7 +168,7 @@ int main(int argc, char** argv) {
   }
 
   if (*learned) {
-    LearnedSetup setup(config, batch);
+    LearnedSetup setup(config, batch, matmul);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train);
     const double flops_per_row = static_cast<double>(sampler->flops_per_step());
@@ -200,7 +204,8 @@ int main(int argc, char** argv) {
     const double flops = flops_per_row * static_cast<double>(batch) * (mode == "train" ? 3.0 : 1.0);
     json out = {{"bench", "learned"}, {"config", cfg.name}, {"mode", mode}, {"batch", batch}, {"threads", threads},
                 {"seconds_per_step", sec}, {"network_gflops_per_s", flops / sec / 1e9},
-                {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}};
+                {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}, {"matmul", sampler->options().matmul},
+                {"amx_bf16", nmcmc::cpu_has_fast_bf16_matmul()}};
     std::cout << out.dump() << std::endl;
     return 0;
   }

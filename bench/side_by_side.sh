@@ -2,6 +2,10 @@
 # nmcmc against the authors' PyTorch code (NEM-MC/Entropy-NeuralMC), alternately in one run on one
 # machine: Funnel-1 (512/3), training steps at batch 128 and 1024, sampling steps of 256 chains;
 # one thread each (OPENBLAS_NUM_THREADS=1), median of 10 steps after warm-up, three rounds.
+# Twice: float32 GEMMs on both sides (the authors' code as published, nmcmc with matmul = native),
+# and bfloat16 GEMMs on both sides (the authors' code under PyTorch's CPU autocast to bfloat16,
+# nmcmc with matmul = bfloat16; Note [Bfloat16 matmul]); on a CPU without AMX-BF16 the bfloat16
+# rows measure a slow path and mean little.
 # Usage: bench/side_by_side.sh AUTHORS_CHECKOUT [OUT.jsonl]
 #   (AUTHORS_CHECKOUT: e.g. `git archive` of github.com/NEM-MC/Entropy-NeuralMC into a folder;
 #    it is never copied into this project)
@@ -16,19 +20,35 @@ for round in 1 2 3; do
   for case in "train 128" "train 1024" "sample 256"; do
     set -- $case
     /usr/bin/python3 bench/authors_step.py "$AUTHORS" --mode "$1" --batch "$2" --reps 10 | sed "s/^{/{\"round\": $round, /" >> "$OUT"
-    "$BENCH" learned --config configs/funnel1.json --mode "$1" --batch "$2" --reps 10 --threads 1 |
+    "$BENCH" learned --config configs/funnel1.json --mode "$1" --batch "$2" --reps 10 --threads 1 --matmul native |
+      sed "s/^{/{\"round\": $round, \"who\": \"nmcmc\", /" >> "$OUT"
+    /usr/bin/python3 bench/authors_step.py "$AUTHORS" --mode "$1" --batch "$2" --reps 10 --autocast | sed "s/^{/{\"round\": $round, /" >> "$OUT"
+    "$BENCH" learned --config configs/funnel1.json --mode "$1" --batch "$2" --reps 10 --threads 1 --matmul bfloat16 |
       sed "s/^{/{\"round\": $round, \"who\": \"nmcmc\", /" >> "$OUT"
   done
 done
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| case | authors (s/step) | nmcmc (s/step) | nmcmc / authors |")
-print("|---|---|---|---|")
+print("| case | GEMMs | authors (s/step) | nmcmc (s/step) | nmcmc / authors |")
+print("|---|---|---|---|---|")
+for gemm, autocast, matmul in (("float32", False, "native"), ("bfloat16", True, "bfloat16")):
+    for mode, batch in (("train", 128), ("train", 1024), ("sample", 256)):
+        a = [r["seconds_per_step"] for r in rows if r.get("bench") == "authors" and r["mode"] == mode
+             and r["batch"] == batch and r.get("autocast", False) == autocast]
+        n = [r["seconds_per_step"] for r in rows if r.get("who") == "nmcmc" and r.get("mode") == mode
+             and r.get("batch") == batch and r.get("matmul", "native") == matmul]
+        ratios = [x / y for x, y in zip(n, a)]
+        print(f"| {mode} {batch} | {gemm} | {statistics.median(a):.3f} | {statistics.median(n):.3f} | "
+              f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)}) |")
+# nmcmc as shipped (matmul = auto: bfloat16 on this CPU when it has AMX-BF16) against the authors'
+# code as published (float32)
 for mode, batch in (("train", 128), ("train", 1024), ("sample", 256)):
-    a = [r["seconds_per_step"] for r in rows if r.get("bench") == "authors" and r["mode"] == mode and r["batch"] == batch]
-    n = [r["seconds_per_step"] for r in rows if r.get("who") == "nmcmc" and r.get("mode") == mode and r.get("batch") == batch]
+    a = [r["seconds_per_step"] for r in rows if r.get("bench") == "authors" and r["mode"] == mode
+         and r["batch"] == batch and not r.get("autocast", False)]
+    n = [r["seconds_per_step"] for r in rows if r.get("who") == "nmcmc" and r.get("mode") == mode
+         and r.get("batch") == batch and r.get("matmul") == "bfloat16"]
     ratios = [x / y for x, y in zip(n, a)]
-    print(f"| {mode} {batch} | {statistics.median(a):.3f} | {statistics.median(n):.3f} | "
-          f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)}) |")
+    print(f"| {mode} {batch} | nmcmc bfloat16 vs authors float32 | {statistics.median(a):.3f} | "
+          f"{statistics.median(n):.3f} | {statistics.median(ratios):.2f}x |")
 PY

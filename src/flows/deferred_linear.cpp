@@ -1,12 +1,58 @@
 #include "nmcmc/flows/deferred_linear.hpp"
 
+#include <ATen/Context.h>
+
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "nmcmc/core/errors.hpp"
+
 namespace nmcmc {
+
+bool cpu_has_fast_bf16_matmul() {
+  static const bool fast = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool amx_bf16 = ((d >> 22) & 1U) != 0, amx_tile = ((d >> 24) & 1U) != 0;
+    const bool osxsave = [] {
+      unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+      __cpuid(1, a1, b1, c1, d1);
+      return ((c1 >> 27) & 1U) != 0;
+    }();
+    if (!amx_bf16 || !amx_tile || !osxsave) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    const bool os_tiles = ((lo >> 17) & 1U) != 0 && ((lo >> 18) & 1U) != 0;  // XTILECFG, XTILEDATA
+    return os_tiles && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
+#else
+    return false;
+#endif
+  }();
+  return fast;
+}
+
+void check_matmul_option(const std::string& option) {
+  if (option != "auto" && option != "native" && option != "bfloat16") {
+    throw UsageError("model: matmul must be auto, native or bfloat16, got '" + option + "'");
+  }
+}
+
+Matmul resolve_matmul(const std::string& option, const torch::Tensor& input) {
+  if (option == "bfloat16") return input.is_floating_point() ? Matmul::kBFloat16 : Matmul::kNative;
+  if (option == "auto" && input.scalar_type() == torch::kFloat && input.is_cpu() && cpu_has_fast_bf16_matmul()) {
+    return Matmul::kBFloat16;
+  }
+  return Matmul::kNative;
+}
 
 struct DeferredWeightGrads::Impl {
   struct Entry {
@@ -32,6 +78,49 @@ std::mutex g_mutex;
 std::unordered_map<int64_t, std::weak_ptr<Impl>> g_scopes;  // open scopes by id
 int64_t g_next_id = 1;
 
+/// Bfloat16 copies of weights, cached while the weight is unchanged (Note [Bfloat16 matmul]):
+/// per thread (each data-parallel rank run as a thread has its own), keyed by the weight's
+/// TensorImpl (the entry holds the weight, so the address is not reused while cached) and checked
+/// against its version counter (in-place updates: the optimiser's step, copy_, load) and storage
+/// (set_data). Entries whose weight nothing else holds any more are dropped as the cache grows.
+struct CastEntry {
+  torch::Tensor weight;
+  uint32_t version = 0;
+  const void* data = nullptr;
+  torch::Tensor copy;
+};
+thread_local std::unordered_map<const c10::TensorImpl*, CastEntry> t_casts;
+
+torch::Tensor bf16_weight(const torch::Tensor& weight) {
+  torch::NoGradGuard no_grad;
+  const c10::TensorImpl* key = weight.unsafeGetTensorImpl();
+  const uint32_t version = weight._version();
+  auto it = t_casts.find(key);
+  if (it != t_casts.end()) {
+    const CastEntry& e = it->second;
+    if (e.version == version && e.data == weight.data_ptr() && e.copy.sizes() == weight.sizes() &&
+        e.copy.device() == weight.device()) {
+      return e.copy;
+    }
+  }
+  if (t_casts.size() >= 64) {
+    for (auto i = t_casts.begin(); i != t_casts.end();) {
+      i = i->second.weight.use_count() <= 1 ? t_casts.erase(i) : std::next(i);
+    }
+  }
+  CastEntry& e = t_casts[key];
+  e.weight = weight;
+  e.version = version;
+  e.data = weight.data_ptr();
+  e.copy = weight.detach().to(torch::kBFloat16).contiguous();
+  return e.copy;
+}
+
+/// [C, in] (bfloat16) times the layer's weight (bfloat16, as laid out), bias added in `dtype`.
+torch::Tensor bf16_affine(const torch::Tensor& xb, const torch::Tensor& wb, const torch::Tensor& bias, bool transposed) {
+  return torch::add(xb.mm(transposed ? wb.t() : wb), bias);  // bfloat16 + float32 -> float32 in one pass
+}
+
 std::shared_ptr<Impl> scope_with_id(int64_t id) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_scopes.find(id);
@@ -54,29 +143,40 @@ void add_to_grad(const torch::Tensor& param, const torch::Tensor& g) {
 
 struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
-                               const torch::Tensor& weight, const torch::Tensor& bias, bool transposed,
+                               const torch::Tensor& weight, const torch::Tensor& bias, bool transposed, bool bf16,
                                int64_t scope, int64_t entry) {
-    ctx->save_for_backward({input, weight});
     ctx->saved_data["transposed"] = transposed;
+    ctx->saved_data["bf16"] = bf16;
     ctx->saved_data["scope"] = scope;
     ctx->saved_data["entry"] = entry;
+    if (bf16) {  // saved: the bfloat16 input and weight, which the backward GEMMs multiply
+      torch::Tensor xb = input.to(torch::kBFloat16), wb = bf16_weight(weight);
+      ctx->save_for_backward({xb, wb});
+      return bf16_affine(xb, wb, bias, transposed);
+    }
+    ctx->save_for_backward({input, weight});
     return torch::addmm(bias, input, transposed ? weight.t() : weight);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& input = saved[0];
-    const torch::Tensor& weight = saved[1];
-    const torch::Tensor& g = grads[0];
+    const torch::Tensor& input = saved[0];   // bfloat16 when bf16
+    const torch::Tensor& weight = saved[1];  // bfloat16 when bf16
     const bool transposed = ctx->saved_data["transposed"].toBool();
+    const bool bf16 = ctx->saved_data["bf16"].toBool();
+    const torch::Tensor& g = grads[0];
+    const torch::Tensor gm = bf16 ? g.to(torch::kBFloat16) : g;  // the GEMMs' operand
     torch::Tensor grad_input;
-    if (ctx->needs_input_grad(0)) grad_input = transposed ? g.mm(weight) : g.mm(weight.t());
+    if (ctx->needs_input_grad(0)) {
+      grad_input = transposed ? gm.mm(weight) : gm.mm(weight.t());
+      if (bf16) grad_input = grad_input.to(g.scalar_type());
+    }
     std::shared_ptr<Impl> scope = scope_with_id(ctx->saved_data["scope"].toInt());
     if (!scope) {  // the scope has ended: ordinary gradients
-      torch::Tensor gw = ctx->needs_input_grad(1) ? weight_grad(input, g, transposed) : torch::Tensor();
+      torch::Tensor gw = ctx->needs_input_grad(1) ? weight_grad(input, gm, transposed).to(g.scalar_type()) : torch::Tensor();
       torch::Tensor gb = ctx->needs_input_grad(2) ? g.sum(0) : torch::Tensor();
-      return {grad_input, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      return {grad_input, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     if (torch::GradMode::is_enabled()) {
       throw std::logic_error(
@@ -86,27 +186,36 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     std::lock_guard<std::mutex> lock(scope->mutex);
     Impl::Entry& e = scope->entries.at(static_cast<size_t>(ctx->saved_data["entry"].toInt()));
     if (!e.weight_sum.defined()) {
-      e.weight_sum = weight_grad(input, g, transposed);
+      e.weight_sum = weight_grad(input, gm, transposed).to(g.scalar_type());
       e.bias_sum = g.sum(0);
     } else {
-      if (transposed) {
+      if (bf16) {  // a bfloat16 GEMM cannot add to a float32 buffer: its product is added
+        e.weight_sum.add_(weight_grad(input, gm, transposed));
+      } else if (transposed) {
         e.weight_sum.addmm_(g.t(), input);
       } else {
         e.weight_sum.addmm_(input.t(), g);
       }
       e.bias_sum.add_(g.sum(0));
     }
-    return {grad_input, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_input, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-                     bool transposed) {
+                     bool transposed, Matmul matmul) {
+  const bool bf16 = matmul == Matmul::kBFloat16;
   std::shared_ptr<Impl> scope;
-  if (torch::GradMode::is_enabled() && weight.requires_grad() && bias.requires_grad()) scope = t_active;
-  if (!scope) return torch::addmm(bias, input, transposed ? weight.t() : weight);
+  const bool weight_grads = torch::GradMode::is_enabled() && (weight.requires_grad() || bias.requires_grad());
+  if (weight_grads && weight.requires_grad() && bias.requires_grad()) scope = t_active;
+  if (!scope) {
+    if (!bf16) return torch::addmm(bias, input, transposed ? weight.t() : weight);
+    // Gradients to the weight outside a scope (e.g. create_graph): autograd through the casts.
+    torch::Tensor wb = weight_grads ? weight.to(torch::kBFloat16) : bf16_weight(weight);
+    return bf16_affine(input.to(torch::kBFloat16), wb, bias, transposed);
+  }
   int64_t entry = 0;
   {
     std::lock_guard<std::mutex> lock(scope->mutex);
@@ -125,7 +234,7 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, co
     }
     entry = static_cast<int64_t>(it->second);
   }
-  return DeferredLinearFn::apply(input, weight, bias, transposed, scope->id, entry);
+  return DeferredLinearFn::apply(input, weight, bias, transposed, bf16, scope->id, entry);
 }
 
 DeferredWeightGrads::DeferredWeightGrads() : impl_(std::make_shared<Impl>()) {

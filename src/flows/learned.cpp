@@ -156,6 +156,7 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
     throw UsageError("model: learn_precondition needs precondition diag, dense, lowrank or auto");
   }
   if (o.precondition_rank < 1) throw UsageError("model: precondition_rank must be positive");
+  check_matmul_option(o.matmul);
   static const std::vector<std::string> acts = {"elu", "relu", "tanh", "softplus", "silu"};
   if (std::find(acts.begin(), acts.end(), o.activation) == acts.end()) {
     throw UsageError("model: activation must be elu, relu, tanh, softplus or silu");
@@ -166,8 +167,9 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
 // ------------------------------------------------------------------ StepMLP
 
 StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
-                         std::string activation, bool tanh_last)
-    : activation_(std::move(activation)), tanh_last_(tanh_last), in_(in), hidden_(hidden), out_(out) {
+                         std::string activation, bool tanh_last, std::string matmul)
+    : activation_(std::move(activation)), tanh_last_(tanh_last), matmul_(std::move(matmul)), in_(in), hidden_(hidden), out_(out) {
+  check_matmul_option(matmul_);
   // Initialised like torch.nn.Linear (uniform +-1/sqrt(fan_in)) from a fixed generator, so that a
   // model is a deterministic function of its options; output layers start at zero.
   at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
@@ -216,11 +218,13 @@ torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
   // The parameter lists are read through their registered tensors (to() replaces their data).
   // nmcmc::linear: inside a training step's DeferredWeightGrads scope the weight gradients of all
   // uses are accumulated into one buffer per weight (Note [Deferred weight gradients]).
-  torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false), shared_.empty());
+  // matmul: bfloat16 GEMMs where they are fast (Note [Bfloat16 matmul]).
+  const Matmul m = resolve_matmul(matmul_, input);
+  torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, m), shared_.empty());
   for (size_t i = 0; i < shared_.size(); ++i) {
-    h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true), i + 1 == shared_.size());
+    h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true, m), i + 1 == shared_.size());
   }
-  return linear(h, w_out_[k], b_out_[k], false);
+  return linear(h, w_out_[k], b_out_[k], false, m);
 }
 
 int64_t StepMLPImpl::flops_per_row() const {
@@ -256,12 +260,12 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   const bool grad = o.variant == Variant::kFull;
   const int64_t in = d + half_max + (grad ? d : 0);
   net_sqt_ = register_module("net_sqt", StepMLP(k, in, o.hidden, (grad ? 3 : 2) * half_max, o.shared_layers,
-                                                 o.activation, /*tanh_last=*/true));
+                                                 o.activation, /*tanh_last=*/true, o.matmul));
   if (grad) {
-    net_r_ = register_module("net_r", StepMLP(k, d + half_max, o.hidden, d, o.shared_layers, o.activation, false));
+    net_r_ = register_module("net_r", StepMLP(k, d + half_max, o.hidden, d, o.shared_layers, o.activation, false, o.matmul));
   }
   if (o.variant == Variant::kLangevin) {
-    net_drift_ = register_module("net_drift", StepMLP(1, d, o.hidden, 2 * d, o.shared_layers, o.activation, true));
+    net_drift_ = register_module("net_drift", StepMLP(1, d, o.hidden, 2 * d, o.shared_layers, o.activation, true, o.matmul));
   }
   if (o.precondition != "none") {
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);

@@ -131,6 +131,18 @@ TEST(Invariance, LearnedVariantsWithRandomNetworks) {
   }
 }
 
+TEST(Invariance, LearnedWithBfloat16Networks) {
+  // Note [Bfloat16 matmul]: networks multiplied in bfloat16 are another deterministic function;
+  // the proposal stays exact.
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    auto s = test_support::perturbed_sampler(
+        LearnedOptions().set_dim(20).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.2).set_matmul("bfloat16"), 7);
+    auto r = invariance(kFunnel3, std::make_shared<LearnedProposal>(s), 107);
+    std::cout << "  bfloat16 " << variant_name(v) << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << variant_name(v) << ": " << r.describe();
+  }
+}
+
 TEST(Invariance, LearnedAfterShortTraining) {
   auto target = make_target(kGauss6, kF64);
   TrainOptions o;

@@ -4,8 +4,10 @@
 // plain one (autograd, clipping, torch's Adam) in float64.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 
+#include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/flows/learned.hpp"
@@ -234,4 +236,93 @@ TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
     for (size_t k = 0; k < pf.size(); ++k) moved = std::max(moved, (pf[k] - p0[k]).abs().max().item<double>());
     EXPECT_GT(moved, 1e-3);  // the steps moved the weights: the equality is not of two idle models
   }
+}
+
+// ---- Note [Bfloat16 matmul] ----
+
+TEST(Bfloat16Matmul, OptionsAreCheckedAndResolved) {
+  EXPECT_THROW(check_matmul_option("fast"), UsageError);
+  EXPECT_THROW(LearnedOptions::from_json({{"dim", 4}, {"matmul", "bf16"}}), UsageError);
+  EXPECT_EQ(LearnedOptions::from_json({{"dim", 4}}).matmul, "auto");
+  EXPECT_EQ(LearnedOptions::from_json(LearnedOptions().set_dim(4).set_matmul("bfloat16").to_json()).matmul, "bfloat16");
+  const torch::Tensor f32 = torch::zeros({2, 2}), f64 = torch::zeros({2, 2}, kF64);
+  EXPECT_EQ(resolve_matmul("native", f32), Matmul::kNative);
+  EXPECT_EQ(resolve_matmul("bfloat16", f32), Matmul::kBFloat16);
+  EXPECT_EQ(resolve_matmul("bfloat16", f64), Matmul::kBFloat16);
+  EXPECT_EQ(resolve_matmul("auto", f64), Matmul::kNative);  // auto never lowers a float64 model
+  EXPECT_EQ(resolve_matmul("auto", f32), cpu_has_fast_bf16_matmul() ? Matmul::kBFloat16 : Matmul::kNative);
+}
+
+// The product is a bfloat16 GEMM's (bfloat16 operands, float32 accumulation, result rounded to
+// bfloat16) plus the bias; the cached weight copies follow in-place updates and set_data.
+TEST(Bfloat16Matmul, LinearMultipliesInBfloat16AndFollowsWeightUpdates) {
+  torch::NoGradGuard no_grad;
+  at::Generator gen = make_generator(3);
+  torch::Tensor x = torch::randn({9, 40}, gen, torch::TensorOptions());
+  torch::Tensor w = torch::randn({40, 24}, gen, torch::TensorOptions());
+  torch::Tensor b = torch::randn({24}, gen, torch::TensorOptions());
+  auto reference = [&](const torch::Tensor& weight, bool transposed) {  // float32 products of the rounded operands
+    torch::Tensor wr = (transposed ? weight.t() : weight).to(torch::kBFloat16).to(torch::kFloat);
+    return x.to(torch::kBFloat16).to(torch::kFloat).mm(wr);
+  };
+  auto check = [&](const torch::Tensor& weight, bool transposed) {
+    torch::Tensor out = linear(x, weight, b, transposed, Matmul::kBFloat16);
+    ASSERT_EQ(out.scalar_type(), torch::kFloat);
+    torch::Tensor exact = reference(weight, transposed);
+    const double scale = exact.abs().max().item<double>();
+    // the result is the rounded product: within one bfloat16 ulp (2^-8 relative) of it
+    EXPECT_LE(((out - b) - exact).abs().max().item<double>(), scale * std::pow(2.0, -7));
+    // and it is not the float32 product of the unrounded operands
+    torch::Tensor native = linear(x, weight, b, transposed, Matmul::kNative);
+    EXPECT_GT((out - native).abs().max().item<double>(), scale * 1e-5);
+    EXPECT_LE((out - native).abs().max().item<double>(), scale * 5e-2);
+  };
+  check(w, false);
+  check(w.t().contiguous(), true);
+  w.add_(1.0);  // in place: the cached copy must not be used
+  check(w, false);
+  w.set_data(torch::randn({40, 24}, gen, torch::TensorOptions()));  // new storage
+  check(w, false);
+}
+
+// Inside a scope the bfloat16 backward pass (bfloat16 GEMMs, weight gradients added to a float
+// buffer) gives the gradients autograd computes through the casts, to bfloat16 rounding, and
+// they are not the native gradients.
+TEST(Bfloat16Matmul, DeferredGradientsEqualAutogradThroughTheCasts) {
+  StepMLP mlp(3, 6, 16, 6, 2, "elu", true, "bfloat16");
+  StepMLP native(3, 6, 16, 6, 2, "elu", true, "native");
+  mlp->to(torch::kFloat64);
+  native->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    at::Generator gen = make_generator(9);
+    auto p = mlp->parameters(), q = native->parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i].add_(0.3 * torch::randn(p[i].sizes(), gen, kF64));
+      q[i].copy_(p[i]);
+    }
+  }
+  auto [ref_loss, ref_x] = mlp_loss(mlp, 3, 7);  // no scope: autograd through the casts
+  ref_loss.backward();
+  const std::vector<torch::Tensor> ref = grads_of(*mlp);
+  const torch::Tensor ref_dx = ref_x.grad().clone();
+  auto [nat_loss, nat_x] = mlp_loss(native, 3, 7);
+  nat_loss.backward();
+  const std::vector<torch::Tensor> nat = grads_of(*native);
+  clear_grads(*mlp);
+  {
+    DeferredWeightGrads deferred;
+    auto [loss, x] = mlp_loss(mlp, 3, 7);
+    EXPECT_EQ(loss.item<double>(), ref_loss.item<double>());
+    loss.backward();
+    EXPECT_EQ(deferred.pending(), 8);
+    deferred.flush();
+    expect_close(grads_of(*mlp), ref, 1e-2);
+    EXPECT_LE((x.grad() - ref_dx).abs().max().item<double>(), 1e-3 * (1.0 + ref_dx.abs().max().item<double>()));
+  }
+  expect_close(grads_of(*mlp), nat, 0.1);
+  double gap = 0;
+  const auto got = grads_of(*mlp);
+  for (size_t i = 0; i < got.size(); ++i) gap = std::max(gap, (got[i] - nat[i]).abs().max().item<double>());
+  EXPECT_GT(gap, 1e-6);
 }

@@ -12,22 +12,52 @@
 // flush() hands the sums to the parameters' .grad. (Concatenating all uses into one GEMM with a
 // long inner dimension was slower here: the copies cost more than the better shape gains.) The
 // gradients of the layers' inputs are computed as usual. Outside a scope, under no_grad, or for
-// a weight that does not require grad, linear() is torch::addmm. The result equals autograd's up
+// a weight that does not require grad, linear() is torch::addmm (or its bfloat16 form). The result equals autograd's up
 // to the order of the floating-point sums (tests/unit/test_deferred_linear.cpp).
 // First order only: a backward pass with create_graph over a use recorded in an open scope is
 // refused (std::logic_error): the accumulated gradient would not be differentiable. A graph
 // whose scope has ended gets ordinary weight gradients from its backward pass.
+//
+// Note [Bfloat16 matmul]
+// With Matmul::kBFloat16, linear() multiplies bfloat16 copies of its input and weight (products
+// accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in the
+// input's dtype, which the result keeps; its backward pass multiplies the same way. On a CPU with
+// AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN, such a GEMM runs
+// about 7x faster than float32 (BENCHMARKS.md). The weights' bfloat16 copies are cached while
+// the weights are unchanged (their version counter and storage), so a sampling run casts each
+// weight once and a training step once per weight. The network is then a slightly different
+// function (its outputs to about 3 significant digits), still a deterministic function of each
+// input row: a row's result does not depend on the other rows' values (it may depend on the
+// batch size and the row's place, as OpenBLAS's float32 result does; an MH step's forward and
+// reverse passes share both), so the learned proposal evaluates the same S, Q, T, R in both
+// directions and Metropolis-Hastings stays exact (tests/unit/test_learned.cpp,
+// tests/statistical/test_invariance.cpp).
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace nmcmc {
+
+/// How linear() multiplies (Note [Bfloat16 matmul]).
+enum class Matmul { kNative, kBFloat16 };
+
+/// Whether this CPU multiplies bfloat16 in hardware (AMX-BF16) and this LibTorch reaches it through
+/// oneDNN; then a bfloat16 GEMM is several times faster than a float32 one.
+bool cpu_has_fast_bf16_matmul();
+
+/// A model's `matmul` option: "native" (the tensors' own dtype), "bfloat16", or "auto" (bfloat16
+/// for float32 tensors on a CPU with cpu_has_fast_bf16_matmul(), else native). UsageError for
+/// anything else.
+void check_matmul_option(const std::string& option);
+/// The multiplication `option` gives a layer whose input is `input`.
+Matmul resolve_matmul(const std::string& option, const torch::Tensor& input);
 
 /// input [C, in] -> [C, out]: input @ weight + bias with weight [in, out], or input @ weight^T +
 /// bias with weight [out, in] when `transposed` (torch::nn::Linear's layout). bias [out].
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-                     bool transposed);
+                     bool transposed, Matmul matmul = Matmul::kNative);
 
 /// A scope in which linear() defers its weight gradients (Note [Deferred weight gradients]).
 /// A scope belongs to the thread that opens it; scopes do not nest on one thread (a second one is a

@@ -104,6 +104,7 @@ struct LearnedOptions {
   std::string precondition = "none";  // none | diag | dense | lowrank | auto: Note [Affine preconditioner]
   bool learn_precondition = false;    // L is trained with the entropy objective (else fixed)
   int64_t precondition_rank = 16;     // lowrank: k factors (at most D - 1)
+  std::string matmul = "auto";        // auto | native | bfloat16: the networks' GEMMs (Note [Bfloat16 matmul])
   LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
   LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
   LearnedOptions& set_hidden(int64_t h) { hidden = h; return *this; }
@@ -115,11 +116,12 @@ struct LearnedOptions {
   LearnedOptions& set_precondition(std::string p) { precondition = std::move(p); return *this; }
   LearnedOptions& set_learn_precondition(bool b) { learn_precondition = b; return *this; }
   LearnedOptions& set_precondition_rank(int64_t k) { precondition_rank = k; return *this; }
+  LearnedOptions& set_matmul(std::string m) { matmul = std::move(m); return *this; }
   nlohmann::json to_json() const;
   static LearnedOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hidden, steps, shared_layers, activation,
-                                                eps, mask_seed, precondition, learn_precondition, precondition_rank)
+                                                eps, mask_seed, precondition, learn_precondition, precondition_rank, matmul)
 
 /// An MLP whose first and last layers have separate weights per sub-step k and whose middle
 /// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden
@@ -127,7 +129,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hi
 class StepMLPImpl : public torch::nn::Module {
  public:
   StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
-              std::string activation, bool tanh_last);
+              std::string activation, bool tanh_last, std::string matmul = "native");
   /// input [C, in] -> [C, out] for sub-step k.
   torch::Tensor forward(int64_t k, const torch::Tensor& input);
   /// Flops (multiply-adds x 2) per row of one forward call.
@@ -139,6 +141,7 @@ class StepMLPImpl : public torch::nn::Module {
   std::vector<torch::nn::Linear> shared_;
   std::string activation_;
   bool tanh_last_;
+  std::string matmul_;
   int64_t in_, hidden_, out_;
 };
 TORCH_MODULE(StepMLP);
