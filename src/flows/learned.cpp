@@ -5,6 +5,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/flows/activations.hpp"
 #include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/io/config.hpp"
 
@@ -206,10 +207,11 @@ torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
   // h is a fresh layer output that nothing else holds: elu, relu and tanh run in place, whose
   // backward formulas use the result (elu: grad * (out + 1) below zero, no exp; out-of-place elu's
   // backward recomputes exp(input), which was 8 % of a Funnel-1 training step at batch 128).
-  if (last && tanh_last_) return h.tanh_();
-  if (activation_ == "elu") return torch::elu_(h);
+  // elu and tanh: nmcmc's vectorised kernels for float32 (Note [Fast activations]).
+  if (last && tanh_last_) return nmcmc::activate(h, Activation::kTanh);
+  if (activation_ == "elu") return nmcmc::activate(h, Activation::kElu);
   if (activation_ == "relu") return h.relu_();
-  if (activation_ == "tanh") return h.tanh_();
+  if (activation_ == "tanh") return nmcmc::activate(h, Activation::kTanh);
   if (activation_ == "softplus") return torch::softplus(h);
   return torch::silu(h);
 }

@@ -1,0 +1,29 @@
+#pragma once
+/// The learned sampler's activations, elu and tanh, with vectorised float32 kernels.
+//
+// Note [Fast activations]
+// With bfloat16 GEMMs (Note [Bfloat16 matmul]) the networks' activations cost about as much as
+// their products: LibTorch's float32 elu took 88 us and tanh 243 us on a [256, 512] tensor, the
+// bfloat16 GEMM that makes it 102 us (this build dispatches its elementwise kernels at AVX2 and
+// computes tanh in full precision). For contiguous float32 CPU tensors activate() runs nmcmc's
+// own kernels instead: expm1 by range reduction and a degree-7 polynomial (about 1.3 ulp; elu(x)
+// = expm1(x) below zero, tanh(x) = expm1(2|x|) / (expm1(2|x|) + 2) with the sign of x, about
+// 2.7 ulp), compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time
+// (target_clones), split over threads like LibTorch's own. NaN propagates. Their gradients come
+// from the output, as LibTorch's in-place elu_ and tanh_ do. Any other tensor (float64, CUDA)
+// goes through LibTorch's elu_ / tanh_.
+#include <torch/torch.h>
+
+namespace nmcmc {
+
+enum class Activation { kElu, kTanh };
+
+/// The activation of `h`, a fresh tensor nothing else holds (it may be overwritten).
+/// Differentiable (first and higher order through LibTorch's backward formulas).
+torch::Tensor activate(torch::Tensor h, Activation a);
+
+/// The raw float32 kernels (tests): out[i] = elu(in[i]) or tanh(in[i]); in == out is allowed.
+void elu_kernel(const float* in, float* out, int64_t n);
+void tanh_kernel(const float* in, float* out, int64_t n);
+
+}  // namespace nmcmc

@@ -1,0 +1,109 @@
+#include "nmcmc/flows/activations.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace nmcmc {
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NMCMC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define NMCMC_CLONES
+#endif
+
+/// expm1(y) for y in [-87, 88]: y = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, the first
+/// exact in float), exp(r) - 1 = r + r^2 q(r) with q the degree-5 Taylor polynomial of
+/// (exp(r) - 1 - r) / r^2 (truncation below 1e-8 relative), then 2^n (1 + p) - 1 = 2^n p + (2^n - 1),
+/// which is p itself when n = 0 (no cancellation near zero).
+inline float expm1_core(float y) {
+  const float n = (y * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  float r = y - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723212e-6f;
+  float q = 1.98412698412698e-4f;  // 1/5040
+  q = q * r + 1.38888888888889e-3f;
+  q = q * r + 8.33333333333333e-3f;
+  q = q * r + 4.16666666666667e-2f;
+  q = q * r + 1.66666666666667e-1f;
+  q = q * r + 0.5f;
+  const float p = r + r * r * q;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return scale * p + (scale - 1.0f);
+}
+
+NMCMC_CLONES void elu_loop(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    float y = x < 0.0f ? x : 0.0f;
+    y = y > -87.0f ? y : -87.0f;
+    const float e = expm1_core(y);
+    out[i] = x <= 0.0f ? e : x;  // NaN and +inf pass through
+  }
+}
+
+NMCMC_CLONES void tanh_loop(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    float a = x < 0.0f ? -x : x;
+    a = a < 9.0f ? a : 9.0f;  // tanh(9) is 1 in float
+    const float e = expm1_core(2.0f * a);
+    const float t = e / (e + 2.0f);
+    const float s = x < 0.0f ? -t : t;
+    out[i] = x != x ? x : s;  // NaN passes through
+  }
+}
+
+void run(const torch::Tensor& in, const torch::Tensor& out, Activation a) {
+  const float* src = in.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, in.numel(), 32768, [&](int64_t begin, int64_t end) {
+    if (a == Activation::kElu) {
+      elu_loop(src + begin, dst + begin, end - begin);
+    } else {
+      tanh_loop(src + begin, dst + begin, end - begin);
+    }
+  });
+}
+
+bool fast_path(const torch::Tensor& h) {
+  return h.is_cpu() && h.scalar_type() == torch::kFloat && h.is_contiguous() && h.layout() == torch::kStrided;
+}
+
+struct ActivationFn : public torch::autograd::Function<ActivationFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h, int64_t kind) {
+    torch::Tensor out = torch::empty_like(h);
+    run(h, out, static_cast<Activation>(kind));
+    ctx->saved_data["kind"] = kind;
+    ctx->save_for_backward({out});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor out = ctx->get_saved_variables()[0];
+    const auto kind = static_cast<Activation>(ctx->saved_data["kind"].toInt());
+    torch::Tensor g = kind == Activation::kElu ? at::elu_backward(grads[0], 1.0, 1.0, 1.0, /*is_result=*/true, out)
+                                               : at::tanh_backward(grads[0], out);
+    return {g, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+void elu_kernel(const float* in, float* out, int64_t n) { elu_loop(in, out, n); }
+void tanh_kernel(const float* in, float* out, int64_t n) { tanh_loop(in, out, n); }
+
+torch::Tensor activate(torch::Tensor h, Activation a) {
+  if (!fast_path(h)) return a == Activation::kElu ? torch::elu_(h) : h.tanh_();
+  if (torch::GradMode::is_enabled() && h.requires_grad()) {
+    return ActivationFn::apply(h, static_cast<int64_t>(a));
+  }
+  run(h, h, a);
+  return h;
+}
+
+}  // namespace nmcmc
