@@ -5,6 +5,7 @@
 
 #include "cli.hpp"
 #include "nmcmc/core/blas_check.hpp"
+#include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc::cli {
@@ -14,6 +15,11 @@ Command add_info_command(CLI::App& app) {
   return {cmd, [] {
             std::cout << version_text(/*measure_blas=*/true) << "\n";
             std::cout << "CUDA available: " << (torch::cuda::is_available() ? "yes" : "no") << "\n";
+            std::cout << "bfloat16 GEMMs: "
+                      << (cpu_has_fast_bf16_matmul()
+                              ? "fast (AMX-BF16 through oneDNN): learned samplers with model.matmul = auto use them"
+                              : "no AMX-BF16 here: model.matmul = auto multiplies in float32")
+                      << "\n";
             std::cout << "data directory: " << data_directory() << "\n";
             auto report = check_blas(false);
             if (!report.ok) std::cerr << report.message << "\n";

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli.hpp"
+#include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/services/train.hpp"
 
@@ -81,8 +82,11 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                                p["refit"].value("seconds", 0.0));
     }
   }
-  std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row); model: {}; log: {}\n",
-                           result.steps, result.seconds, result.grads, a.output, log_path);
+  std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
+                           "model: {}; log: {}\n",
+                           result.steps, result.seconds, result.grads,
+                           matmul_dtype_name(config.model.matmul, options.dtype().toScalarType(), options.device()), a.output,
+                           log_path);
   if (comm->world_size() > 1) {
     std::cout << fmt::format("data-parallel over {} processes ({} shards per batch): rank 0 spent {:.1f} s ({:.1f} %) in "
                              "{} collectives moving {:.1f} MB\n",

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 
 namespace nmcmc {
@@ -58,6 +59,43 @@ NMCMC_CLONES void tanh_loop(const float* in, float* out, int64_t n) {
   }
 }
 
+inline float from_bf16(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline uint16_t to_bf16(float f) {  // round to nearest even, as c10::BFloat16; NaN stays NaN
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) >> 16;
+  return static_cast<uint16_t>(f != f ? 0x7FC0U : rounded);
+}
+
+/// out = bf16(act(float(y) + bias)) over rows of `cols`.
+NMCMC_CLONES void bias_elu_bf16_loop(const uint16_t* y, const float* bias, uint16_t* out, int64_t cols) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float x = from_bf16(y[j]) + bias[j];
+    float v = x < 0.0f ? x : 0.0f;
+    v = v > -87.0f ? v : -87.0f;
+    const float e = expm1_core(v);
+    out[j] = to_bf16(x <= 0.0f ? e : x);
+  }
+}
+
+NMCMC_CLONES void bias_tanh_bf16_loop(const uint16_t* y, const float* bias, uint16_t* out, int64_t cols) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float x = from_bf16(y[j]) + bias[j];
+    float a = x < 0.0f ? -x : x;
+    a = a < 9.0f ? a : 9.0f;
+    const float e = expm1_core(2.0f * a);
+    const float t = e / (e + 2.0f);
+    const float s = x < 0.0f ? -t : t;
+    out[j] = to_bf16(x != x ? x : s);
+  }
+}
+
 void run(const torch::Tensor& in, const torch::Tensor& out, Activation a) {
   const float* src = in.data_ptr<float>();
   float* dst = out.data_ptr<float>();
@@ -96,6 +134,32 @@ struct ActivationFn : public torch::autograd::Function<ActivationFn> {
 
 void elu_kernel(const float* in, float* out, int64_t n) { elu_loop(in, out, n); }
 void tanh_kernel(const float* in, float* out, int64_t n) { tanh_loop(in, out, n); }
+
+torch::Tensor bias_activate_bf16(const torch::Tensor& y, const torch::Tensor& bias, Activation a) {
+  TORCH_CHECK(y.is_cpu() && y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.is_contiguous(),
+              "bias_activate_bf16: y must be a contiguous bfloat16 CPU matrix");
+  TORCH_CHECK(bias.is_cpu() && bias.scalar_type() == torch::kFloat && bias.dim() == 1 && bias.size(0) == y.size(1),
+              "bias_activate_bf16: bias must be float32 [", y.size(1), "]");
+  TORCH_CHECK(!(torch::GradMode::is_enabled() && (y.requires_grad() || bias.requires_grad())),
+              "bias_activate_bf16: no gradients (sampling only)");
+  const torch::Tensor b = bias.contiguous();
+  torch::Tensor out = torch::empty_like(y);
+  const int64_t cols = y.size(1);
+  const auto* src = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
+  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const float* bb = b.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, y.size(0), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (a == Activation::kElu) {
+        bias_elu_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
+      } else {
+        bias_tanh_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
+      }
+    }
+  });
+  return out;
+}
 
 torch::Tensor activate(torch::Tensor h, Activation a) {
   if (!fast_path(h)) return a == Activation::kElu ? torch::elu_(h) : h.tanh_();

@@ -204,6 +204,14 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
 
 }  // namespace
 
+std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device) {
+  const torch::Tensor probe = torch::empty({0}, torch::TensorOptions().dtype(dtype).device(device));
+  if (resolve_matmul(option, probe) == Matmul::kBFloat16) return "bfloat16";
+  return dtype == torch::kFloat64 ? "float64" : dtype == torch::kFloat32 ? "float32" : std::string(c10::toString(dtype));
+}
+
+torch::Tensor cached_bf16(const torch::Tensor& weight) { return bf16_weight(weight); }
+
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
                      bool transposed, Matmul matmul) {
   const bool bf16 = matmul == Matmul::kBFloat16;

@@ -222,6 +222,20 @@ torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
   // uses are accumulated into one buffer per weight (Note [Deferred weight gradients]).
   // matmul: bfloat16 GEMMs where they are fast (Note [Bfloat16 matmul]).
   const Matmul m = resolve_matmul(matmul_, input);
+  const bool fusable_act = activation_ == "elu" || activation_ == "tanh";
+  if (m == Matmul::kBFloat16 && !torch::GradMode::is_enabled() && fusable_act && input.is_cpu() &&
+      input.scalar_type() == torch::kFloat) {
+    // Sampling: the hidden layers stay in bfloat16, each layer's bias, activation and cast in
+    // one pass (bias_activate_bf16; bit for bit the path below).
+    auto act = [&](bool last) {
+      return (last && tanh_last_) || activation_ == "tanh" ? Activation::kTanh : Activation::kElu;
+    };
+    torch::Tensor hb = bias_activate_bf16(input.to(torch::kBFloat16).mm(cached_bf16(w_in_[k])), b_in_[k], act(shared_.empty()));
+    for (size_t i = 0; i < shared_.size(); ++i) {
+      hb = bias_activate_bf16(hb.mm(cached_bf16(shared_[i]->weight).t()), shared_[i]->bias, act(i + 1 == shared_.size()));
+    }
+    return torch::add(hb.mm(cached_bf16(w_out_[k])), b_out_[k]);
+  }
   torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, m), shared_.empty());
   for (size_t i = 0; i < shared_.size(); ++i) {
     h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true, m), i + 1 == shared_.size());

@@ -388,3 +388,30 @@ TEST(FastActivations, AccurateNanSafeAndDifferentiable) {
     EXPECT_TRUE(torch::equal(activate(d.clone(), a), rd));
   }
 }
+
+// Sampling's fused bfloat16 path (no gradients: bias, activation and cast in one pass) computes
+// bit for bit what the differentiable path computes.
+TEST(Bfloat16Matmul, FusedSamplingPathEqualsTheDifferentiableOne) {
+  for (const bool tanh_last : {false, true}) {
+    StepMLP mlp(2, 6, 48, 5, 2, "elu", tanh_last, "bfloat16");
+    mlp->to(torch::kFloat32);
+    at::Generator gen = make_generator(11);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : mlp->parameters()) p.add_(0.3 * torch::randn(p.sizes(), gen, torch::TensorOptions()));
+    }
+    torch::Tensor x = 2 * torch::randn({33, 6}, gen, torch::TensorOptions());
+    torch::Tensor with_graph = mlp->forward(1, x);  // parameters require grad: linear() + activate()
+    ASSERT_TRUE(with_graph.requires_grad());
+    torch::NoGradGuard no_grad;
+    torch::Tensor fused = mlp->forward(1, x);
+    EXPECT_TRUE(torch::equal(fused, with_graph.detach())) << (fused - with_graph).abs().max();
+    StepMLP native(2, 6, 48, 5, 2, "elu", tanh_last, "native");
+    native->to(torch::kFloat32);
+    auto p = mlp->parameters(), q = native->parameters();
+    for (size_t i = 0; i < p.size(); ++i) q[i].copy_(p[i]);
+    const double gap = (native->forward(1, x) - fused).abs().max().item<double>();
+    EXPECT_GT(gap, 0.0);
+    EXPECT_LT(gap, 0.05 * (1.0 + fused.abs().max().item<double>()));
+  }
+}

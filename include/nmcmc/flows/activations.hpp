@@ -22,6 +22,11 @@ enum class Activation { kElu, kTanh };
 /// Differentiable (first and higher order through LibTorch's backward formulas).
 torch::Tensor activate(torch::Tensor h, Activation a);
 
+/// Sampling's fused layer tail (no gradients): bf16(act(float(y) + bias)) for a bfloat16 GEMM
+/// output y [C, H] and a float32 bias [H]; bit for bit what adding the bias in float32, activate()
+/// and a cast to bfloat16 give, in one pass instead of three (Note [Bfloat16 matmul]).
+torch::Tensor bias_activate_bf16(const torch::Tensor& y, const torch::Tensor& bias, Activation a);
+
 /// The raw float32 kernels (tests): out[i] = elu(in[i]) or tanh(in[i]); in == out is allowed.
 void elu_kernel(const float* in, float* out, int64_t n);
 void tanh_kernel(const float* in, float* out, int64_t n);

@@ -54,6 +54,13 @@ void check_matmul_option(const std::string& option);
 /// The multiplication `option` gives a layer whose input is `input`.
 Matmul resolve_matmul(const std::string& option, const torch::Tensor& input);
 
+/// What a model with this `matmul` option multiplies in for `dtype` on `device`: "bfloat16" or the
+/// dtype's own name ("float32", "float64").
+std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device);
+
+/// A bfloat16 copy of `weight`, cached while the weight is unchanged (Note [Bfloat16 matmul]).
+torch::Tensor cached_bf16(const torch::Tensor& weight);
+
 /// input [C, in] -> [C, out]: input @ weight + bias with weight [in, out], or input @ weight^T +
 /// bias with weight [out, in] when `transposed` (torch::nn::Linear's layout). bias [out].
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
