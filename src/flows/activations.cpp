@@ -11,7 +11,7 @@ namespace nmcmc {
 namespace {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NMCMC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define NMCMC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define NMCMC_CLONES
 #endif
@@ -96,6 +96,10 @@ NMCMC_CLONES void bias_tanh_bf16_loop(const uint16_t* y, const float* bias, uint
   }
 }
 
+NMCMC_CLONES void bias_add_bf16_loop(const uint16_t* y, const float* bias, float* out, int64_t cols) {
+  for (int64_t j = 0; j < cols; ++j) out[j] = from_bf16(y[j]) + bias[j];
+}
+
 void run(const torch::Tensor& in, const torch::Tensor& out, Activation a) {
   const float* src = in.data_ptr<float>();
   float* dst = out.data_ptr<float>();
@@ -157,6 +161,24 @@ torch::Tensor bias_activate_bf16(const torch::Tensor& y, const torch::Tensor& bi
         bias_tanh_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
       }
     }
+  });
+  return out;
+}
+
+torch::Tensor bias_add_bf16(const torch::Tensor& y, const torch::Tensor& bias) {
+  const bool fast = y.is_cpu() && y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.is_contiguous() &&
+                    bias.is_cpu() && bias.scalar_type() == torch::kFloat && bias.dim() == 1 && bias.size(0) == y.size(1);
+  if (!fast) return torch::add(y, bias);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor b = bias.contiguous();
+  torch::Tensor out = torch::empty(y.sizes(), b.options());
+  const int64_t cols = y.size(1);
+  const auto* src = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
+  const float* bb = b.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, y.size(0), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) bias_add_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
   });
   return out;
 }

@@ -13,6 +13,7 @@
 #endif
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/flows/activations.hpp"
 
 namespace nmcmc {
 
@@ -59,6 +60,10 @@ struct DeferredWeightGrads::Impl {
     torch::Tensor weight, bias;
     bool transposed = false;
     torch::Tensor weight_sum, bias_sum;  // accumulated by the backward passes
+    // bfloat16: each use's (input, output gradient), multiplied in one GEMM at flush() (a
+    // bfloat16 GEMM cannot add into a float32 buffer, and adding each use's product was as slow
+    // as the product itself)
+    std::vector<torch::Tensor> inputs, grads;
   };
   int64_t id = 0;
   mutable std::mutex mutex;
@@ -152,7 +157,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     if (bf16) {  // saved: the bfloat16 input and weight, which the backward GEMMs multiply
       torch::Tensor xb = input.to(torch::kBFloat16), wb = bf16_weight(weight);
       ctx->save_for_backward({xb, wb});
-      return bf16_affine(xb, wb, bias, transposed);
+      return bias_add_bf16(xb.mm(transposed ? wb.t() : wb), bias);  // one pass (Note [Fast activations])
     }
     ctx->save_for_backward({input, weight});
     return torch::addmm(bias, input, transposed ? weight.t() : weight);
@@ -185,13 +190,19 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     }
     std::lock_guard<std::mutex> lock(scope->mutex);
     Impl::Entry& e = scope->entries.at(static_cast<size_t>(ctx->saved_data["entry"].toInt()));
-    if (!e.weight_sum.defined()) {
-      e.weight_sum = weight_grad(input, gm, transposed).to(g.scalar_type());
+    if (bf16) {
+      e.inputs.push_back(input);
+      e.grads.push_back(gm);
+      if (!e.bias_sum.defined()) {
+        e.bias_sum = g.sum(0);
+      } else {
+        e.bias_sum.add_(g.sum(0));
+      }
+    } else if (!e.weight_sum.defined()) {
+      e.weight_sum = weight_grad(input, g, transposed);
       e.bias_sum = g.sum(0);
     } else {
-      if (bf16) {  // a bfloat16 GEMM cannot add to a float32 buffer: its product is added
-        e.weight_sum.add_(weight_grad(input, gm, transposed));
-      } else if (transposed) {
+      if (transposed) {
         e.weight_sum.addmm_(g.t(), input);
       } else {
         e.weight_sum.addmm_(input.t(), g);
@@ -263,6 +274,14 @@ void DeferredWeightGrads::flush() {
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(impl_->mutex);
   for (Impl::Entry& e : impl_->entries) {
+    if (!e.inputs.empty()) {  // bfloat16 uses: one GEMM over all of them
+      torch::Tensor x = e.inputs.size() == 1 ? e.inputs[0] : torch::cat(e.inputs, 0);
+      torch::Tensor g = e.grads.size() == 1 ? e.grads[0] : torch::cat(e.grads, 0);
+      torch::Tensor w = weight_grad(x, g, e.transposed).to(e.weight.scalar_type());
+      e.weight_sum = e.weight_sum.defined() ? e.weight_sum.add_(w) : w;
+      e.inputs.clear();
+      e.grads.clear();
+    }
     if (!e.weight_sum.defined()) continue;  // no backward pass reached this weight
     add_to_grad(e.weight, e.weight_sum);
     add_to_grad(e.bias, e.bias_sum);
@@ -274,7 +293,7 @@ void DeferredWeightGrads::flush() {
 int64_t DeferredWeightGrads::pending() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   int64_t n = 0;
-  for (const Impl::Entry& e : impl_->entries) n += e.weight_sum.defined() ? 1 : 0;
+  for (const Impl::Entry& e : impl_->entries) n += e.weight_sum.defined() || !e.inputs.empty() ? 1 : 0;
   return n;
 }
 

@@ -10,7 +10,11 @@
 // pass accumulates each use's weight gradient into one buffer per weight with a GEMM that adds
 // to its output (beta = 1: no separate add, no new tensor) and each bias's into one vector;
 // flush() hands the sums to the parameters' .grad. (Concatenating all uses into one GEMM with a
-// long inner dimension was slower here: the copies cost more than the better shape gains.) The
+// long inner dimension was slower here: the copies cost more than the better shape gains.) With
+// bfloat16 GEMMs (Note [Bfloat16 matmul]) it is the other way round: a bfloat16 GEMM cannot add
+// into a float32 buffer and adding each use's product cost as much as the product, so each use's
+// bfloat16 input and output gradient are kept and flush() multiplies them in one GEMM over all
+// uses (accumulated in float32 inside the GEMM, rounded once). The
 // gradients of the layers' inputs are computed as usual. Outside a scope, under no_grad, or for
 // a weight that does not require grad, linear() is torch::addmm (or its bfloat16 form). The result equals autograd's up
 // to the order of the floating-point sums (tests/unit/test_deferred_linear.cpp).
