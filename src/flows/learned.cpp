@@ -234,7 +234,7 @@ torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
     for (size_t i = 0; i < shared_.size(); ++i) {
       hb = bias_activate_bf16(hb.mm(cached_bf16(shared_[i]->weight).t()), shared_[i]->bias, act(i + 1 == shared_.size()));
     }
-    return torch::add(hb.mm(cached_bf16(w_out_[k])), b_out_[k]);
+    return bias_add_bf16(hb.mm(cached_bf16(w_out_[k])), b_out_[k]);
   }
   torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, m), shared_.empty());
   for (size_t i = 0; i < shared_.size(); ++i) {
