@@ -17,17 +17,18 @@
 // uses (accumulated in float32 inside the GEMM, rounded once). The
 // gradients of the layers' inputs are computed as usual. Outside a scope, under no_grad, or for
 // a weight that does not require grad, linear() is torch::addmm (or its bfloat16 form). The result equals autograd's up
-// to the order of the floating-point sums (tests/unit/test_deferred_linear.cpp).
+// to the order of the floating-point sums (tests/unit/test_training_step.cpp).
 // First order only: a backward pass with create_graph over a use recorded in an open scope is
 // refused (std::logic_error): the accumulated gradient would not be differentiable. A graph
 // whose scope has ended gets ordinary weight gradients from its backward pass.
 //
 // Note [Bfloat16 matmul]
 // With Matmul::kBFloat16, linear() multiplies bfloat16 copies of its input and weight (products
-// accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in the
-// input's dtype, which the result keeps; its backward pass multiplies the same way. On a CPU with
-// AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN, such a GEMM runs
-// about 7x faster than float32 (BENCHMARKS.md). The weights' bfloat16 copies are cached while
+// accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in its own
+// dtype (the layer's, float32), which the result keeps; its backward pass multiplies the same way.
+// On a CPU with AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN,
+// such a GEMM runs about 7x faster than float32 (BENCHMARKS.md); without AMX it is slower, which
+// is why the models' default `matmul = auto` asks cpu_has_fast_bf16_matmul(). The weights' bfloat16 copies are cached while
 // the weights are unchanged (their version counter and storage), so a sampling run casts each
 // weight once and a training step once per weight. The network is then a slightly different
 // function (its outputs to about 3 significant digits), still a deterministic function of each
