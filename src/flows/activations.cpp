@@ -37,26 +37,28 @@ inline float expm1_core(float y) {
   return scale * p + (scale - 1.0f);
 }
 
+inline float elu1(float x) {
+  float y = x < 0.0f ? x : 0.0f;
+  y = y > -87.0f ? y : -87.0f;
+  const float e = expm1_core(y);
+  return x <= 0.0f ? e : x;  // NaN and +inf pass through
+}
+
+inline float tanh1(float x) {
+  float a = x < 0.0f ? -x : x;
+  a = a < 9.0f ? a : 9.0f;  // tanh(9) is 1 in float
+  const float e = expm1_core(2.0f * a);
+  const float t = e / (e + 2.0f);
+  const float s = x < 0.0f ? -t : t;
+  return x != x ? x : s;  // NaN passes through
+}
+
 NMCMC_CLONES void elu_loop(const float* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i];
-    float y = x < 0.0f ? x : 0.0f;
-    y = y > -87.0f ? y : -87.0f;
-    const float e = expm1_core(y);
-    out[i] = x <= 0.0f ? e : x;  // NaN and +inf pass through
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = elu1(in[i]);
 }
 
 NMCMC_CLONES void tanh_loop(const float* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i];
-    float a = x < 0.0f ? -x : x;
-    a = a < 9.0f ? a : 9.0f;  // tanh(9) is 1 in float
-    const float e = expm1_core(2.0f * a);
-    const float t = e / (e + 2.0f);
-    const float s = x < 0.0f ? -t : t;
-    out[i] = x != x ? x : s;  // NaN passes through
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = tanh1(in[i]);
 }
 
 inline float from_bf16(uint16_t h) {
@@ -73,31 +75,30 @@ inline uint16_t to_bf16(float f) {  // round to nearest even, as c10::BFloat16; 
   return static_cast<uint16_t>(f != f ? 0x7FC0U : rounded);
 }
 
-/// out = bf16(act(float(y) + bias)) over rows of `cols`.
+/// One row: out = bf16(act(float(y) + bias)), or float(y) + bias.
 NMCMC_CLONES void bias_elu_bf16_loop(const uint16_t* y, const float* bias, uint16_t* out, int64_t cols) {
-  for (int64_t j = 0; j < cols; ++j) {
-    const float x = from_bf16(y[j]) + bias[j];
-    float v = x < 0.0f ? x : 0.0f;
-    v = v > -87.0f ? v : -87.0f;
-    const float e = expm1_core(v);
-    out[j] = to_bf16(x <= 0.0f ? e : x);
-  }
+  for (int64_t j = 0; j < cols; ++j) out[j] = to_bf16(elu1(from_bf16(y[j]) + bias[j]));
 }
 
 NMCMC_CLONES void bias_tanh_bf16_loop(const uint16_t* y, const float* bias, uint16_t* out, int64_t cols) {
-  for (int64_t j = 0; j < cols; ++j) {
-    const float x = from_bf16(y[j]) + bias[j];
-    float a = x < 0.0f ? -x : x;
-    a = a < 9.0f ? a : 9.0f;
-    const float e = expm1_core(2.0f * a);
-    const float t = e / (e + 2.0f);
-    const float s = x < 0.0f ? -t : t;
-    out[j] = to_bf16(x != x ? x : s);
-  }
+  for (int64_t j = 0; j < cols; ++j) out[j] = to_bf16(tanh1(from_bf16(y[j]) + bias[j]));
 }
 
 NMCMC_CLONES void bias_add_bf16_loop(const uint16_t* y, const float* bias, float* out, int64_t cols) {
   for (int64_t j = 0; j < cols; ++j) out[j] = from_bf16(y[j]) + bias[j];
+}
+
+/// Runs `row(y_row, bias, out_row, cols)` over the rows of y [C, H] (bfloat16), split over threads.
+template <typename Out, typename Row>
+void for_rows(const torch::Tensor& y, const torch::Tensor& bias, const torch::Tensor& out, Row row) {
+  const int64_t cols = y.size(1);
+  const auto* src = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
+  const float* bb = bias.data_ptr<float>();
+  Out* dst = reinterpret_cast<Out*>(out.data_ptr());
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, y.size(0), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) row(src + r * cols, bb, dst + r * cols, cols);
+  });
 }
 
 void run(const torch::Tensor& in, const torch::Tensor& out, Activation a) {
@@ -148,20 +149,11 @@ torch::Tensor bias_activate_bf16(const torch::Tensor& y, const torch::Tensor& bi
               "bias_activate_bf16: no gradients (sampling only)");
   const torch::Tensor b = bias.contiguous();
   torch::Tensor out = torch::empty_like(y);
-  const int64_t cols = y.size(1);
-  const auto* src = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
-  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const float* bb = b.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, y.size(0), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      if (a == Activation::kElu) {
-        bias_elu_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
-      } else {
-        bias_tanh_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
-      }
-    }
-  });
+  if (a == Activation::kElu) {
+    for_rows<uint16_t>(y, b, out, bias_elu_bf16_loop);
+  } else {
+    for_rows<uint16_t>(y, b, out, bias_tanh_bf16_loop);
+  }
   return out;
 }
 
@@ -172,14 +164,7 @@ torch::Tensor bias_add_bf16(const torch::Tensor& y, const torch::Tensor& bias) {
   torch::NoGradGuard no_grad;
   const torch::Tensor b = bias.contiguous();
   torch::Tensor out = torch::empty(y.sizes(), b.options());
-  const int64_t cols = y.size(1);
-  const auto* src = reinterpret_cast<const uint16_t*>(y.data_ptr<at::BFloat16>());
-  const float* bb = b.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, y.size(0), grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) bias_add_bf16_loop(src + r * cols, bb, dst + r * cols, cols);
-  });
+  for_rows<float>(y, b, out, bias_add_bf16_loop);
   return out;
 }
 
