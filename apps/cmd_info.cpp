@@ -17,7 +17,8 @@ Command add_info_command(CLI::App& app) {
             std::cout << "CUDA available: " << (torch::cuda::is_available() ? "yes" : "no") << "\n";
             std::cout << "bfloat16 GEMMs: "
                       << (cpu_has_fast_bf16_matmul()
-                              ? "fast (AMX-BF16 through oneDNN): learned samplers with model.matmul = auto use them"
+                              ? "fast (AMX-BF16 through oneDNN): learned samplers with model.matmul = auto sample with them "
+                                    "(and train with them with model.matmul = bfloat16)"
                               : "no AMX-BF16 here: model.matmul = auto multiplies in float32")
                       << "\n";
             std::cout << "data directory: " << data_directory() << "\n";

@@ -17,7 +17,7 @@ struct SampleArgs {
   TargetArgs target;
   ComputeArgs compute;
   std::string sampler = "hmc", init = "auto", format = "csv,netcdf";
-  std::optional<std::string> output, model, metric;
+  std::optional<std::string> output, model, metric, matmul;
   std::optional<double> step_size, target_accept;
   double jitter = 0;
   int64_t leapfrog = 10, max_depth = 10, chains = 4, warmup = 1000, draws = 1000, rows = 8;
@@ -47,6 +47,7 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
   r.init = a.init;
   r.options = a.compute.options();
   r.dtype_given = a.compute.dtype.has_value();
+  r.matmul = a.matmul;
   r.output = a.output;
   r.formats = parse_formats(a.format);
   r.command = command_line();
@@ -90,6 +91,10 @@ Command add_sample_command(CLI::App& app) {
   a->compute.add(cmd, "float32 | float64 (default float32; the learned sampler: the model's)");
   cmd->add_option("--sampler", a->sampler, "rwm | mala | hmc | nuts | learned")->capture_default_str();
   cmd->add_option("--model", a->model, "checkpoint of a trained sampler (with --sampler learned)");
+  cmd->add_option("--matmul", a->matmul,
+                  "the learned sampler's GEMMs: auto | native | bfloat16 (default: the model's model.matmul; "
+                  "auto: bfloat16 on a CPU with AMX-BF16); exact in either")
+      ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
   cmd->add_option("--step-size", a->step_size, "initial step size (default: found automatically)");
   cmd->add_option("--leapfrog", a->leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--max-depth", a->max_depth, "NUTS: maximum tree depth")->capture_default_str();

@@ -85,7 +85,7 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
                            "model: {}; log: {}\n",
                            result.steps, result.seconds, result.grads,
-                           matmul_dtype_name(config.model.matmul, options.dtype().toScalarType(), options.device()), a.output,
+                           matmul_summary(config.model.matmul, options.dtype().toScalarType(), options.device()), a.output,
                            log_path);
   if (comm->world_size() > 1) {
     std::cout << fmt::format("data-parallel over {} processes ({} shards per batch): rank 0 spent {:.1f} s ({:.1f} %) in "

@@ -258,7 +258,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
            max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
            dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
-           progress: bool = True) -> Run:
+           matmul: _Optional[str] = None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense", diag by default for NUTS), then `draws` per chain.
@@ -268,7 +268,11 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     init: "auto" (a learned sampler starts from its own chains saved with its checkpoint when it
     has them, everything else from Stan's uniform(-2, 2)), "uniform", "exact", "zero" or "buffer";
     init_x: explicit starting points [n, D] (rows cycled over the chains).
+    matmul: the learned sampler's GEMMs, "auto" | "native" | "bfloat16" (default: its model's
+    model.matmul); exact in either.
     Ctrl-C raises KeyboardInterrupt."""
+    if matmul is not None and sampler != "learned":
+        raise ValueError("nmcmc.sample: matmul= goes with sampler='learned'")
     if sampler == "learned":
         if model is None:
             raise ValueError("nmcmc.sample: sampler='learned' needs model= (from nmcmc.train or nmcmc.Model.load)")
@@ -287,6 +291,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "jitter": float(jitter), "leapfrog": int(leapfrog), "max_depth": int(max_depth), "chains": int(chains),
         "warmup": int(warmup), "draws": int(draws), "seed": int(seed), "init": init, "dtype": _dtype_name(dtype),
         "device": str(device), "output": None if output is None else _os.fspath(output), "formats": formats,
+        "matmul": matmul,
     }
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 

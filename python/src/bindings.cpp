@@ -68,6 +68,7 @@ py::dict sample(const std::string& request_json, std::optional<torch::Tensor> in
   r.options = tensor_options(j["dtype"].is_null() ? "float32" : j["dtype"].get<std::string>(), j.at("device").get<std::string>());
   if (!j["output"].is_null()) r.output = j["output"].get<std::string>();
   r.formats = nmcmc::parse_formats(j.at("formats").get<std::string>());
+  if (j.contains("matmul") && !j["matmul"].is_null()) r.matmul = j["matmul"].get<std::string>();
   r.command = "python: nmcmc.sample";
   if (init_x) r.init_x = *init_x;
   PythonHook hook{report};

@@ -49,7 +49,9 @@ void check_matmul_option(const std::string& option) {
 
 Matmul resolve_matmul(const std::string& option, const torch::Tensor& input) {
   if (option == "bfloat16") return input.is_floating_point() ? Matmul::kBFloat16 : Matmul::kNative;
-  if (option == "auto" && input.scalar_type() == torch::kFloat && input.is_cpu() && cpu_has_fast_bf16_matmul()) {
+  // auto: only without gradients (Note [Bfloat16 matmul]: bfloat16 training is an opt-in).
+  if (option == "auto" && !torch::GradMode::is_enabled() && input.scalar_type() == torch::kFloat && input.is_cpu() &&
+      cpu_has_fast_bf16_matmul()) {
     return Matmul::kBFloat16;
   }
   return Matmul::kNative;
@@ -215,10 +217,17 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
 
 }  // namespace
 
-std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device) {
+std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device, bool training) {
   const torch::Tensor probe = torch::empty({0}, torch::TensorOptions().dtype(dtype).device(device));
+  torch::AutoGradMode mode(training);
   if (resolve_matmul(option, probe) == Matmul::kBFloat16) return "bfloat16";
   return dtype == torch::kFloat64 ? "float64" : dtype == torch::kFloat32 ? "float32" : std::string(c10::toString(dtype));
+}
+
+std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch::Device device) {
+  const std::string train = matmul_dtype_name(option, dtype, device, true);
+  const std::string sample = matmul_dtype_name(option, dtype, device, false);
+  return train == sample ? train : train + " in training, " + sample + " in sampling";
 }
 
 torch::Tensor cached_bf16(const torch::Tensor& weight) { return bf16_weight(weight); }

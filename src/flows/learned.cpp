@@ -203,6 +203,11 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
   }
 }
 
+void StepMLPImpl::set_matmul(std::string matmul) {
+  check_matmul_option(matmul);
+  matmul_ = std::move(matmul);
+}
+
 torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
   // h is a fresh layer output that nothing else holds: elu, relu and tanh run in place, whose
   // backward formulas use the result (elu: grad * (out + 1) below zero, no exp; out-of-place elu's
@@ -375,6 +380,14 @@ void LearnedSamplerImpl::set_eps(double eps) {
   TORCH_CHECK(eps > 0 && std::isfinite(eps), "set_eps: eps must be positive, got ", eps);
   torch::NoGradGuard no_grad;
   log_eps_.fill_(std::log(eps));
+}
+
+void LearnedSamplerImpl::set_matmul(const std::string& matmul) {
+  check_matmul_option(matmul);
+  options_.matmul = matmul;
+  for (StepMLP* net : {&net_sqt_, &net_r_, &net_drift_}) {
+    if (*net) (*net)->set_matmul(matmul);
+  }
 }
 
 void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance) {

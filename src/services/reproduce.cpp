@@ -299,7 +299,7 @@ json run_experiment(Run& run, const std::string& name) {
   TrainConfig config = parse_train_config(cfg);
   say(fmt::format("  training: batch {}, {} steps, width {}, N = {}, GEMMs in {}", config.train.batch, config.train.steps,
                   config.model.hidden, config.model.steps,
-                  matmul_dtype_name(config.model.matmul, torch::kFloat32, torch::kCPU)));
+                  matmul_summary(config.model.matmul, torch::kFloat32, torch::kCPU)));
   const std::vector<std::string> changes = profile_changes(paper, settings);
   if (!changes.empty()) say(fmt::format("  changed from the paper's config: {}", fmt::join(changes, ", ")));
   TrainResult trained = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress);

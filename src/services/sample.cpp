@@ -14,6 +14,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
+#include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
@@ -59,8 +60,11 @@ double default_target_accept(const std::string& sampler) {
 }
 
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
-                            torch::TensorOptions options, bool dtype_given) {
+                            torch::TensorOptions options, bool dtype_given,
+                            const std::optional<std::string>& matmul) {
+  if (matmul) check_matmul_option(*matmul);
   auto [sampler, meta] = load_model(model_path);
+  if (matmul) sampler->set_matmul(*matmul);
   const json trained_on = meta.at("target");
   if (target_spec) {
     auto probe = make_target(*target_spec, options);

@@ -37,13 +37,14 @@ Prepared prepare(const SampleRequest& a) {
   if (learned) {
     if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
     LearnedRun lr = load_learned_run(*a.model, a.target.is_null() ? std::nullopt : std::optional<json>(a.target),
-                                     options, a.dtype_given);
+                                     options, a.dtype_given, a.matmul);
     kernel = std::make_unique<MetropolisHastings>(lr.proposal);
     target_spec = lr.target_spec;
     model_meta = lr.meta;
     options = lr.options;
   } else {
     if (a.model) throw UsageError("--model goes with --sampler learned");
+    if (a.matmul) throw UsageError("--matmul goes with --sampler learned (its networks' GEMMs)");
     if (a.target.is_null()) throw UsageError("give a target");
     kernel = make_baseline_kernel(ProposalOptions()
                                       .set_sampler(a.sampler)

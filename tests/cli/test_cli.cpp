@@ -78,6 +78,8 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --target icg --module " + bad_data, 64, "--module goes with --target torchscript"},
            {"sample --module-output log_prob", 64, "--module-output goes with --module"},
            {"sample --target torchscript", 64, "give the module file"},
+           {"sample --sampler learned --matmul bf16", 64, "--matmul"},
+           {"sample --target icg --matmul native", 64, "--matmul goes with --sampler learned"},
        }) {
     std::string out_dir = ::testing::TempDir() + "cli_bad_out";
     fs::remove_all(out_dir);
@@ -130,6 +132,8 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   // Straight through, and interrupted by SIGINT part-way, then continued with --resume.
   CliRun a = run("train --config " + dir + "tiny.json --output " + dir + "a.pt --quiet");
   ASSERT_EQ(a.code, 0) << a.out;
+  // model.matmul = auto trains in float32 on every machine (bfloat16 training is an opt-in)
+  EXPECT_NE(a.out.find("GEMMs in float32"), std::string::npos) << a.out;
   EXPECT_TRUE(fs::exists(dir + "a.log.csv"));
   CliRun b1 = run_with_prefix("timeout --preserve-status -s INT 1.5 ", "train --config " + dir + "tiny.json --output " + dir + "b.pt --quiet");
   if (b1.code == 130 && fs::exists(dir + "b.pt")) {
@@ -149,6 +153,11 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   CliRun s = run("sample --sampler learned --model " + dir + "a.pt --chains 4 --warmup 10 --draws 30 --quiet --output " + dir + "run");
   ASSERT_EQ(s.code, 0) << s.out;
   EXPECT_EQ(nmcmc::read_stan_csv(dir + "run/chain_1.csv").values.select(1, 3).eq(8).all().item<bool>(), true);  // 4N grads
+  // the networks' precision can be chosen at sampling time; either is exact (tests/unit)
+  for (const char* m : {"native", "bfloat16", "auto"}) {
+    CliRun sm = run("sample --sampler learned --model " + dir + "a.pt --matmul " + m + " --chains 4 --warmup 10 --draws 30 --quiet");
+    EXPECT_EQ(sm.code, 0) << m << "\n" << sm.out;
+  }
   CliRun wrong = run("sample --sampler learned --model " + dir + "a.pt --target funnel --dim 6 --quiet");
   EXPECT_EQ(wrong.code, 64) << wrong.out;
   EXPECT_NE(wrong.out.find("trained on target"), std::string::npos) << wrong.out;

@@ -582,6 +582,37 @@ TEST(Preconditioner, TrainServiceWarmsUpSetsLAndRecordsTheCost) {
   EXPECT_NEAR(std::log(s->eps().item<double>()), std::log(r.preconditioner["step_size"].get<double>()), 0.01);
 }
 
+// A model's networks can be switched to another precision after it is built (a model trained in
+// float32, sampled in bfloat16): set_matmul gives exactly the model built with that option.
+TEST(LearnedProposal, SetMatmulSwitchesTheNetworksPrecision) {
+  auto t = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, torch::kFloat32);
+  at::Generator gen = make_generator(8);
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    auto opts = LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3);
+    auto built = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul("bfloat16"), 30);
+    auto switched = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul("native"), 30);
+    auto native = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul("native"), 30);
+    for (auto* s : {&built, &switched, &native}) (*s)->to(torch::kFloat32);
+    switched->set_matmul("bfloat16");
+    EXPECT_EQ(switched->options().matmul, "bfloat16");
+    EXPECT_EQ(switched->options_json()["matmul"], "bfloat16");
+    EXPECT_THROW(switched->set_matmul("bf16"), UsageError);
+    EXPECT_EQ(switched->options().matmul, "bfloat16");  // a refused value changes nothing
+    torch::NoGradGuard no_grad;
+    torch::Tensor x = t->sample(32, gen);
+    auto eg = t->energy_and_grad(x);
+    torch::Tensor z0 = torch::randn({32, 6}, gen, torch::TensorOptions());
+    auto pb = built->propose_from(*t, x, eg.grad, z0, false);
+    auto ps = switched->propose_from(*t, x, eg.grad, z0, false);
+    auto pn = native->propose_from(*t, x, eg.grad, z0, false);
+    EXPECT_TRUE(torch::equal(ps.x_new, pb.x_new)) << variant_name(v);
+    EXPECT_TRUE(torch::equal(ps.log_q_fwd, pb.log_q_fwd)) << variant_name(v);
+    EXPECT_FALSE(torch::equal(ps.x_new, pn.x_new)) << variant_name(v);  // it did switch
+    switched->set_matmul("native");
+    EXPECT_TRUE(torch::equal(switched->propose_from(*t, x, eg.grad, z0, false).x_new, pn.x_new)) << variant_name(v);
+  }
+}
+
 TEST(LearnedProposal, Bfloat16NetworksKeepTheIdentityRowByRow) {
   // Note [Bfloat16 matmul]: with bfloat16 GEMMs the networks are another deterministic function,
   // so the identity above holds as tightly (float64 coupling arithmetic), and a row's densities do

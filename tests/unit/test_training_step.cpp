@@ -253,7 +253,25 @@ TEST(Bfloat16Matmul, OptionsAreCheckedAndResolved) {
   EXPECT_EQ(resolve_matmul("bfloat16", f32), Matmul::kBFloat16);
   EXPECT_EQ(resolve_matmul("bfloat16", f64), Matmul::kBFloat16);
   EXPECT_EQ(resolve_matmul("auto", f64), Matmul::kNative);  // auto never lowers a float64 model
-  EXPECT_EQ(resolve_matmul("auto", f32), cpu_has_fast_bf16_matmul() ? Matmul::kBFloat16 : Matmul::kNative);
+  const bool fast = cpu_has_fast_bf16_matmul();
+  {
+    torch::AutoGradMode training(true);  // auto trains in the model's own precision
+    EXPECT_EQ(resolve_matmul("auto", f32), Matmul::kNative);
+    EXPECT_EQ(resolve_matmul("bfloat16", f32), Matmul::kBFloat16);
+    EXPECT_EQ(matmul_dtype_name("auto", torch::kFloat32, torch::kCPU, true), "float32");
+    EXPECT_EQ(matmul_dtype_name("bfloat16", torch::kFloat32, torch::kCPU, true), "bfloat16");
+  }
+  {
+    torch::NoGradGuard sampling;  // and samples in bfloat16 where that is fast
+    EXPECT_EQ(resolve_matmul("auto", f32), fast ? Matmul::kBFloat16 : Matmul::kNative);
+    EXPECT_EQ(resolve_matmul("auto", f64), Matmul::kNative);
+    EXPECT_EQ(resolve_matmul("native", f32), Matmul::kNative);
+  }
+  EXPECT_EQ(matmul_dtype_name("auto", torch::kFloat32, torch::kCPU, false), fast ? "bfloat16" : "float32");
+  EXPECT_EQ(matmul_summary("auto", torch::kFloat32, torch::kCPU),
+            fast ? "float32 in training, bfloat16 in sampling" : "float32");
+  EXPECT_EQ(matmul_summary("bfloat16", torch::kFloat32, torch::kCPU), "bfloat16");
+  EXPECT_EQ(matmul_summary("native", torch::kFloat64, torch::kCPU), "float64");
 }
 
 // The product is a bfloat16 GEMM's (bfloat16 operands, float32 accumulation, result rounded to

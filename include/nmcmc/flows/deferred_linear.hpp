@@ -28,7 +28,11 @@
 // dtype (the layer's, float32), which the result keeps; its backward pass multiplies the same way.
 // On a CPU with AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN,
 // such a GEMM runs about 7x faster than float32 (BENCHMARKS.md); without AMX it is slower, which
-// is why the models' default `matmul = auto` asks cpu_has_fast_bf16_matmul(). The weights' bfloat16 copies are cached while
+// is why the models' default `matmul = auto` asks cpu_has_fast_bf16_matmul(). `auto` uses
+// bfloat16 only where no gradient is recorded (sampling, and the no-grad passes of training):
+// sampling stays exact in either precision, but a model trained with bfloat16 gradients may be a
+// worse sampler (Funnel-3 measured in BENCHMARKS.md), so training in bfloat16 is the explicit
+// `matmul = bfloat16`. The weights' bfloat16 copies are cached while
 // the weights are unchanged (their version counter and storage), so a sampling run casts each
 // weight once and a training step once per weight. The network is then a slightly different
 // function (its outputs to about 3 significant digits), still a deterministic function of each
@@ -52,16 +56,20 @@ enum class Matmul { kNative, kBFloat16 };
 /// oneDNN; then a bfloat16 GEMM is several times faster than a float32 one.
 bool cpu_has_fast_bf16_matmul();
 
-/// A model's `matmul` option: "native" (the tensors' own dtype), "bfloat16", or "auto" (bfloat16
-/// for float32 tensors on a CPU with cpu_has_fast_bf16_matmul(), else native). UsageError for
-/// anything else.
+/// A model's `matmul` option: "native" (the tensors' own dtype), "bfloat16" (always, training
+/// included), or "auto" (bfloat16 for float32 tensors on a CPU with cpu_has_fast_bf16_matmul()
+/// when no gradient is recorded, i.e. sampling; native while autograd records, i.e. training).
+/// UsageError for anything else.
 void check_matmul_option(const std::string& option);
-/// The multiplication `option` gives a layer whose input is `input`.
+/// The multiplication `option` gives a layer whose input is `input`, under the current grad mode.
 Matmul resolve_matmul(const std::string& option, const torch::Tensor& input);
 
-/// What a model with this `matmul` option multiplies in for `dtype` on `device`: "bfloat16" or the
-/// dtype's own name ("float32", "float64").
-std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device);
+/// What a model with this `matmul` option multiplies in for `dtype` on `device` while training
+/// (`training`: autograd recording) or sampling: "bfloat16" or the dtype's own name ("float32",
+/// "float64").
+std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device, bool training);
+/// Both in words: "bfloat16", "float32", or "float32 in training, bfloat16 in sampling".
+std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch::Device device);
 
 /// A bfloat16 copy of `weight`, cached while the weight is unchanged (Note [Bfloat16 matmul]).
 torch::Tensor cached_bf16(const torch::Tensor& weight);

@@ -134,6 +134,8 @@ class StepMLPImpl : public torch::nn::Module {
   torch::Tensor forward(int64_t k, const torch::Tensor& input);
   /// Flops (multiply-adds x 2) per row of one forward call.
   int64_t flops_per_row() const;
+  /// Sets how the layers multiply (auto | native | bfloat16; UsageError otherwise).
+  void set_matmul(std::string matmul);
 
  private:
   torch::Tensor activate(torch::Tensor h, bool last) const;
@@ -160,6 +162,10 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor log_eps() const override { return log_eps_; }
   /// Sets the step size eps (> 0).
   void set_eps(double eps);
+  /// Sets how the networks multiply (options().matmul: auto | native | bfloat16; UsageError
+  /// otherwise), e.g. to sample a model in another precision than it was trained in. The
+  /// proposal stays exact either way (Note [Bfloat16 matmul]).
+  void set_matmul(const std::string& matmul);
   bool needs_grad() const override { return options_.variant == Variant::kLangevin; }
   /// Number of coupling sub-steps 2N.
   int64_t substeps() const { return 2 * options_.steps; }

@@ -137,9 +137,11 @@ struct LearnedRun {
 };
 /// Loads the checkpoint at `model_path` (DataError if unreadable). A given `target_spec` must
 /// describe the model's own target (UsageError otherwise). The model runs in `options`' dtype
-/// when `dtype_given`, else in the dtype it was trained in.
+/// when `dtype_given`, else in the dtype it was trained in; its networks multiply as `matmul`
+/// says (auto | native | bfloat16) when given, else as its checkpoint says.
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<nlohmann::json>& target_spec,
-                            torch::TensorOptions options, bool dtype_given);
+                            torch::TensorOptions options, bool dtype_given,
+                            const std::optional<std::string>& matmul = std::nullopt);
 
 /// Initial positions [C, D] by the named scheme.
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen);
@@ -253,6 +255,8 @@ struct SampleRequest {
   torch::Tensor init_x;                // explicit starting points (overrides init)
   torch::TensorOptions options;        // dtype and device
   bool dtype_given = false;            // the learned sampler: else it runs in the dtype it was trained in
+  std::optional<std::string> matmul;   // the learned sampler's GEMMs (auto | native | bfloat16); unset:
+                                       // the checkpoint's model.matmul
   std::optional<std::string> output;   // directory for the draws and summary.json
   OutputFormats formats;               // which draw files (both by default)
   std::string command;                 // recorded in the outputs' config
