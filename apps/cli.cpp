@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "nmcmc/core/allocator.hpp"
 #include "nmcmc/core/blas_check.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/version.hpp"
@@ -53,7 +54,7 @@ std::string version_text(bool measure_blas) {
   auto report = check_blas(measure_blas);
   std::string blas = report.library.empty() ? "unknown" : report.library;
   if (measure_blas) blas += fmt::format(" ({:.1f} GFLOP/s on a 512x512 sgemm, {} threads)", report.gflops, torch::get_num_threads());
-  return fmt::format("nmcmc {}\nLibTorch {}\nBLAS: {}", NMCMC_VERSION, TORCH_VERSION, blas);
+  return fmt::format("nmcmc {}\nLibTorch {}\nBLAS: {}\nmalloc: {}", NMCMC_VERSION, TORCH_VERSION, blas, tune_allocator().message);
 }
 
 void TargetArgs::add(CLI::App* cmd) {

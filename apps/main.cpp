@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli.hpp"
+#include "nmcmc/core/allocator.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/services/figures.hpp"
 
@@ -12,6 +13,7 @@ int run_parsed(const std::vector<nmcmc::cli::Command>& commands);
 
 int main(int argc, char** argv) {
   using namespace nmcmc::cli;
+  nmcmc::tune_allocator();  // Note [Allocator policy]
   set_command_line(argc, argv);
   CLI::App app{"nmcmc: neural-network MCMC that maximises proposal entropy (Li, Chen & Sommer 2021)"};
   app.require_subcommand(1);

@@ -4,6 +4,7 @@
 //   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
+#include "nmcmc/core/allocator.hpp"
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
 
@@ -54,6 +55,7 @@ struct LearnedSetup {
 };
 
 int main(int argc, char** argv) {
+  nmcmc::tune_allocator();  // Note [Allocator policy], as the nmcmc program
   CLI::App app{"nmcmc speed benchmarks"};
   app.require_subcommand(1);
   std::string config, mode = "train", target_json = R"({"name":"icg"})", sampler = "hmc";

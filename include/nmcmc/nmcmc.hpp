@@ -1,6 +1,7 @@
 #pragma once
 /// nmcmc's public API in one include: targets and their registry, kernels, the learned proposal,
 /// training, diagnostics, I/O and the services the command line calls.
+#include "nmcmc/core/allocator.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/core/target.hpp"

@@ -187,6 +187,7 @@ std::string report(const std::string& run_dir, std::optional<std::string> output
 
 PYBIND11_MODULE(_nmcmc, m) {
   m.doc() = "nmcmc's C++ core (use the nmcmc package, not this module)";
+  nmcmc::tune_allocator();  // Note [Allocator policy]; NMCMC_MALLOC=default before the import keeps glibc's
   py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
   py::register_exception<nmcmc::DataError>(m, "DataError", PyExc_ValueError);
   py::register_exception<nmcmc::IoError>(m, "IoError", PyExc_OSError);
