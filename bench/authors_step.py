@@ -4,11 +4,14 @@ never copied into nmcmc) on Funnel-1 (D = 100, sigma = 1) with the paper's MLP (
 sub-steps, elu, gradient mode 'R'): one training step (sample_train) at a batch size, or one
 sampling step (sample, one MH step) of a number of chains. Prints one JSON line, like
 nmcmc_bench. With --autocast the steps run under PyTorch's CPU autocast to bfloat16 (its linear
-layers' GEMMs in bfloat16: the counterpart of nmcmc's matmul = bfloat16).
+layers' GEMMs in bfloat16: the counterpart of nmcmc's matmul = bfloat16). Run with
+GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=536870912 it has
+the malloc policy that nmcmc sets for itself (Note [Allocator policy]); "malloc" in the output says.
 Usage: authors_step.py REPO --mode train|sample --batch B [--reps 10] [--threads 1] [--autocast]"""
 import contextlib
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -52,7 +55,9 @@ def main():
         if r >= 3:
             times.append(time.perf_counter() - t0)
     print(json.dumps({"bench": "authors", "mode": a.mode, "batch": a.batch, "threads": a.threads,
-                      "torch": torch.__version__, "autocast": a.autocast, "seconds_per_step": statistics.median(times), "reps": a.reps}))
+                      "torch": torch.__version__, "autocast": a.autocast,
+                      "malloc": "heap-reuse" if "malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", "") else "default",
+                      "seconds_per_step": statistics.median(times), "reps": a.reps}))
 
 
 if __name__ == "__main__":

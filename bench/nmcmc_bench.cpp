@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
     json out = {{"bench", "learned"}, {"config", cfg.name}, {"mode", mode}, {"batch", batch}, {"threads", threads},
                 {"seconds_per_step", sec}, {"network_gflops_per_s", flops / sec / 1e9},
                 {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}, {"matmul", sampler->options().matmul},
-                {"amx_bf16", nmcmc::cpu_has_fast_bf16_matmul()}};
+                {"amx_bf16", nmcmc::cpu_has_fast_bf16_matmul()},
+                {"malloc", nmcmc::tune_allocator().applied ? "heap-reuse" : "default"}};
     std::cout << out.dump() << std::endl;
     return 0;
   }
