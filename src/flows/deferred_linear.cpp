@@ -14,6 +14,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/flows/activations.hpp"
+#include "nmcmc/flows/onednn_gemm.hpp"
 
 namespace nmcmc {
 
@@ -128,6 +129,20 @@ torch::Tensor bf16_affine(const torch::Tensor& xb, const torch::Tensor& wb, cons
   return torch::add(xb.mm(transposed ? wb.t() : wb), bias);  // bfloat16 + float32 -> float32 in one pass
 }
 
+/// input [M, in] @ W + bias through oneDNN (Note [oneDNN GEMM]).
+torch::Tensor onednn_linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias, bool transposed) {
+  torch::Tensor out = torch::empty({input.size(0), transposed ? weight.size(0) : weight.size(1)}, input.options());
+  onednn_gemm_weight(input.detach(), weight, transposed, out, bias.detach().contiguous());
+  return out;
+}
+
+/// Whether linear() multiplies these through oneDNN: float32 CPU matrices (Note [oneDNN GEMM]).
+bool use_onednn(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias) {
+  return onednn_gemm_enabled() && input.is_cpu() && input.scalar_type() == torch::kFloat && input.dim() == 2 &&
+         weight.is_cpu() && weight.scalar_type() == torch::kFloat && weight.dim() == 2 && bias.defined() &&
+         bias.scalar_type() == torch::kFloat;
+}
+
 std::shared_ptr<Impl> scope_with_id(int64_t id) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_scopes.find(id);
@@ -151,9 +166,10 @@ void add_to_grad(const torch::Tensor& param, const torch::Tensor& g) {
 struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool transposed, bool bf16,
-                               int64_t scope, int64_t entry) {
+                               bool onednn, int64_t scope, int64_t entry) {
     ctx->saved_data["transposed"] = transposed;
     ctx->saved_data["bf16"] = bf16;
+    ctx->saved_data["onednn"] = onednn;
     ctx->saved_data["scope"] = scope;
     ctx->saved_data["entry"] = entry;
     if (bf16) {  // saved: the bfloat16 input and weight, which the backward GEMMs multiply
@@ -162,6 +178,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
       return bias_add_bf16(xb.mm(transposed ? wb.t() : wb), bias);  // one pass (Note [Fast activations])
     }
     ctx->save_for_backward({input, weight});
+    if (onednn) return onednn_linear(input, weight, bias, transposed);
     return torch::addmm(bias, input, transposed ? weight.t() : weight);
   }
 
@@ -172,18 +189,25 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     const torch::Tensor& weight = saved[1];  // bfloat16 when bf16
     const bool transposed = ctx->saved_data["transposed"].toBool();
     const bool bf16 = ctx->saved_data["bf16"].toBool();
-    const torch::Tensor& g = grads[0];
+    const bool onednn = ctx->saved_data["onednn"].toBool();
+    const torch::Tensor g = onednn ? grads[0].contiguous() : grads[0];
     const torch::Tensor gm = bf16 ? g.to(torch::kBFloat16) : g;  // the GEMMs' operand
     torch::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
-      grad_input = transposed ? gm.mm(weight) : gm.mm(weight.t());
-      if (bf16) grad_input = grad_input.to(g.scalar_type());
+      if (onednn) {  // g W^T against the cached reordered weight (Note [oneDNN GEMM]); the weight
+                     // gradients below stay with LibTorch's GEMM (OpenBLAS's addmm_ was faster)
+        grad_input = torch::empty({g.size(0), input.size(1)}, g.options());
+        onednn_gemm_weight(g, weight, /*transpose=*/!transposed, grad_input);
+      } else {
+        grad_input = transposed ? gm.mm(weight) : gm.mm(weight.t());
+        if (bf16) grad_input = grad_input.to(g.scalar_type());
+      }
     }
     std::shared_ptr<Impl> scope = scope_with_id(ctx->saved_data["scope"].toInt());
     if (!scope) {  // the scope has ended: ordinary gradients
       torch::Tensor gw = ctx->needs_input_grad(1) ? weight_grad(input, gm, transposed).to(g.scalar_type()) : torch::Tensor();
       torch::Tensor gb = ctx->needs_input_grad(2) ? g.sum(0) : torch::Tensor();
-      return {grad_input, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      return {grad_input, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     if (torch::GradMode::is_enabled()) {
       throw std::logic_error(
@@ -211,7 +235,8 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
       }
       e.bias_sum.add_(g.sum(0));
     }
-    return {grad_input, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_input, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -238,7 +263,13 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, co
   std::shared_ptr<Impl> scope;
   const bool weight_grads = torch::GradMode::is_enabled() && (weight.requires_grad() || bias.requires_grad());
   if (weight_grads && weight.requires_grad() && bias.requires_grad()) scope = t_active;
+  const bool onednn = !bf16 && use_onednn(input, weight, bias);
   if (!scope) {
+    // oneDNN where no gradient is recorded (sampling); gradients outside a training step's scope
+    // (e.g. double backward) go through autograd's addmm.
+    if (onednn && !(torch::GradMode::is_enabled() && (weight_grads || input.requires_grad()))) {
+      return onednn_linear(input, weight, bias, transposed);
+    }
     if (!bf16) return torch::addmm(bias, input, transposed ? weight.t() : weight);
     // Gradients to the weight outside a scope (e.g. create_graph): autograd through the casts.
     torch::Tensor wb = weight_grads ? weight.to(torch::kBFloat16) : bf16_weight(weight);
@@ -262,7 +293,7 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, co
     }
     entry = static_cast<int64_t>(it->second);
   }
-  return DeferredLinearFn::apply(input, weight, bias, transposed, bf16, scope->id, entry);
+  return DeferredLinearFn::apply(input, weight, bias, transposed, bf16, onednn, scope->id, entry);
 }
 
 DeferredWeightGrads::DeferredWeightGrads() : impl_(std::make_shared<Impl>()) {

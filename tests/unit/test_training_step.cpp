@@ -14,6 +14,7 @@
 #include "nmcmc/flows/activations.hpp"
 #include "nmcmc/flows/deferred_linear.hpp"
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/flows/onednn_gemm.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/fused_adam.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
@@ -432,4 +433,95 @@ TEST(Bfloat16Matmul, FusedSamplingPathEqualsTheDifferentiableOne) {
     EXPECT_GT(gap, 0.0);
     EXPECT_LT(gap, 0.05 * (1.0 + fused.abs().max().item<double>()));
   }
+}
+
+// Note [oneDNN GEMM]: float32 products through oneDNN with cached reordered weights equal
+// LibTorch's (OpenBLAS) to float32 rounding, follow in-place and set_data updates of the weight
+// (a stale cached copy fails the second and third checks), give a row the same bits whatever the
+// other rows hold, and the training step's gradients (deferred, in a scope) equal OpenBLAS's.
+namespace {
+struct OneDnnSwitch {  // restores the process-wide setting
+  bool before = onednn_gemm_enabled();
+  ~OneDnnSwitch() { set_onednn_gemm_enabled(before); }
+};
+}  // namespace
+
+TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
+  OneDnnSwitch restore;
+  if (!set_onednn_gemm_enabled(true)) GTEST_SKIP() << "this build has no oneDNN";
+  torch::NoGradGuard no_grad;
+  at::Generator gen = make_generator(13);
+  torch::Tensor x = torch::randn({33, 40}, gen, torch::TensorOptions());
+  torch::Tensor w = torch::randn({40, 24}, gen, torch::TensorOptions());
+  torch::Tensor b = torch::randn({24}, gen, torch::TensorOptions());
+  auto check = [&](const torch::Tensor& weight, bool transposed) {
+    torch::Tensor out = linear(x, weight, b, transposed, Matmul::kNative);
+    torch::Tensor exact = torch::addmm(b.to(torch::kFloat64), x.to(torch::kFloat64),
+                                       (transposed ? weight.t() : weight).to(torch::kFloat64));
+    const double scale = exact.abs().max().item<double>();
+    EXPECT_LE((out.to(torch::kFloat64) - exact).abs().max().item<double>(), scale * 1e-5);
+  };
+  check(w, false);
+  torch::Tensor wt = w.t().contiguous();
+  check(wt, true);
+  w.add_(1.0);  // in place: the cached reordered copy must not be used
+  check(w, false);
+  w.set_data(torch::randn({40, 24}, gen, torch::TensorOptions()));  // new storage
+  check(w, false);
+  // A row's bits do not depend on the other rows (same batch size, same place).
+  torch::Tensor base = linear(x, w, b, false, Matmul::kNative);
+  torch::Tensor x2 = torch::randn({33, 40}, gen, torch::TensorOptions());
+  x2[5] = x[5];
+  x2[32] = x[32];
+  torch::Tensor again = linear(x2, w, b, false, Matmul::kNative);
+  EXPECT_TRUE(torch::equal(again[5], base[5]));
+  EXPECT_TRUE(torch::equal(again[32], base[32]));
+  EXPECT_FALSE(torch::equal(again, base));
+  // Accumulating GEMM: c + a b.
+  torch::Tensor c = torch::randn({33, 24}, gen, torch::TensorOptions());
+  torch::Tensor expect = c.to(torch::kFloat64) + x.to(torch::kFloat64).mm(w.to(torch::kFloat64));
+  onednn_gemm(x, w, c, /*accumulate=*/true);
+  EXPECT_LE((c.to(torch::kFloat64) - expect).abs().max().item<double>(), expect.abs().max().item<double>() * 1e-5);
+}
+
+TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
+  OneDnnSwitch restore;
+  if (!set_onednn_gemm_enabled(true)) GTEST_SKIP() << "this build has no oneDNN";
+  auto run = [](bool onednn) {
+    set_onednn_gemm_enabled(onednn);
+    // wide enough that the two GEMMs sum in different orders (at width 16 they agree bit for bit)
+    StepMLP mlp(3, 6, 160, 6, 2, "elu", true);
+    {
+      torch::NoGradGuard no_grad;
+      at::Generator pg = make_generator(9);
+      for (auto& p : mlp->parameters()) p.add_(0.3 * torch::randn(p.sizes(), pg, kF64));
+    }
+    mlp->to(torch::kFloat32);
+    at::Generator gen = make_generator(5);
+    torch::Tensor x = torch::randn({20, 6}, gen, torch::TensorOptions()).requires_grad_();
+    {
+      DeferredWeightGrads deferred;
+      torch::Tensor h = x, loss = torch::zeros({});
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int64_t k = 0; k < 3; ++k) {
+          torch::Tensor out = mlp->forward(k, h);
+          loss = loss + (out * out).sum() * (0.1 * static_cast<double>(k + 1));
+          h = h + 0.5 * torch::tanh(out);
+        }
+      }
+      loss.backward();
+      deferred.flush();
+    }
+    std::vector<torch::Tensor> g = grads_of(*mlp);
+    g.push_back(x.grad().clone());
+    return g;
+  };
+  const std::vector<torch::Tensor> with = run(true), without = run(false);
+  expect_close(with, without, 1e-4);
+  // They are different computations (another summation order), not the same call twice.
+  double differ = 0.0;
+  for (size_t k = 0; k < with.size(); ++k) {
+    if (with[k].defined()) differ = std::max(differ, (with[k] - without[k]).abs().max().item<double>());
+  }
+  EXPECT_GT(differ, 0.0);
 }

@@ -1,0 +1,44 @@
+#pragma once
+/// Float32 GEMMs through oneDNN with the weights kept in its blocked layout.
+//
+// Note [oneDNN GEMM]
+// A training step of Funnel-1 at batch 128 spends ~65 % of its time in OpenBLAS (perf), a quarter
+// of that packing operands: OpenBLAS copies both matrices into its panel layout on every call, and
+// each weight matrix is multiplied 36 times per step (12 uses, each forward, input gradient and
+// weight gradient) while it does not change. oneDNN's matmul primitive (brgemm kernels for
+// AVX-512), called directly, takes a weight already reordered into its blocked layout; on one core
+// of the Sapphire Rapids machines here a 128 x 512 by 512 x 512 float32 product took 300 us so
+// against OpenBLAS's 411 (349 with the weight in plain layout). linear() therefore multiplies
+// float32 CPU tensors through oneDNN when this build has it: forward products and the input
+// gradients against cached reordered weights (re-made when the weight's version counter moves,
+// i.e. once per optimiser step), weight gradients accumulated into their buffer by the GEMM itself
+// (Note [Deferred weight gradients]). Same float32 arithmetic, another summation order: results
+// differ from OpenBLAS's in the last bits, and a row's result does not depend on the other rows'
+// values (Note [Bfloat16 matmul] says why that is what exactness needs).
+// Needs oneDNN's headers at build time (Debian's libdnnl-dev: the oneDNN that Debian's LibTorch
+// itself links); without them, or with NMCMC_GEMM=openblas in the environment, LibTorch's GEMM
+// (OpenBLAS, MKL) is used as before.
+#include <torch/torch.h>
+
+namespace nmcmc {
+
+/// Whether linear() multiplies float32 through oneDNN: this build has it and NMCMC_GEMM is not
+/// "openblas".
+bool onednn_gemm_enabled();
+
+/// Turns the oneDNN path on or off for the whole process (tests, benchmarks); false when this
+/// build has no oneDNN (the call then changes nothing).
+bool set_onednn_gemm_enabled(bool enabled);
+
+/// c = (accumulate ? c : 0) + a b (+ bias, only without accumulate) for float32 CPU matrices:
+/// a [M, K] and b [K, N] (views with a unit stride in one dimension), c contiguous [M, N], bias [N].
+/// std::runtime_error in a build without oneDNN.
+void onednn_gemm(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, bool accumulate,
+                 const torch::Tensor& bias = torch::Tensor());
+
+/// c = a W (+ bias) with W = weight, or weight^T when `transpose`; the weight is kept reordered for
+/// this M while it is unchanged (its version counter and storage). c contiguous float32 [M, N].
+void onednn_gemm_weight(const torch::Tensor& a, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
+                        const torch::Tensor& bias = torch::Tensor());
+
+}  // namespace nmcmc

@@ -1,0 +1,193 @@
+#include "nmcmc/flows/onednn_gemm.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#if NMCMC_HAVE_DNNL
+#include <dnnl.hpp>
+#endif
+
+namespace nmcmc {
+
+#if NMCMC_HAVE_DNNL
+
+namespace {
+std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> enabled{[] {
+    const char* env = std::getenv("NMCMC_GEMM");
+    return env == nullptr || std::strcmp(env, "openblas") != 0;
+  }()};
+  return enabled;
+}
+}  // namespace
+
+bool onednn_gemm_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
+
+bool set_onednn_gemm_enabled(bool enabled) {
+  enabled_flag().store(enabled);
+  return true;
+}
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+/// A reordered weight and the primitive that multiplies it, for one M.
+struct Packed {
+  torch::Tensor weight;  // held, so that its address is not reused while cached
+  uint32_t version = 0;
+  const void* data = nullptr;
+  dnnl::memory memory;
+  dnnl::matmul primitive, primitive_bias;
+};
+
+struct State {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unordered_map<std::string, dnnl::matmul> plain;  // by shapes, strides, accumulate, bias
+  std::unordered_map<std::string, Packed> packed;       // by weight, layout, M
+};
+
+State& state() {
+  thread_local State s;  // per thread: data-parallel ranks run as threads of one process
+  return s;
+}
+
+dnnl::memory::desc desc_of(const torch::Tensor& t) { return dnnl::memory::desc({t.size(0), t.size(1)}, dt::f32, {t.stride(0), t.stride(1)}); }
+
+torch::Tensor usable(const torch::Tensor& t) {
+  return (t.stride(1) == 1 || t.stride(0) == 1) && t.stride(0) > 0 && t.stride(1) > 0 ? t : t.contiguous();
+}
+
+void check(const torch::Tensor& a, int64_t k, int64_t n, const torch::Tensor& c, const torch::Tensor& bias) {
+  TORCH_CHECK(a.is_cpu() && a.scalar_type() == torch::kFloat && a.dim() == 2 && a.size(1) == k,
+              "oneDNN GEMM: expected a float32 CPU matrix [M, ", k, "], got ", a.scalar_type(), " ", a.sizes());
+  TORCH_CHECK(c.scalar_type() == torch::kFloat && c.is_contiguous() && c.dim() == 2 && c.size(0) == a.size(0) &&
+                  c.size(1) == n,
+              "oneDNN GEMM: c must be a contiguous float32 [", a.size(0), ", ", n, "]");
+  TORCH_CHECK(!bias.defined() || (bias.scalar_type() == torch::kFloat && bias.numel() == n && bias.is_contiguous()),
+              "oneDNN GEMM: bias must be a contiguous float32 [", n, "]");
+}
+
+dnnl::matmul make(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd, const dnnl::memory::desc& cd, int64_t n,
+                  bool sum, bool with_bias, const dnnl::engine& engine) {
+  dnnl::primitive_attr attr;
+  if (sum) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  if (with_bias) {
+    const dnnl::memory::desc biasd({1, n}, dt::f32, {n, 1});
+    return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, biasd, cd), attr, engine));
+  }
+  return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, engine));
+}
+
+void run(State& s, dnnl::matmul& p, const torch::Tensor& a, const dnnl::memory& b, torch::Tensor& c, const torch::Tensor& bias) {
+  const int64_t n = c.size(1);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(desc_of(a), s.engine, a.data_ptr())},
+                                             {DNNL_ARG_WEIGHTS, b},
+                                             {DNNL_ARG_DST, dnnl::memory(desc_of(c), s.engine, c.data_ptr())}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, {n, 1}}, s.engine, bias.data_ptr()));
+  p.execute(s.stream, args);
+  s.stream.wait();
+}
+
+}  // namespace
+
+void onednn_gemm(const torch::Tensor& a_in, const torch::Tensor& b_in, torch::Tensor& c, bool accumulate, const torch::Tensor& bias) {
+  TORCH_CHECK(b_in.is_cpu() && b_in.scalar_type() == torch::kFloat && b_in.dim() == 2, "oneDNN GEMM: b must be a float32 CPU matrix");
+  const torch::Tensor a = usable(a_in), b = usable(b_in);
+  const int64_t m = a.size(0), k = b.size(0), n = b.size(1);
+  check(a, k, n, c, bias);
+  TORCH_CHECK(!(accumulate && bias.defined()), "oneDNN GEMM: a bias only without accumulate");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) bias.defined() ? c.copy_(bias.expand({m, n})) : c.zero_();
+    return;
+  }
+  State& s = state();
+  const std::string key = std::to_string(m) + ',' + std::to_string(k) + ',' + std::to_string(n) + ',' +
+                          std::to_string(a.stride(0)) + ',' + std::to_string(a.stride(1)) + ',' + std::to_string(b.stride(0)) +
+                          ',' + std::to_string(b.stride(1)) + (accumulate ? 's' : '-') + (bias.defined() ? 'b' : '-');
+  auto it = s.plain.find(key);
+  if (it == s.plain.end()) {
+    if (s.plain.size() > 512) s.plain.clear();
+    it = s.plain.emplace(key, make(desc_of(a), desc_of(b), desc_of(c), n, accumulate, bias.defined(), s.engine)).first;
+  }
+  run(s, it->second, a, dnnl::memory(desc_of(b), s.engine, b.data_ptr()), c, bias);
+}
+
+void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
+                        const torch::Tensor& bias) {
+  TORCH_CHECK(weight.is_cpu() && weight.scalar_type() == torch::kFloat && weight.dim() == 2,
+              "oneDNN GEMM: the weight must be a float32 CPU matrix");
+  const torch::Tensor a = usable(a_in);
+  const torch::Tensor w = transpose ? weight.t() : weight;  // [K, N] as multiplied
+  const int64_t m = a.size(0), k = w.size(0), n = w.size(1);
+  check(a, k, n, c, bias);
+  if (m == 0 || n == 0 || k == 0) {
+    onednn_gemm(a, w, c, false, bias);
+    return;
+  }
+  State& s = state();
+  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(weight.unsafeGetTensorImpl())) + (transpose ? 't' : 'n') +
+                          std::to_string(m) + ',' + std::to_string(a.stride(0)) + ',' + std::to_string(a.stride(1));
+  auto it = s.packed.find(key);
+  const uint32_t version = weight._version();
+  const bool fresh = it != s.packed.end() && it->second.version == version && it->second.data == weight.data_ptr() &&
+                     it->second.weight.sizes() == weight.sizes();
+  if (!fresh) {
+    if (it == s.packed.end()) {
+      if (s.packed.size() >= 256) {
+        for (auto i = s.packed.begin(); i != s.packed.end();) {
+          i = i->second.weight.use_count() <= 1 ? s.packed.erase(i) : std::next(i);
+        }
+      }
+      it = s.packed.emplace(key, Packed{}).first;
+    }
+    Packed& p = it->second;
+    const dnnl::memory::desc any({k, n}, dt::f32, dnnl::memory::format_tag::any);
+    const dnnl::memory::desc cd({m, n}, dt::f32, {n, 1});
+    dnnl::primitive_attr attr;
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(a), any, cd), attr, s.engine);
+    const dnnl::memory::desc biasd({1, n}, dt::f32, {n, 1});
+    const dnnl::matmul::primitive_desc pdb(dnnl::matmul::desc(desc_of(a), any, biasd, cd), attr, s.engine);
+    TORCH_CHECK(pdb.weights_desc() == pd.weights_desc(), "oneDNN GEMM: the weight layouts with and without bias differ");
+    const torch::Tensor wc = w.detach();
+    dnnl::memory plain(desc_of(wc), s.engine, wc.data_ptr());
+    p.memory = dnnl::memory(pd.weights_desc(), s.engine);
+    dnnl::reorder(plain, p.memory).execute(s.stream, plain, p.memory);
+    s.stream.wait();
+    p.primitive = dnnl::matmul(pd);
+    p.primitive_bias = dnnl::matmul(pdb);
+    p.weight = weight;
+    p.version = version;
+    p.data = weight.data_ptr();
+  }
+  Packed& p = it->second;
+  run(s, bias.defined() ? p.primitive_bias : p.primitive, a, p.memory, c, bias);
+}
+
+#else
+
+bool onednn_gemm_enabled() { return false; }
+
+bool set_onednn_gemm_enabled(bool) { return false; }
+
+void onednn_gemm(const torch::Tensor&, const torch::Tensor&, torch::Tensor&, bool, const torch::Tensor&) {
+  throw std::runtime_error("onednn_gemm: this build of nmcmc has no oneDNN (install libdnnl-dev and rebuild)");
+}
+
+void onednn_gemm_weight(const torch::Tensor&, const torch::Tensor&, bool, torch::Tensor&, const torch::Tensor&) {
+  throw std::runtime_error("onednn_gemm_weight: this build of nmcmc has no oneDNN (install libdnnl-dev and rebuild)");
+}
+
+#endif
+
+}  // namespace nmcmc
