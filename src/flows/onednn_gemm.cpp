@@ -8,6 +8,10 @@
 #include <unordered_map>
 
 #if NMCMC_HAVE_DNNL
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <dnnl.hpp>
 #endif
 
@@ -16,20 +20,47 @@ namespace nmcmc {
 #if NMCMC_HAVE_DNNL
 
 namespace {
-std::atomic<bool>& enabled_flag() {
-  static std::atomic<bool> enabled{[] {
+std::atomic<uint64_t> g_calls{0};
+
+std::atomic<int>& mode() {
+  static std::atomic<int> m{[] {
     const char* env = std::getenv("NMCMC_GEMM");
-    return env == nullptr || std::strcmp(env, "openblas") != 0;
+    if (env != nullptr && std::strcmp(env, "openblas") == 0) return static_cast<int>(GemmBackend::kLibTorch);
+    if (env != nullptr && std::strcmp(env, "onednn") == 0) return static_cast<int>(GemmBackend::kOneDnn);
+    return static_cast<int>(GemmBackend::kAuto);
   }()};
-  return enabled;
+  return m;
+}
+
+/// The BLAS's own thread count (OpenBLAS keeps its own pool, which LibTorch's --threads does not
+/// limit; OPENBLAS_NUM_THREADS does); 1 when it is not OpenBLAS.
+int blas_threads() {
+  static const int n = [] {
+    auto fn = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    return fn != nullptr ? std::max(1, fn()) : 1;
+  }();
+  return n;
 }
 }  // namespace
 
-bool onednn_gemm_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
+// One thread only: with OpenBLAS's pool on the other core, oneDNN on OpenMP threads contended with
+// its spinning workers (a Funnel-1 training 2.2x slower), and oneDNN on two threads with OpenBLAS
+// on one was only level with OpenBLAS on two (Note [oneDNN GEMM]).
+bool onednn_gemm_enabled() {
+  switch (static_cast<GemmBackend>(mode().load(std::memory_order_relaxed))) {
+    case GemmBackend::kOneDnn: return true;
+    case GemmBackend::kLibTorch: return false;
+    case GemmBackend::kAuto: break;
+  }
+  return at::get_num_threads() == 1 && blas_threads() == 1;
+}
 
-bool set_onednn_gemm_enabled(bool enabled) {
-  enabled_flag().store(enabled);
-  return true;
+bool onednn_gemm_available() { return true; }
+
+uint64_t onednn_gemm_calls() { return g_calls.load(); }
+
+GemmBackend set_gemm_backend(GemmBackend backend) {
+  return static_cast<GemmBackend>(mode().exchange(static_cast<int>(backend)));
 }
 
 namespace {
@@ -96,6 +127,7 @@ void run(State& s, dnnl::matmul& p, const torch::Tensor& a, const dnnl::memory& 
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, {n, 1}}, s.engine, bias.data_ptr()));
   p.execute(s.stream, args);
   s.stream.wait();
+  g_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -178,7 +210,11 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
 
 bool onednn_gemm_enabled() { return false; }
 
-bool set_onednn_gemm_enabled(bool) { return false; }
+bool onednn_gemm_available() { return false; }
+
+uint64_t onednn_gemm_calls() { return 0; }
+
+GemmBackend set_gemm_backend(GemmBackend) { return GemmBackend::kLibTorch; }
 
 void onednn_gemm(const torch::Tensor&, const torch::Tensor&, torch::Tensor&, bool, const torch::Tensor&) {
   throw std::runtime_error("onednn_gemm: this build of nmcmc has no oneDNN (install libdnnl-dev and rebuild)");

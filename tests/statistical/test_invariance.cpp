@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "nmcmc/flows/model.hpp"
+#include "nmcmc/flows/onednn_gemm.hpp"
 #include "nmcmc/images/conv_sampler.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/targets/targets.hpp"
@@ -19,10 +20,12 @@ constexpr int64_t kSteps = 10;
 constexpr int kProjections = 20;
 
 /// Runs the kernel from exact draws and whitens the result with the target's known law.
-test_support::InvarianceReport invariance(const json& spec, std::shared_ptr<Proposal> proposal, uint64_t seed) {
-  auto target = make_target(spec, kF64);
+test_support::InvarianceReport invariance(const json& spec, std::shared_ptr<Proposal> proposal, uint64_t seed,
+                                          torch::Dtype dtype = torch::kFloat64) {
+  auto target = make_target(spec, torch::TensorOptions().dtype(dtype));
   torch::Tensor x = test_support::run_from_exact(*target, std::move(proposal), kChains, kSteps, seed);
-  torch::Tensor z = test_support::whiten_known(spec, *target, x);
+  auto target64 = make_target(spec, kF64);
+  torch::Tensor z = test_support::whiten_known(spec, *target64, x.to(torch::kFloat64));
   return test_support::normal_tests(z, kProjections, seed + 1000);
 }
 
@@ -141,6 +144,24 @@ TEST(Invariance, LearnedWithBfloat16Networks) {
     std::cout << "  bfloat16 " << variant_name(v) << ": " << r.describe() << "\n";
     EXPECT_TRUE(r.passes()) << variant_name(v) << ": " << r.describe();
   }
+}
+
+TEST(Invariance, LearnedFloat32WithOneDnnGemms) {
+  // Note [oneDNN GEMM]: a float32 model whose layers multiply through oneDNN (reordered weights)
+  // is exact too; the count shows the path was taken.
+  if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
+  const GemmBackend before = set_gemm_backend(GemmBackend::kOneDnn);
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    auto s = test_support::perturbed_sampler(
+        LearnedOptions().set_dim(20).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.2).set_matmul("native"), 7);
+    s->to(torch::kFloat32);
+    const uint64_t calls = onednn_gemm_calls();
+    auto r = invariance(kFunnel3, std::make_shared<LearnedProposal>(s), 108, torch::kFloat32);
+    std::cout << "  float32 oneDNN " << variant_name(v) << ": " << r.describe() << "\n";
+    EXPECT_GT(onednn_gemm_calls(), calls) << variant_name(v);
+    EXPECT_TRUE(r.passes()) << variant_name(v) << ": " << r.describe();
+  }
+  set_gemm_backend(before);
 }
 
 TEST(Invariance, LearnedAfterShortTraining) {

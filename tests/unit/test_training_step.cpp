@@ -441,14 +441,14 @@ TEST(Bfloat16Matmul, FusedSamplingPathEqualsTheDifferentiableOne) {
 // other rows hold, and the training step's gradients (deferred, in a scope) equal OpenBLAS's.
 namespace {
 struct OneDnnSwitch {  // restores the process-wide setting
-  bool before = onednn_gemm_enabled();
-  ~OneDnnSwitch() { set_onednn_gemm_enabled(before); }
+  GemmBackend before = set_gemm_backend(GemmBackend::kOneDnn);
+  ~OneDnnSwitch() { set_gemm_backend(before); }
 };
 }  // namespace
 
 TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
   OneDnnSwitch restore;
-  if (!set_onednn_gemm_enabled(true)) GTEST_SKIP() << "this build has no oneDNN";
+  if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
   torch::NoGradGuard no_grad;
   at::Generator gen = make_generator(13);
   torch::Tensor x = torch::randn({33, 40}, gen, torch::TensorOptions());
@@ -468,6 +468,19 @@ TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
   check(w, false);
   w.set_data(torch::randn({40, 24}, gen, torch::TensorOptions()));  // new storage
   check(w, false);
+  // The path is taken, and the automatic choice follows the threads (Note [oneDNN GEMM]).
+  const uint64_t calls = onednn_gemm_calls();
+  (void)linear(x, w, b, false, Matmul::kNative);
+  EXPECT_GT(onednn_gemm_calls(), calls);
+  set_gemm_backend(GemmBackend::kLibTorch);
+  EXPECT_FALSE(onednn_gemm_enabled());
+  set_gemm_backend(GemmBackend::kAuto);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  EXPECT_FALSE(onednn_gemm_enabled());  // two LibTorch threads: LibTorch's GEMM
+  at::set_num_threads(threads);
+  set_gemm_backend(GemmBackend::kOneDnn);
+  EXPECT_TRUE(onednn_gemm_enabled());
   // A row's bits do not depend on the other rows (same batch size, same place).
   torch::Tensor base = linear(x, w, b, false, Matmul::kNative);
   torch::Tensor x2 = torch::randn({33, 40}, gen, torch::TensorOptions());
@@ -486,9 +499,9 @@ TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
 
 TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
   OneDnnSwitch restore;
-  if (!set_onednn_gemm_enabled(true)) GTEST_SKIP() << "this build has no oneDNN";
+  if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
   auto run = [](bool onednn) {
-    set_onednn_gemm_enabled(onednn);
+    set_gemm_backend(onednn ? GemmBackend::kOneDnn : GemmBackend::kLibTorch);
     // wide enough that the two GEMMs sum in different orders (at width 16 they agree bit for bit)
     StepMLP mlp(3, 6, 160, 6, 2, "elu", true);
     {

@@ -20,15 +20,28 @@
 // (OpenBLAS, MKL) is used as before.
 #include <torch/torch.h>
 
+#include <cstdint>
+
 namespace nmcmc {
 
-/// Whether linear() multiplies float32 through oneDNN: this build has it and NMCMC_GEMM is not
-/// "openblas".
+/// Whether this build has oneDNN (found at build time, Note [oneDNN GEMM]).
+bool onednn_gemm_available();
+
+/// Where linear() multiplies float32 CPU matrices: kAuto (the default) uses oneDNN when LibTorch
+/// and the BLAS each run one thread (`--threads 1` and OPENBLAS_NUM_THREADS=1, as `reproduce
+/// --jobs` and `launch` give their children), LibTorch's GEMM otherwise; kOneDnn and kLibTorch
+/// force either. NMCMC_GEMM=onednn|openblas in the environment sets the start value.
+enum class GemmBackend { kAuto, kOneDnn, kLibTorch };
+
+/// GEMMs run through oneDNN so far in this process (tests).
+uint64_t onednn_gemm_calls();
+
+/// Whether linear() multiplies float32 through oneDNN now.
 bool onednn_gemm_enabled();
 
-/// Turns the oneDNN path on or off for the whole process (tests, benchmarks); false when this
-/// build has no oneDNN (the call then changes nothing).
-bool set_onednn_gemm_enabled(bool enabled);
+/// Sets the backend for the whole process (tests, benchmarks) and returns the previous one; in a
+/// build without oneDNN nothing changes (returns kLibTorch).
+GemmBackend set_gemm_backend(GemmBackend backend);
 
 /// c = (accumulate ? c : 0) + a b (+ bias, only without accumulate) for float32 CPU matrices:
 /// a [M, K] and b [K, N] (views with a unit stride in one dimension), c contiguous [M, N], bias [N].
