@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "nmcmc/core/blas_check.hpp"
 #include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/flows/onednn_gemm.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc::cli {
@@ -20,6 +21,12 @@ Command add_info_command(CLI::App& app) {
                               ? "fast (AMX-BF16 through oneDNN): learned samplers with model.matmul = auto sample with them "
                                     "(and train with them with model.matmul = bfloat16)"
                               : "no AMX-BF16 here: model.matmul = auto multiplies in float32")
+                      << "\n";
+            std::cout << "float32 GEMMs: "
+                      << (onednn_gemm_available()
+                              ? "oneDNN with reordered weights where LibTorch and the BLAS run one thread "
+                                "(OPENBLAS_NUM_THREADS=1), LibTorch's BLAS otherwise (NMCMC_GEMM=onednn|openblas forces either)"
+                              : "LibTorch's BLAS (this build has no oneDNN: libdnnl-dev)")
                       << "\n";
             std::cout << "data directory: " << data_directory() << "\n";
             auto report = check_blas(false);
