@@ -45,6 +45,18 @@ TEST(Cli, HelpOnEveryCommand) {
   }
 }
 
+// `nmcmc info` and `--version` say how this process multiplies and allocates (Note [oneDNN GEMM],
+// Note [Allocator policy]); NMCMC_MALLOC=default is honoured.
+TEST(Cli, InfoSaysWhereGemmsRunAndTheMallocPolicy) {
+  CliRun i = run("info");
+  EXPECT_EQ(i.code, 0) << i.out;
+  EXPECT_NE(i.out.find("float32 GEMMs: "), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("malloc: heap reuse"), std::string::npos) << i.out;
+  CliRun v = run_with_prefix("NMCMC_MALLOC=default ", "--version");
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find("malloc: glibc's default (NMCMC_MALLOC=default)"), std::string::npos) << v.out;
+}
+
 TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
   struct Case {
     std::string args;
