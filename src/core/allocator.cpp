@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -19,6 +20,9 @@ AllocatorPolicy apply() {
   if (env != nullptr && std::strcmp(env, "default") == 0) {
     p.message = "glibc's default (NMCMC_MALLOC=default)";
     return p;
+  }
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "reuse") != 0) {
+    std::cerr << "nmcmc: NMCMC_MALLOC=" << env << " is not one of reuse, default; using reuse\n";
   }
 #if defined(__GLIBC__)
   // Fixing either threshold turns off glibc's dynamic adjustment of both.

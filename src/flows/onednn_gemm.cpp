@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -27,6 +28,9 @@ std::atomic<int>& mode() {
     const char* env = std::getenv("NMCMC_GEMM");
     if (env != nullptr && std::strcmp(env, "openblas") == 0) return static_cast<int>(GemmBackend::kLibTorch);
     if (env != nullptr && std::strcmp(env, "onednn") == 0) return static_cast<int>(GemmBackend::kOneDnn);
+    if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
+      std::cerr << "nmcmc: NMCMC_GEMM=" << env << " is not one of auto, onednn, openblas; using auto\n";
+    }
     return static_cast<int>(GemmBackend::kAuto);
   }()};
   return m;

@@ -55,6 +55,10 @@ TEST(Cli, InfoSaysWhereGemmsRunAndTheMallocPolicy) {
   CliRun v = run_with_prefix("NMCMC_MALLOC=default ", "--version");
   EXPECT_EQ(v.code, 0) << v.out;
   EXPECT_NE(v.out.find("malloc: glibc's default (NMCMC_MALLOC=default)"), std::string::npos) << v.out;
+  // A value it does not know is said, not silently taken.
+  CliRun bad = run_with_prefix("NMCMC_MALLOC=sometimes NMCMC_GEMM=mkl ", "info");
+  EXPECT_EQ(bad.code, 0) << bad.out;
+  EXPECT_NE(bad.out.find("NMCMC_MALLOC=sometimes is not one of"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, BadInputGetsOneClearLineAndExitCode) {

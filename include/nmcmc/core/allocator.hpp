@@ -13,7 +13,8 @@
 // ~0.127 s to ~0.121 s (bench/nmcmc_bench, BENCHMARKS.md "Where the time goes").
 // Blocks above 32 MB are still mapped and unmapped on their own, and up to 512 MB of free heap
 // top is kept; the peak memory of a run is unchanged. Called once at the start of the `nmcmc`
-// program, the benchmarks and the Python module; NMCMC_MALLOC=default leaves glibc's policy.
+// program, the benchmarks and the Python module; NMCMC_MALLOC=default leaves glibc's policy
+// (NMCMC_MALLOC=reuse, or unset, is this one; anything else is reported on stderr and ignored).
 #include <string>
 
 namespace nmcmc {
