@@ -83,7 +83,6 @@ struct Packed {
 struct State {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::unordered_map<std::string, dnnl::matmul> plain;  // by shapes, strides, accumulate, bias
   std::unordered_map<std::string, Packed> packed;       // by weight, layout, M
 };
 
@@ -108,21 +107,6 @@ void check(const torch::Tensor& a, int64_t k, int64_t n, const torch::Tensor& c,
               "oneDNN GEMM: bias must be a contiguous float32 [", n, "]");
 }
 
-dnnl::matmul make(const dnnl::memory::desc& ad, const dnnl::memory::desc& bd, const dnnl::memory::desc& cd, int64_t n,
-                  bool sum, bool with_bias, const dnnl::engine& engine) {
-  dnnl::primitive_attr attr;
-  if (sum) {
-    dnnl::post_ops po;
-    po.append_sum(1.0f);
-    attr.set_post_ops(po);
-  }
-  if (with_bias) {
-    const dnnl::memory::desc biasd({1, n}, dt::f32, {n, 1});
-    return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, biasd, cd), attr, engine));
-  }
-  return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, engine));
-}
-
 void run(State& s, dnnl::matmul& p, const torch::Tensor& a, const dnnl::memory& b, torch::Tensor& c, const torch::Tensor& bias) {
   const int64_t n = c.size(1);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(desc_of(a), s.engine, a.data_ptr())},
@@ -136,29 +120,6 @@ void run(State& s, dnnl::matmul& p, const torch::Tensor& a, const dnnl::memory& 
 
 }  // namespace
 
-void onednn_gemm(const torch::Tensor& a_in, const torch::Tensor& b_in, torch::Tensor& c, bool accumulate, const torch::Tensor& bias) {
-  TORCH_CHECK(b_in.is_cpu() && b_in.scalar_type() == torch::kFloat && b_in.dim() == 2, "oneDNN GEMM: b must be a float32 CPU matrix");
-  const torch::Tensor a = usable(a_in), b = usable(b_in);
-  const int64_t m = a.size(0), k = b.size(0), n = b.size(1);
-  check(a, k, n, c, bias);
-  TORCH_CHECK(!(accumulate && bias.defined()), "oneDNN GEMM: a bias only without accumulate");
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (!accumulate) bias.defined() ? c.copy_(bias.expand({m, n})) : c.zero_();
-    return;
-  }
-  State& s = state();
-  const std::string key = std::to_string(m) + ',' + std::to_string(k) + ',' + std::to_string(n) + ',' +
-                          std::to_string(a.stride(0)) + ',' + std::to_string(a.stride(1)) + ',' + std::to_string(b.stride(0)) +
-                          ',' + std::to_string(b.stride(1)) + (accumulate ? 's' : '-') + (bias.defined() ? 'b' : '-');
-  auto it = s.plain.find(key);
-  if (it == s.plain.end()) {
-    if (s.plain.size() > 512) s.plain.clear();
-    it = s.plain.emplace(key, make(desc_of(a), desc_of(b), desc_of(c), n, accumulate, bias.defined(), s.engine)).first;
-  }
-  run(s, it->second, a, dnnl::memory(desc_of(b), s.engine, b.data_ptr()), c, bias);
-}
-
 void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
                         const torch::Tensor& bias) {
   TORCH_CHECK(weight.is_cpu() && weight.scalar_type() == torch::kFloat && weight.dim() == 2,
@@ -167,8 +128,9 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
   const torch::Tensor w = transpose ? weight.t() : weight;  // [K, N] as multiplied
   const int64_t m = a.size(0), k = w.size(0), n = w.size(1);
   check(a, k, n, c, bias);
-  if (m == 0 || n == 0 || k == 0) {
-    onednn_gemm(a, w, c, false, bias);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty product: the bias alone
+    bias.defined() ? c.copy_(bias.expand({m, n})) : c.zero_();
     return;
   }
   State& s = state();
@@ -180,7 +142,7 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
                      it->second.weight.sizes() == weight.sizes();
   if (!fresh) {
     if (it == s.packed.end()) {
-      if (s.packed.size() >= 256) {
+      if (s.packed.size() >= 64) {  // drop the copies of weights nothing else holds any more
         for (auto i = s.packed.begin(); i != s.packed.end();) {
           i = i->second.weight.use_count() <= 1 ? s.packed.erase(i) : std::next(i);
         }
@@ -219,10 +181,6 @@ bool onednn_gemm_available() { return false; }
 uint64_t onednn_gemm_calls() { return 0; }
 
 GemmBackend set_gemm_backend(GemmBackend) { return GemmBackend::kLibTorch; }
-
-void onednn_gemm(const torch::Tensor&, const torch::Tensor&, torch::Tensor&, bool, const torch::Tensor&) {
-  throw std::runtime_error("onednn_gemm: this build of nmcmc has no oneDNN (install libdnnl-dev and rebuild)");
-}
 
 void onednn_gemm_weight(const torch::Tensor&, const torch::Tensor&, bool, torch::Tensor&, const torch::Tensor&) {
   throw std::runtime_error("onednn_gemm_weight: this build of nmcmc has no oneDNN (install libdnnl-dev and rebuild)");

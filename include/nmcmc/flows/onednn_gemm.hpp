@@ -9,11 +9,12 @@
 // AVX-512), called directly, takes a weight already reordered into its blocked layout; on one core
 // of the Sapphire Rapids machines here a 128 x 512 by 512 x 512 float32 product took 300 us so
 // against OpenBLAS's 411 (349 with the weight in plain layout). linear() therefore multiplies
-// float32 CPU tensors through oneDNN when this build has it: forward products and the input
-// gradients against cached reordered weights (re-made when the weight's version counter moves,
-// i.e. once per optimiser step), weight gradients accumulated into their buffer by the GEMM itself
-// (Note [Deferred weight gradients]). Same float32 arithmetic, another summation order: results
-// differ from OpenBLAS's in the last bits, and a row's result does not depend on the other rows'
+// float32 CPU tensors through oneDNN when this build has it and one thread runs (GemmBackend):
+// forward products and input gradients against cached reordered weights (re-made when the
+// weight's version counter moves, i.e. once per optimiser step). The weight gradients stay with
+// LibTorch's accumulating addmm_ (Note [Deferred weight gradients]): their left operand is
+// transposed, and twelve accumulations took 5.2 ms in oneDNN against OpenBLAS's 4.8. Same float32
+// arithmetic, another summation order: results differ from OpenBLAS's in the last bits, and a row's result does not depend on the other rows'
 // values (Note [Bfloat16 matmul] says why that is what exactness needs).
 // Needs oneDNN's headers at build time (Debian's libdnnl-dev: the oneDNN that Debian's LibTorch
 // itself links); without them, or with NMCMC_GEMM=openblas in the environment, LibTorch's GEMM
@@ -42,12 +43,6 @@ bool onednn_gemm_enabled();
 /// Sets the backend for the whole process (tests, benchmarks) and returns the previous one; in a
 /// build without oneDNN nothing changes (returns kLibTorch).
 GemmBackend set_gemm_backend(GemmBackend backend);
-
-/// c = (accumulate ? c : 0) + a b (+ bias, only without accumulate) for float32 CPU matrices:
-/// a [M, K] and b [K, N] (views with a unit stride in one dimension), c contiguous [M, N], bias [N].
-/// std::runtime_error in a build without oneDNN.
-void onednn_gemm(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, bool accumulate,
-                 const torch::Tensor& bias = torch::Tensor());
 
 /// c = a W (+ bias) with W = weight, or weight^T when `transpose`; the weight is kept reordered for
 /// this M while it is unchanged (its version counter and storage). c contiguous float32 [M, N].
