@@ -70,6 +70,9 @@ int main(int argc, char** argv) {
   std::string trace, matmul;
   learned->add_option("--matmul", matmul, "the model's matmul option (default: the config's, else auto)")
       ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
+  bool keep_zero_rows = false;
+  learned->add_flag("--keep-zero-rows", keep_zero_rows,
+                    "multiply every row in the backward pass, also those of zero gradient (Note [Zero-gradient rows]; A/B)");
   learned->add_option("--trace", trace, "write a chrome trace of the timed steps (LibTorch's profiler) to this file");
   auto* baseline = app.add_subcommand("baseline", "MH steps per second of a baseline sampler");
   baseline->add_option("--target-json", target_json);
@@ -97,6 +100,8 @@ int main(int argc, char** argv) {
 
   if (*dist) {
     auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
+    if (keep_zero_rows) nmcmc::set_skip_zero_gradient_rows(false);
+    const uint64_t skipped_before = nmcmc::zero_gradient_rows_skipped();
     LearnedSetup setup(config, batch, matmul);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);
@@ -170,6 +175,8 @@ int main(int argc, char** argv) {
   }
 
   if (*learned) {
+    if (keep_zero_rows) nmcmc::set_skip_zero_gradient_rows(false);
+    const uint64_t skipped_before = nmcmc::zero_gradient_rows_skipped();
     LearnedSetup setup(config, batch, matmul);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train);
@@ -208,7 +215,9 @@ int main(int argc, char** argv) {
                 {"seconds_per_step", sec}, {"network_gflops_per_s", flops / sec / 1e9},
                 {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}, {"matmul", sampler->options().matmul},
                 {"amx_bf16", nmcmc::cpu_has_fast_bf16_matmul()},
-                {"malloc", nmcmc::tune_allocator().applied ? "heap-reuse" : "default"}};
+                {"malloc", nmcmc::tune_allocator().applied ? "heap-reuse" : "default"},
+                {"zero_rows_skipped_per_step", static_cast<double>(nmcmc::zero_gradient_rows_skipped() - skipped_before) /
+                                                   static_cast<double>(mode == "train" ? reps + 1 : 1)}};
     std::cout << out.dump() << std::endl;
     return 0;
   }

@@ -2,6 +2,8 @@
 
 #include <ATen/Context.h>
 
+#include <atomic>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
@@ -163,6 +165,85 @@ void add_to_grad(const torch::Tensor& param, const torch::Tensor& g) {
   }
 }
 
+std::atomic<bool> g_skip_zero_rows{true};
+std::atomic<uint64_t> g_rows_skipped{0};
+
+/// Whether row `r` (n values) has an entry other than +-0 (NaN counts): blocks of 16 values OR'ed
+/// without the sign bit (vectorised), stopping at the first block with one.
+template <typename T, typename Bits>
+bool row_nonzero(const T* r, int64_t n) {
+  static_assert(sizeof(T) == sizeof(Bits), "bit width");
+  constexpr Bits kMagnitude = ~(Bits(1) << (8 * sizeof(Bits) - 1));
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    Bits acc = 0;
+    for (int64_t l = 0; l < 16; ++l) {
+      Bits b;
+      std::memcpy(&b, r + j + l, sizeof(b));
+      acc |= b & kMagnitude;
+    }
+    if (acc != 0) return true;
+  }
+  for (; j < n; ++j) {
+    Bits b;
+    std::memcpy(&b, r + j, sizeof(b));
+    if ((b & kMagnitude) != 0) return true;
+  }
+  return false;
+}
+
+/// The rows of a [M, N] output gradient with a nonzero entry, when they are at most 7/8 of them
+/// (fewer saves less than the gathers cost); empty otherwise (Note [Zero-gradient rows]).
+bool rows_with_gradient(const torch::Tensor& g, std::vector<int64_t>& rows) {
+  rows.clear();
+  if (!g_skip_zero_rows.load(std::memory_order_relaxed) || !g.is_cpu() || g.dim() != 2 || !g.is_contiguous() ||
+      g.size(0) < 8 || g.size(1) == 0 || (g.scalar_type() != torch::kFloat && g.scalar_type() != torch::kDouble)) {
+    return false;
+  }
+  const int64_t m = g.size(0), n = g.size(1);
+  rows.reserve(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    const bool nz = g.scalar_type() == torch::kFloat ? row_nonzero<float, uint32_t>(g.data_ptr<float>() + i * n, n)
+                                                     : row_nonzero<double, uint64_t>(g.data_ptr<double>() + i * n, n);
+    if (nz) rows.push_back(i);
+  }
+  const int64_t kept = static_cast<int64_t>(rows.size());
+  if (kept * 8 > m * 7) return false;
+  g_rows_skipped.fetch_add(static_cast<uint64_t>(m - kept), std::memory_order_relaxed);
+  return true;
+}
+
+/// t[rows] for a matrix t (one copy per row when t is contiguous).
+torch::Tensor gather_rows(const torch::Tensor& t, const std::vector<int64_t>& rows) {
+  if (!t.is_contiguous()) return t.index_select(0, torch::tensor(rows, torch::kLong));
+  torch::Tensor out = torch::empty({static_cast<int64_t>(rows.size()), t.size(1)}, t.options());
+  const size_t bytes = static_cast<size_t>(t.size(1)) * t.element_size();
+  const char* src = static_cast<const char*>(t.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (size_t k = 0; k < rows.size(); ++k) std::memcpy(dst + k * bytes, src + static_cast<size_t>(rows[k]) * bytes, bytes);
+  return out;
+}
+
+/// A [m, N] matrix whose rows `rows` are `part`'s and whose other rows are zeros (one pass).
+torch::Tensor scatter_rows(const torch::Tensor& part, const std::vector<int64_t>& rows, int64_t m) {
+  const torch::Tensor p = part.contiguous();
+  torch::Tensor out = torch::empty({m, p.size(1)}, p.options());
+  const size_t bytes = static_cast<size_t>(p.size(1)) * p.element_size();
+  const char* src = static_cast<const char*>(p.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  size_t k = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    char* row = dst + static_cast<size_t>(i) * bytes;
+    if (k < rows.size() && rows[k] == i) {
+      std::memcpy(row, src + k * bytes, bytes);
+      ++k;
+    } else {
+      std::memset(row, 0, bytes);
+    }
+  }
+  return out;
+}
+
 struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool transposed, bool bf16,
@@ -185,12 +266,17 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& input = saved[0];   // bfloat16 when bf16
     const torch::Tensor& weight = saved[1];  // bfloat16 when bf16
     const bool transposed = ctx->saved_data["transposed"].toBool();
     const bool bf16 = ctx->saved_data["bf16"].toBool();
     const bool onednn = ctx->saved_data["onednn"].toBool();
-    const torch::Tensor g = onednn ? grads[0].contiguous() : grads[0];
+    const torch::Tensor g_all = onednn ? grads[0].contiguous() : grads[0];
+    // Rows whose output gradient is zero add nothing to any gradient: multiply only the others
+    // (Note [Zero-gradient rows]).
+    std::vector<int64_t> rows;
+    const bool compact = rows_with_gradient(g_all, rows);
+    const torch::Tensor g = compact ? gather_rows(g_all, rows) : g_all;
+    const torch::Tensor input = compact ? gather_rows(saved[0], rows) : saved[0];  // bfloat16 when bf16
     const torch::Tensor gm = bf16 ? g.to(torch::kBFloat16) : g;  // the GEMMs' operand
     torch::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
@@ -202,6 +288,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
         grad_input = transposed ? gm.mm(weight) : gm.mm(weight.t());
         if (bf16) grad_input = grad_input.to(g.scalar_type());
       }
+      if (compact) grad_input = scatter_rows(grad_input, rows, g_all.size(0));
     }
     std::shared_ptr<Impl> scope = scope_with_id(ctx->saved_data["scope"].toInt());
     if (!scope) {  // the scope has ended: ordinary gradients
@@ -256,6 +343,10 @@ std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch:
 }
 
 torch::Tensor cached_bf16(const torch::Tensor& weight) { return bf16_weight(weight); }
+
+bool set_skip_zero_gradient_rows(bool skip) { return g_skip_zero_rows.exchange(skip); }
+
+uint64_t zero_gradient_rows_skipped() { return g_rows_skipped.load(); }
 
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
                      bool transposed, Matmul matmul) {

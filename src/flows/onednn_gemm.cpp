@@ -71,19 +71,28 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-/// A reordered weight and the primitive that multiplies it, for one M.
+/// A weight reordered into oneDNN's blocked layout, kept while the weight is unchanged.
 struct Packed {
   torch::Tensor weight;  // held, so that its address is not reused while cached
   uint32_t version = 0;
   const void* data = nullptr;
   dnnl::memory memory;
-  dnnl::matmul primitive, primitive_bias;
+};
+
+/// The primitives for one shape (M, K, N, the left operand's strides), with and without bias. The
+/// blocked weight layout they take depends on K and N only (checked when used): one reordered copy
+/// of a weight serves every M, which the training step's compacted backward products vary
+/// (Note [Zero-gradient rows]).
+struct Primitives {
+  dnnl::matmul plain, with_bias;
+  dnnl::memory::desc weights;
 };
 
 struct State {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::unordered_map<std::string, Packed> packed;       // by weight, layout, M
+  std::unordered_map<std::string, Packed> packed;          // by weight and layout
+  std::unordered_map<std::string, Primitives> primitives;  // by shape
 };
 
 State& state() {
@@ -107,15 +116,51 @@ void check(const torch::Tensor& a, int64_t k, int64_t n, const torch::Tensor& c,
               "oneDNN GEMM: bias must be a contiguous float32 [", n, "]");
 }
 
-void run(State& s, dnnl::matmul& p, const torch::Tensor& a, const dnnl::memory& b, torch::Tensor& c, const torch::Tensor& bias) {
-  const int64_t n = c.size(1);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(desc_of(a), s.engine, a.data_ptr())},
-                                             {DNNL_ARG_WEIGHTS, b},
-                                             {DNNL_ARG_DST, dnnl::memory(desc_of(c), s.engine, c.data_ptr())}};
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, {n, 1}}, s.engine, bias.data_ptr()));
-  p.execute(s.stream, args);
+Primitives& primitives_for(State& s, const torch::Tensor& a, int64_t k, int64_t n) {
+  const int64_t m = a.size(0);
+  const std::string key = std::to_string(m) + ',' + std::to_string(k) + ',' + std::to_string(n) + ',' +
+                          std::to_string(a.stride(0)) + ',' + std::to_string(a.stride(1));
+  auto it = s.primitives.find(key);
+  if (it != s.primitives.end()) return it->second;
+  if (s.primitives.size() >= 512) s.primitives.clear();  // ~70 us each to make again
+  const dnnl::memory::desc any({k, n}, dt::f32, dnnl::memory::format_tag::any);
+  const dnnl::memory::desc cd({m, n}, dt::f32, {n, 1});
+  const dnnl::memory::desc biasd({1, n}, dt::f32, {n, 1});
+  dnnl::primitive_attr attr;
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(a), any, cd), attr, s.engine);
+  const dnnl::matmul::primitive_desc pdb(dnnl::matmul::desc(desc_of(a), any, biasd, cd), attr, s.engine);
+  TORCH_CHECK(pdb.weights_desc() == pd.weights_desc(), "oneDNN GEMM: the weight layouts with and without bias differ");
+  return s.primitives.emplace(key, Primitives{dnnl::matmul(pd), dnnl::matmul(pdb), pd.weights_desc()}).first->second;
+}
+
+/// The weight (as multiplied: [K, N]) in the layout `layout`, reordered when it or the weight changed.
+const dnnl::memory& packed_for(State& s, const torch::Tensor& weight, bool transpose, const torch::Tensor& w,
+                               const dnnl::memory::desc& layout) {
+  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(weight.unsafeGetTensorImpl())) + (transpose ? 't' : 'n');
+  auto it = s.packed.find(key);
+  const uint32_t version = weight._version();
+  if (it != s.packed.end() && it->second.version == version && it->second.data == weight.data_ptr() &&
+      it->second.weight.sizes() == weight.sizes() && it->second.memory.get_desc() == layout) {
+    return it->second.memory;
+  }
+  if (it == s.packed.end()) {
+    if (s.packed.size() >= 64) {  // drop the copies of weights nothing else holds any more
+      for (auto i = s.packed.begin(); i != s.packed.end();) {
+        i = i->second.weight.use_count() <= 1 ? s.packed.erase(i) : std::next(i);
+      }
+    }
+    it = s.packed.emplace(key, Packed{}).first;
+  }
+  Packed& p = it->second;
+  const torch::Tensor wc = w.detach();
+  dnnl::memory plain(desc_of(wc), s.engine, wc.data_ptr());
+  p.memory = dnnl::memory(layout, s.engine);
+  dnnl::reorder(plain, p.memory).execute(s.stream, plain, p.memory);
   s.stream.wait();
-  g_calls.fetch_add(1, std::memory_order_relaxed);
+  p.weight = weight;
+  p.version = version;
+  p.data = weight.data_ptr();
+  return p.memory;
 }
 
 }  // namespace
@@ -134,42 +179,15 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
     return;
   }
   State& s = state();
-  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(weight.unsafeGetTensorImpl())) + (transpose ? 't' : 'n') +
-                          std::to_string(m) + ',' + std::to_string(a.stride(0)) + ',' + std::to_string(a.stride(1));
-  auto it = s.packed.find(key);
-  const uint32_t version = weight._version();
-  const bool fresh = it != s.packed.end() && it->second.version == version && it->second.data == weight.data_ptr() &&
-                     it->second.weight.sizes() == weight.sizes();
-  if (!fresh) {
-    if (it == s.packed.end()) {
-      if (s.packed.size() >= 64) {  // drop the copies of weights nothing else holds any more
-        for (auto i = s.packed.begin(); i != s.packed.end();) {
-          i = i->second.weight.use_count() <= 1 ? s.packed.erase(i) : std::next(i);
-        }
-      }
-      it = s.packed.emplace(key, Packed{}).first;
-    }
-    Packed& p = it->second;
-    const dnnl::memory::desc any({k, n}, dt::f32, dnnl::memory::format_tag::any);
-    const dnnl::memory::desc cd({m, n}, dt::f32, {n, 1});
-    dnnl::primitive_attr attr;
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc_of(a), any, cd), attr, s.engine);
-    const dnnl::memory::desc biasd({1, n}, dt::f32, {n, 1});
-    const dnnl::matmul::primitive_desc pdb(dnnl::matmul::desc(desc_of(a), any, biasd, cd), attr, s.engine);
-    TORCH_CHECK(pdb.weights_desc() == pd.weights_desc(), "oneDNN GEMM: the weight layouts with and without bias differ");
-    const torch::Tensor wc = w.detach();
-    dnnl::memory plain(desc_of(wc), s.engine, wc.data_ptr());
-    p.memory = dnnl::memory(pd.weights_desc(), s.engine);
-    dnnl::reorder(plain, p.memory).execute(s.stream, plain, p.memory);
-    s.stream.wait();
-    p.primitive = dnnl::matmul(pd);
-    p.primitive_bias = dnnl::matmul(pdb);
-    p.weight = weight;
-    p.version = version;
-    p.data = weight.data_ptr();
-  }
-  Packed& p = it->second;
-  run(s, bias.defined() ? p.primitive_bias : p.primitive, a, p.memory, c, bias);
+  Primitives& prims = primitives_for(s, a, k, n);
+  const dnnl::memory& b = packed_for(s, weight, transpose, w, prims.weights);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(desc_of(a), s.engine, a.data_ptr())},
+                                             {DNNL_ARG_WEIGHTS, b},
+                                             {DNNL_ARG_DST, dnnl::memory(desc_of(c), s.engine, c.data_ptr())}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, dnnl::memory({{1, n}, dt::f32, {n, 1}}, s.engine, bias.data_ptr()));
+  (bias.defined() ? prims.with_bias : prims.plain).execute(s.stream, args);
+  s.stream.wait();
+  g_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 #else

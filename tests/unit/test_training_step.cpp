@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 #include <stdexcept>
 
@@ -131,6 +132,53 @@ TEST(DeferredWeightGrads, EqualAutogradsGradients) {
   }
 }
 
+// Note [Zero-gradient rows]: rows whose output gradient is zero are left out of the backward
+// products inside a training step's scope. The gradients equal those of the other rows alone
+// (computed with skipping off), and the skipping is seen to happen.
+TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
+  StepMLP mlp = random_mlp();
+  at::Generator gen = make_generator(11);
+  const torch::Tensor x_all = torch::randn({16, 6}, gen, kF64);
+  const torch::Tensor mask = torch::zeros({16}, torch::kBool);
+  const std::vector<int64_t> live = {1, 4, 5, 9, 14};
+  for (int64_t i : live) mask[i] = true;
+  auto loss_of = [&](const torch::Tensor& x, const torch::Tensor& m) {
+    torch::Tensor h = x, per_row = torch::zeros({x.size(0)}, kF64);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t k = 0; k < 3; ++k) {
+        torch::Tensor out = mlp->forward(k, h);
+        per_row = per_row + (out * out).sum(1) * (0.1 * static_cast<double>(k + 1));
+        h = h + 0.5 * torch::tanh(out);
+      }
+    }
+    return torch::where(m, per_row, torch::zeros_like(per_row)).sum();
+  };
+  // Reference: only the live rows, every row multiplied.
+  const bool previous = set_skip_zero_gradient_rows(false);
+  const torch::Tensor idx = torch::tensor(live, torch::kLong);
+  torch::Tensor x_live = x_all.index_select(0, idx).clone().requires_grad_();
+  loss_of(x_live, torch::ones({5}, torch::kBool)).backward();
+  const std::vector<torch::Tensor> ref = grads_of(*mlp);
+  const torch::Tensor ref_dx = x_live.grad().clone();
+  for (const auto& g : ref) ASSERT_TRUE(g.defined());
+  set_skip_zero_gradient_rows(true);
+
+  clear_grads(*mlp);
+  const uint64_t skipped = zero_gradient_rows_skipped();
+  torch::Tensor x = x_all.clone().requires_grad_();
+  {
+    DeferredWeightGrads deferred;  // a training step's scope
+    loss_of(x, mask).backward();
+    deferred.flush();
+  }
+  // 24 uses (2 passes x 3 sub-steps x 4 layers), each with 11 rows of zero output gradient
+  EXPECT_EQ(zero_gradient_rows_skipped() - skipped, 24u * 11);
+  expect_close(grads_of(*mlp), ref, 1e-12);
+  EXPECT_LE((x.grad().index_select(0, idx) - ref_dx).abs().max().item<double>(), 1e-12);
+  EXPECT_EQ(x.grad().index_select(0, (~mask).nonzero().squeeze(1)).abs().max().item<double>(), 0.0);
+  set_skip_zero_gradient_rows(previous);
+}
+
 // FusedAdam takes torch's Adam steps (float64 to rounding, float32 to a few ulps) and its state
 // is torch's: saved by one, loaded by the other, the runs continue identically.
 TEST(FusedAdam, EqualsTorchAdamAndSharesItsCheckpoints) {
@@ -196,8 +244,8 @@ TEST(FusedAdam, EqualsTorchAdamAndSharesItsCheckpoints) {
   }
 }
 
-// A whole training step (deferred weight gradients, FusedAdam, gradients dropped rather than
-// zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
+// A whole training step (deferred weight gradients, zero-gradient rows left out, FusedAdam,
+// gradients dropped rather than zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
 // torch's Adam, for the full and the Langevin variant in float64.
 TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
   auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
@@ -214,6 +262,7 @@ TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
     torch::optim::Adam reference(plain->parameters(), adam);
     at::Generator data = make_generator(3), g1 = make_generator(7), g2 = make_generator(7);
     double beta = 0.5;
+    const uint64_t skipped = zero_gradient_rows_skipped();
     for (int step = 0; step < 4; ++step) {
       torch::Tensor x = target->sample(9, data);
       auto [u, grad] = target->energy_and_grad(x);
@@ -228,6 +277,9 @@ TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
       beta = BetaController(beta, 1e-3, 1e3, 0.3, 0.7).update(t.accept);
       EXPECT_NEAR(s.terms.loss_value, t.loss_value, 1e-10 * (1 + std::abs(t.loss_value)));
     }
+    // Rows accepted with probability one left the reverse pass's products (Note [Zero-gradient
+    // rows]); the plain step, outside a scope, multiplied every row.
+    EXPECT_GT(zero_gradient_rows_skipped(), skipped);
     auto pf = fast->parameters(), pp = plain->parameters();
     ASSERT_EQ(pf.size(), pp.size());
     double moved = 0;
@@ -510,10 +562,14 @@ TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
     {
       DeferredWeightGrads deferred;
       torch::Tensor h = x, loss = torch::zeros({});
+      // Some rows' outputs are left out of the loss, differently per pass, so that the backward
+      // products see several row counts (Note [Zero-gradient rows]) against the cached weights.
+      const torch::Tensor rows = torch::arange(20);
       for (int pass = 0; pass < 2; ++pass) {
+        const torch::Tensor live = (pass == 0 ? rows.remainder(3) != 0 : rows.remainder(2) == 0).to(torch::kFloat);
         for (int64_t k = 0; k < 3; ++k) {
           torch::Tensor out = mlp->forward(k, h);
-          loss = loss + (out * out).sum() * (0.1 * static_cast<double>(k + 1));
+          loss = loss + ((out * out).sum(1) * (k == 2 ? live : torch::ones({20}))).sum() * (0.1 * static_cast<double>(k + 1));
           h = h + 0.5 * torch::tanh(out);
         }
       }
@@ -524,7 +580,12 @@ TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
     g.push_back(x.grad().clone());
     return g;
   };
-  const std::vector<torch::Tensor> with = run(true), without = run(false);
+  const uint64_t skipped = zero_gradient_rows_skipped();
+  const std::vector<torch::Tensor> with = run(true);
+  EXPECT_GT(zero_gradient_rows_skipped(), skipped);
+  const bool previous = set_skip_zero_gradient_rows(false);  // the reference multiplies every row
+  const std::vector<torch::Tensor> without = run(false);
+  set_skip_zero_gradient_rows(previous);
   expect_close(with, without, 1e-4);
   // They are different computations (another summation order), not the same call twice.
   double differ = 0.0;

@@ -22,6 +22,20 @@
 // refused (std::logic_error): the accumulated gradient would not be differentiable. A graph
 // whose scope has ended gets ordinary weight gradients from its backward pass.
 //
+// Note [Zero-gradient rows]
+// The training objective clamps log a(x'|x) at 0: a batch row whose proposal is accepted with
+// probability one adds nothing through its acceptance term, so every quantity of its reverse pass
+// (which enters the loss only there) gets an output gradient that is exactly zero; in a Funnel-1
+// training at acceptance 0.7 these are 35-50 % of the rows. linear()'s backward pass therefore
+// looks at its output gradient's rows (a scan that stops at each row's first nonzero entry) and,
+// when at most 7/8 of them have a nonzero entry (NaN counts as nonzero), multiplies only those:
+// the input gradient's other rows are zeros, and they add nothing to the weight and bias
+// gradients. The same gradients, less work (a training step at batch 128 multiplied about a sixth
+// fewer rows, BENCHMARKS.md); only the order of the weight gradient's sums over rows changes. (A
+// row made non-finite upstream carries NaN gradients, 0 * inf, which count as nonzero: such a step
+// is skipped as before.) Inside a DeferredWeightGrads scope only, i.e. in training steps;
+// set_skip_zero_gradient_rows(false) turns it off (tests, A/B).
+//
 // Note [Bfloat16 matmul]
 // With Matmul::kBFloat16, linear() multiplies bfloat16 copies of its input and weight (products
 // accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in its own
@@ -70,6 +84,12 @@ Matmul resolve_matmul(const std::string& option, const torch::Tensor& input);
 std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device, bool training);
 /// Both in words: "bfloat16", "float32", or "float32 in training, bfloat16 in sampling".
 std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch::Device device);
+
+/// Whether linear()'s backward pass multiplies only the rows of nonzero output gradient (Note
+/// [Zero-gradient rows]; on by default); returns the previous setting.
+bool set_skip_zero_gradient_rows(bool skip);
+/// Rows left out that way so far in this process (tests, benchmarks).
+uint64_t zero_gradient_rows_skipped();
 
 /// A bfloat16 copy of `weight`, cached while the weight is unchanged (Note [Bfloat16 matmul]).
 torch::Tensor cached_bf16(const torch::Tensor& weight);
