@@ -1,5 +1,6 @@
 #include "nmcmc/training/fused_adam.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <torch/csrc/autograd/variable.h>
@@ -17,13 +18,15 @@ bool fusable(const torch::Tensor& p, const torch::Tensor& g) {
 /// One Adam update of n elements: the operations of torch::optim::Adam::step per element.
 template <typename T>
 void adam_update(T* p, const T* g, T* m, T* v, int64_t n, double beta1, double beta2, double eps, double step_size,
-                 double bias_correction2) {
+                 double bias_correction2, double grad_scale) {
   const T b1 = static_cast<T>(beta1), c1 = static_cast<T>(1 - beta1);
   const T b2 = static_cast<T>(beta2), c2 = static_cast<T>(1 - beta2);
   const T root = static_cast<T>(std::sqrt(bias_correction2)), e = static_cast<T>(eps);
   const T s = static_cast<T>(-step_size);
+  const T scale = static_cast<T>(grad_scale);
+  const bool scaled = grad_scale != 1.0;
   for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i];
+    const T gi = scaled ? g[i] * scale : g[i];
     const T mi = m[i] * b1 + c1 * gi;
     const T vi = v[i] * b2 + c2 * gi * gi;
     m[i] = mi;
@@ -33,14 +36,68 @@ void adam_update(T* p, const T* g, T* m, T* v, int64_t n, double beta1, double b
   }
 }
 
+template <typename T>
+double sum_of_squares(const T* g, int64_t n) {
+  double total = 0;
+  constexpr int64_t kBlock = 256;  // float sums within a block (vectorised), float64 across blocks
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t end = std::min(n, i + kBlock);
+    T block = 0;
+    for (int64_t j = i; j < end; ++j) block += g[j] * g[j];
+    total += static_cast<double>(block);
+  }
+  return total;
+}
+
 }  // namespace
+
+double total_grad_norm(const std::vector<torch::Tensor>& params) {
+  double total = 0;
+  for (const auto& p : params) {
+    const torch::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (g.device().is_cpu() && g.is_contiguous() && !g.is_sparse() && g.scalar_type() == torch::kFloat) {
+      total += sum_of_squares<float>(g.data_ptr<float>(), g.numel());
+    } else if (g.device().is_cpu() && g.is_contiguous() && !g.is_sparse() && g.scalar_type() == torch::kDouble) {
+      total += sum_of_squares<double>(g.data_ptr<double>(), g.numel());
+    } else {
+      total += g.detach().to(torch::kFloat64).pow(2).sum().item<double>();
+    }
+  }
+  return std::sqrt(total);
+}
+
+double FusedAdam::clip_and_step(double max_norm, double pre_scale) {
+  std::vector<torch::Tensor> params;
+  for (auto& group : param_groups_) params.insert(params.end(), group.params().begin(), group.params().end());
+  const double norm = pre_scale * total_grad_norm(params);
+  if (!std::isfinite(norm)) return norm;
+  grad_scale_ = pre_scale * std::min(1.0, max_norm / (norm + 1e-6));
+  try {
+    step();
+  } catch (...) {
+    grad_scale_ = 1.0;
+    throw;
+  }
+  grad_scale_ = 1.0;
+  return norm;
+}
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
-    if (o.amsgrad() || o.weight_decay() != 0) return torch::optim::Adam::step(std::move(closure));
-    for (auto& p : group.params()) {
-      if (p.grad().defined() && !fusable(p, p.grad())) return torch::optim::Adam::step(std::move(closure));
+    bool fused = !o.amsgrad() && o.weight_decay() == 0;
+    for (auto& p : group.params()) fused = fused && (!p.grad().defined() || fusable(p, p.grad()));
+    if (!fused) {  // torch's Adam, on gradients scaled in place
+      if (grad_scale_ != 1.0) {
+        torch::NoGradGuard no_grad;
+        for (auto& g : param_groups_) {
+          for (auto& p : g.params()) {
+            if (p.grad().defined()) p.mutable_grad().mul_(grad_scale_);
+          }
+        }
+      }
+      return torch::optim::Adam::step(std::move(closure));
     }
   }
   torch::NoGradGuard no_grad;
@@ -76,10 +133,10 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       const torch::Tensor g = p.grad();
       if (p.scalar_type() == torch::kFloat) {
         adam_update<float>(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(),
-                           beta1, beta2, o.eps(), step_size, bias_correction2);
+                           beta1, beta2, o.eps(), step_size, bias_correction2, grad_scale_);
       } else {
         adam_update<double>(p.data_ptr<double>(), g.data_ptr<double>(), m.data_ptr<double>(), v.data_ptr<double>(),
-                            p.numel(), beta1, beta2, o.eps(), step_size, bias_correction2);
+                            p.numel(), beta1, beta2, o.eps(), step_size, bias_correction2, grad_scale_);
       }
       torch::autograd::impl::bump_version(p);  // as an in-place op would: stale saved tensors are caught
     }

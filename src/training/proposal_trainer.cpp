@@ -56,11 +56,8 @@ ProposalStep ProposalTrainer::step(Target& target, const torch::Tensor& x, const
     out.terms.loss.backward();
     deferred.flush();
     fill_missing_grads(module);
-    const double norm = torch::nn::utils::clip_grad_norm_(module.parameters(), clip_);
-    if (std::isfinite(norm)) {
-      optimizer_->step();
-      out.skipped = false;
-    }
+    // clip_grad_norm_ and step() in one pass (Note [Fused Adam])
+    if (std::isfinite(optimizer_->clip_and_step(clip_))) out.skipped = false;
   }
   clear_grads(module);
 
@@ -111,13 +108,8 @@ ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<Shard
   out.stop = totals[6] > 0;
   out.skipped = true;
   if (totals[1] == 0) {
-    const double scale = 1.0 / std::max(1.0, finite);
-    for (auto& g : grads) g.mul_(scale);
-    const double norm = torch::nn::utils::clip_grad_norm_(module.parameters(), clip_);
-    if (std::isfinite(norm)) {
-      optimizer_->step();
-      out.skipped = false;
-    }
+    // the mean over the batch's finite rows, clipped, and the step: one pass (Note [Fused Adam])
+    if (std::isfinite(optimizer_->clip_and_step(clip_, 1.0 / std::max(1.0, finite)))) out.skipped = false;
   }
   clear_grads(module);
   beta_.update(out.accept);

@@ -244,6 +244,41 @@ TEST(FusedAdam, EqualsTorchAdamAndSharesItsCheckpoints) {
   }
 }
 
+// clip_and_step is clip_grad_norm_ followed by step(): on the fused path and on torch's (amsgrad),
+// clipping or not, with a pre-scale (the sharded step's mean); a non-finite norm takes no step.
+TEST(FusedAdam, ClipAndStepEqualsClipGradNormThenStep) {
+  for (bool amsgrad : {false, true}) {
+    for (double max_norm : {0.3, 1e6}) {
+      SCOPED_TRACE(std::string(amsgrad ? "amsgrad " : "fused ") + std::to_string(max_norm));
+      at::Generator gen = make_generator(4);
+      std::vector<torch::Tensor> a, b;
+      for (int64_t n : {3, 50}) {
+        torch::Tensor p = torch::randn({n}, gen, kF64);
+        a.push_back(p.clone().requires_grad_());
+        b.push_back(p.clone().requires_grad_());
+      }
+      auto options = torch::optim::AdamOptions(1e-2).amsgrad(amsgrad);
+      torch::optim::Adam reference(a, options);
+      FusedAdam fused(b, options);
+      for (int s = 0; s < 3; ++s) {
+        for (size_t k = 0; k < a.size(); ++k) {
+          torch::Tensor g = torch::randn(a[k].sizes(), gen, kF64);
+          a[k].mutable_grad() = 0.5 * g;
+          b[k].mutable_grad() = g.clone();
+        }
+        const double ref_norm = torch::nn::utils::clip_grad_norm_(a, max_norm);
+        reference.step();
+        EXPECT_NEAR(fused.clip_and_step(max_norm, 0.5), ref_norm, 1e-12 * ref_norm);
+      }
+      for (size_t k = 0; k < a.size(); ++k) EXPECT_LE((a[k] - b[k]).abs().max().item<double>(), 1e-12) << k;
+      torch::Tensor before = b[1].detach().clone();
+      b[1].mutable_grad()[3] = std::numeric_limits<double>::quiet_NaN();
+      EXPECT_FALSE(std::isfinite(fused.clip_and_step(max_norm)));
+      EXPECT_TRUE(torch::equal(b[1].detach(), before));
+    }
+  }
+}
+
 // A whole training step (deferred weight gradients, zero-gradient rows left out, FusedAdam,
 // gradients dropped rather than zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
 // torch's Adam, for the full and the Langevin variant in float64.

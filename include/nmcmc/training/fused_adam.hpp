@@ -9,7 +9,12 @@
 // over CPU tensors (float or double, contiguous, no amsgrad, no weight decay; anything else takes
 // torch's Adam::step), and keeps its state in torch's AdamParamState, so that optimiser
 // checkpoints read and write exactly as torch's Adam does. Results agree with torch's Adam to the
-// rounding of a fused multiply-add (tests/unit/test_deferred_linear.cpp, FusedAdam.*).
+// rounding of a fused multiply-add (tests/unit/test_training_step.cpp, FusedAdam.*).
+// Gradient clipping folds into the same pass: clip_and_step(max_norm) computes the gradients' total
+// norm in one pass (float64 sums) and takes the step with every gradient scaled by
+// min(1, max_norm / (norm + 1e-6)), as torch::nn::utils::clip_grad_norm_ followed by step() does,
+// without clip_grad_norm_'s per-parameter norms and its in-place scaling pass over the gradients
+// (the .grad tensors are left unscaled).
 #include <torch/torch.h>
 
 #include <vector>
@@ -21,6 +26,16 @@ class FusedAdam : public torch::optim::Adam {
   FusedAdam(std::vector<torch::Tensor> params, torch::optim::AdamOptions options)
       : torch::optim::Adam(std::move(params), std::move(options)) {}
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// The total 2-norm of the parameters' gradients times `pre_scale`; when it is finite, one step
+  /// with the gradients times pre_scale, scaled to norm at most `max_norm` (clip_grad_norm_'s
+  /// coefficient). Returns that norm (not finite: no step).
+  double clip_and_step(double max_norm, double pre_scale = 1.0);
+
+ private:
+  double grad_scale_ = 1.0;  // applied to the gradients by the fused update
 };
+
+/// The total 2-norm of the gradients of `params` (those that have one), summed in float64.
+double total_grad_norm(const std::vector<torch::Tensor>& params);
 
 }  // namespace nmcmc

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "nmcmc/parallel/communicator.hpp"
+#include "nmcmc/training/fused_adam.hpp"
 #include "nmcmc/training/objective.hpp"
 
 namespace nmcmc {
@@ -104,7 +105,7 @@ class ProposalTrainer {
 
  private:
   std::shared_ptr<ProposalModel> model_;
-  std::unique_ptr<torch::optim::Adam> optimizer_;
+  std::unique_ptr<FusedAdam> optimizer_;
   BetaController beta_;
   double clip_;
 };
