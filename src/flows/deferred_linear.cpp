@@ -274,7 +274,9 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     // Rows whose output gradient is zero add nothing to any gradient: multiply only the others
     // (Note [Zero-gradient rows]).
     std::vector<int64_t> rows;
-    const bool compact = rows_with_gradient(g_all, rows);
+    // Not with bfloat16 GEMMs: LibTorch's bfloat16 matmul makes a oneDNN primitive for every new
+    // row count, which cost more than the rows saved.
+    const bool compact = !bf16 && rows_with_gradient(g_all, rows);
     const torch::Tensor g = compact ? gather_rows(g_all, rows) : g_all;
     const torch::Tensor input = compact ? gather_rows(saved[0], rows) : saved[0];  // bfloat16 when bf16
     const torch::Tensor gm = bf16 ? g.to(torch::kBFloat16) : g;  // the GEMMs' operand
