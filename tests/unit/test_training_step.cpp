@@ -63,6 +63,13 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
   }
 }
 
+/// Leaves the rows of zero gradient out of every layer however small (Note [Zero-gradient rows]:
+/// by default only in layers of 2^16 weights or more), for the test's lifetime.
+struct SkipZeroRowsOfSmallLayers {
+  int64_t previous = set_zero_gradient_rows_min_layer(0);
+  ~SkipZeroRowsOfSmallLayers() { set_zero_gradient_rows_min_layer(previous); }
+};
+
 StepMLP random_mlp() {
   StepMLP mlp(3, 6, 16, 6, 2, "elu", true);
   mlp->to(torch::kFloat64);
@@ -136,6 +143,7 @@ TEST(DeferredWeightGrads, EqualAutogradsGradients) {
 // products inside a training step's scope. The gradients equal those of the other rows alone
 // (computed with skipping off), and the skipping is seen to happen.
 TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
+  SkipZeroRowsOfSmallLayers small;
   StepMLP mlp = random_mlp();
   at::Generator gen = make_generator(11);
   const torch::Tensor x_all = torch::randn({16, 6}, gen, kF64);
@@ -176,6 +184,22 @@ TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
   expect_close(grads_of(*mlp), ref, 1e-12);
   EXPECT_LE((x.grad().index_select(0, idx) - ref_dx).abs().max().item<double>(), 1e-12);
   EXPECT_EQ(x.grad().index_select(0, (~mask).nonzero().squeeze(1)).abs().max().item<double>(), 0.0);
+  // By default layers this small (16 x 16) multiply every row: leaving rows out would save less
+  // than the gathers cost.
+  {
+    const int64_t small_layers = set_zero_gradient_rows_min_layer(int64_t{1} << 16);
+    clear_grads(*mlp);
+    const uint64_t before = zero_gradient_rows_skipped();
+    torch::Tensor x2 = x_all.clone().requires_grad_();
+    {
+      DeferredWeightGrads deferred;
+      loss_of(x2, mask).backward();
+      deferred.flush();
+    }
+    EXPECT_EQ(zero_gradient_rows_skipped(), before);
+    expect_close(grads_of(*mlp), ref, 1e-12);
+    set_zero_gradient_rows_min_layer(small_layers);
+  }
   set_skip_zero_gradient_rows(previous);
 }
 
@@ -283,6 +307,7 @@ TEST(FusedAdam, ClipAndStepEqualsClipGradNormThenStep) {
 // gradients dropped rather than zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
 // torch's Adam, for the full and the Langevin variant in float64.
 TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
+  SkipZeroRowsOfSmallLayers small;
   auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
   for (Variant v : {Variant::kFull, Variant::kLangevin}) {
     SCOPED_TRACE(variant_name(v));
@@ -580,6 +605,7 @@ TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
 }
 
 TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
+  SkipZeroRowsOfSmallLayers small;
   OneDnnSwitch restore;
   if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
   auto run = [](bool onednn) {

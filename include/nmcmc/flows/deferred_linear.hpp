@@ -25,13 +25,16 @@
 // Note [Zero-gradient rows]
 // The training objective clamps log a(x'|x) at 0: a batch row whose proposal is accepted with
 // probability one adds nothing through its acceptance term, so every quantity of its reverse pass
-// (which enters the loss only there) gets an output gradient that is exactly zero; in a Funnel-1
-// training at acceptance 0.7 these are 35-50 % of the rows. linear()'s backward pass therefore
+// (which enters the loss only there) gets an output gradient that is exactly zero; in Funnel-1
+// trainings at batch 128 these were a third to a half of the rows. linear()'s backward pass therefore
 // looks at its output gradient's rows (a scan that stops at each row's first nonzero entry) and,
-// when at most 7/8 of them have a nonzero entry (NaN counts as nonzero), multiplies only those:
+// in a layer of at least 2^16 weights (below that, the scan, gathers and scatter cost what the rows
+// save: German's 128 x 128 layers trained 2-15 % slower) when at most 7/8 of the rows have a
+// nonzero entry (NaN counts as nonzero), multiplies only those:
 // the input gradient's other rows are zeros, and they add nothing to the weight and bias
-// gradients. The same gradients, less work (a training step at batch 128 multiplied about a sixth
-// fewer rows, BENCHMARKS.md); only the order of the weight gradient's sums over rows changes. (A
+// gradients. The same gradients, less work (Funnel-1 at batch 128: ~2800 rows of the reverse
+// pass's products left out per step, 6-8 % less time per step; BENCHMARKS.md); only the order of
+// the weight gradient's sums over rows changes. (A
 // row made non-finite upstream carries NaN gradients, 0 * inf, which count as nonzero: such a step
 // is skipped as before.) Inside a DeferredWeightGrads scope only, i.e. in training steps, and not
 // with bfloat16 GEMMs (LibTorch's bfloat16 matmul makes a new oneDNN primitive, JIT-compiled AMX
@@ -90,6 +93,9 @@ std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch:
 /// Whether linear()'s backward pass multiplies only the rows of nonzero output gradient (Note
 /// [Zero-gradient rows]; on by default); returns the previous setting.
 bool set_skip_zero_gradient_rows(bool skip);
+/// The smallest layer (inputs x outputs) that leaves rows out (default 2^16; tests set 0 for small
+/// layers); returns the previous value.
+int64_t set_zero_gradient_rows_min_layer(int64_t weights);
 /// Rows left out that way so far in this process (tests, benchmarks).
 uint64_t zero_gradient_rows_skipped();
 
