@@ -100,8 +100,6 @@ int main(int argc, char** argv) {
 
   if (*dist) {
     auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
-    if (keep_zero_rows) nmcmc::set_skip_zero_gradient_rows(false);
-    const uint64_t skipped_before = nmcmc::zero_gradient_rows_skipped();
     LearnedSetup setup(config, batch, matmul);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);
