@@ -44,8 +44,9 @@ bool onednn_gemm_enabled();
 /// build without oneDNN nothing changes (returns kLibTorch).
 GemmBackend set_gemm_backend(GemmBackend backend);
 
-/// c = a W (+ bias) with W = weight, or weight^T when `transpose`; the weight is kept reordered for
-/// this M while it is unchanged (its version counter and storage). c contiguous float32 [M, N].
+/// c = a W (+ bias) with W = weight, or weight^T when `transpose`; the weight is kept reordered
+/// while it is unchanged (its version counter and storage), one copy for every M, and the
+/// primitives are cached by shape. c contiguous float32 [M, N].
 void onednn_gemm_weight(const torch::Tensor& a, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
                         const torch::Tensor& bias = torch::Tensor());
 
