@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -203,20 +204,27 @@ std::atomic<int64_t> g_min_layer{int64_t{1} << 16};
 /// otherwise (Note [Zero-gradient rows]).
 bool rows_with_gradient(const torch::Tensor& g, int64_t in, std::vector<int64_t>& rows) {
   rows.clear();
+  const int64_t min_layer = g_min_layer.load(std::memory_order_relaxed);
   if (!g_skip_zero_rows.load(std::memory_order_relaxed) || !g.is_cpu() || g.dim() != 2 || !g.is_contiguous() ||
       g.size(0) < 8 || g.size(1) == 0 || (g.scalar_type() != torch::kFloat && g.scalar_type() != torch::kDouble) ||
-      in * g.size(1) < g_min_layer.load(std::memory_order_relaxed)) {
+      in * g.size(1) < min_layer) {
     return false;
   }
   const int64_t m = g.size(0), n = g.size(1);
   rows.reserve(static_cast<size_t>(m));
-  for (int64_t i = 0; i < m; ++i) {
-    const bool nz = g.scalar_type() == torch::kFloat ? row_nonzero<float, uint32_t>(g.data_ptr<float>() + i * n, n)
-                                                     : row_nonzero<double, uint64_t>(g.data_ptr<double>() + i * n, n);
-    if (nz) rows.push_back(i);
+  auto collect = [&](const auto* data, auto bits) {
+    using Bits = decltype(bits);
+    for (int64_t i = 0; i < m; ++i) {
+      if (row_nonzero<std::remove_const_t<std::remove_pointer_t<decltype(data)>>, Bits>(data + i * n, n)) rows.push_back(i);
+    }
+  };
+  if (g.scalar_type() == torch::kFloat) {
+    collect(g.data_ptr<float>(), uint32_t{});
+  } else {
+    collect(g.data_ptr<double>(), uint64_t{});
   }
   const int64_t kept = static_cast<int64_t>(rows.size());
-  if (kept * 8 > m * 7 || (m - kept) * in * n < 64 * g_min_layer.load(std::memory_order_relaxed)) return false;
+  if (kept * 8 > m * 7 || (m - kept) * in * n < 64 * min_layer) return false;
   g_rows_skipped.fetch_add(static_cast<uint64_t>(m - kept), std::memory_order_relaxed);
   return true;
 }

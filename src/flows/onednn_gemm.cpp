@@ -133,9 +133,8 @@ Primitives& primitives_for(State& s, const torch::Tensor& a, int64_t k, int64_t 
   return s.primitives.emplace(key, Primitives{dnnl::matmul(pd), dnnl::matmul(pdb), pd.weights_desc()}).first->second;
 }
 
-/// The weight (as multiplied: [K, N]) in the layout `layout`, reordered when it or the weight changed.
-const dnnl::memory& packed_for(State& s, const torch::Tensor& weight, bool transpose, const torch::Tensor& w,
-                               const dnnl::memory::desc& layout) {
+/// `weight` (multiplied as weight^T when `transpose`) in the layout `layout`, reordered when it or the weight changed.
+const dnnl::memory& packed_for(State& s, const torch::Tensor& weight, bool transpose, const dnnl::memory::desc& layout) {
   const std::string key = std::to_string(reinterpret_cast<uintptr_t>(weight.unsafeGetTensorImpl())) + (transpose ? 't' : 'n');
   auto it = s.packed.find(key);
   const uint32_t version = weight._version();
@@ -152,7 +151,7 @@ const dnnl::memory& packed_for(State& s, const torch::Tensor& weight, bool trans
     it = s.packed.emplace(key, Packed{}).first;
   }
   Packed& p = it->second;
-  const torch::Tensor wc = w.detach();
+  const torch::Tensor wc = (transpose ? weight.t() : weight).detach();
   dnnl::memory plain(desc_of(wc), s.engine, wc.data_ptr());
   p.memory = dnnl::memory(layout, s.engine);
   dnnl::reorder(plain, p.memory).execute(s.stream, plain, p.memory);
@@ -180,7 +179,7 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
   }
   State& s = state();
   Primitives& prims = primitives_for(s, a, k, n);
-  const dnnl::memory& b = packed_for(s, weight, transpose, w, prims.weights);
+  const dnnl::memory& b = packed_for(s, weight, transpose, prims.weights);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(desc_of(a), s.engine, a.data_ptr())},
                                              {DNNL_ARG_WEIGHTS, b},
                                              {DNNL_ARG_DST, dnnl::memory(desc_of(c), s.engine, c.data_ptr())}};

@@ -56,9 +56,10 @@ double total_grad_norm(const std::vector<torch::Tensor>& params) {
   for (const auto& p : params) {
     const torch::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    if (g.device().is_cpu() && g.is_contiguous() && !g.is_sparse() && g.scalar_type() == torch::kFloat) {
+    const bool plain = g.device().is_cpu() && g.is_contiguous() && !g.is_sparse();
+    if (plain && g.scalar_type() == torch::kFloat) {
       total += sum_of_squares<float>(g.data_ptr<float>(), g.numel());
-    } else if (g.device().is_cpu() && g.is_contiguous() && !g.is_sparse() && g.scalar_type() == torch::kDouble) {
+    } else if (plain && g.scalar_type() == torch::kDouble) {
       total += sum_of_squares<double>(g.data_ptr<double>(), g.numel());
     } else {
       total += g.detach().to(torch::kFloat64).pow(2).sum().item<double>();
@@ -72,14 +73,12 @@ double FusedAdam::clip_and_step(double max_norm, double pre_scale) {
   for (auto& group : param_groups_) params.insert(params.end(), group.params().begin(), group.params().end());
   const double norm = pre_scale * total_grad_norm(params);
   if (!std::isfinite(norm)) return norm;
+  struct Reset {  // the scale holds for this step only, also when it throws
+    double& scale;
+    ~Reset() { scale = 1.0; }
+  } reset{grad_scale_};
   grad_scale_ = pre_scale * std::min(1.0, max_norm / (norm + 1e-6));
-  try {
-    step();
-  } catch (...) {
-    grad_scale_ = 1.0;
-    throw;
-  }
-  grad_scale_ = 1.0;
+  step();
   return norm;
 }
 
