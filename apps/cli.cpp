@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "nmcmc/core/allocator.hpp"
-#include "nmcmc/core/blas_check.hpp"
+#include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/blas_check.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/version.hpp"
 

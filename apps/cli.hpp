@@ -25,6 +25,9 @@ void set_command_line(int argc, char** argv);
 struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;
+  /// The directory its figure specs go to (empty or unset: it draws none); the program draws
+  /// those written while the command ran once it ends (apps/process/figures.hpp).
+  std::function<std::string()> figure_dir;
 };
 
 /// Options of every command that builds a target. Unset options are left out of the spec, so

@@ -55,7 +55,7 @@ Command add_compare_command(CLI::App& app) {
   cmd->add_option("--table", a->table, "only print the table of an existing compare.json");
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");
   a->dist.add(cmd);
-  return {cmd, [a, cmd] { return run(*a, cmd); }};
+  return {cmd, [a, cmd] { return run(*a, cmd); }, [a] { return a->options.output; }};
 }
 
 }  // namespace nmcmc::cli

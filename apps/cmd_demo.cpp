@@ -22,7 +22,8 @@ Command add_demo_command(CLI::App& app) {
               return 130;
             }
             return 0;
-          }};
+          },
+          [output] { return *output; }};
 }
 
 }  // namespace nmcmc::cli

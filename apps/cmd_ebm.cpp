@@ -16,6 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct EbmArgs {
+  bool draws_figures = true;  // false on ranks other than 0 of a distributed run
   std::string data = "fashion-mnist", output = "ebm", profile = "cpu", sampler = "learned", device = "cpu";
   std::optional<std::string> config, compare;
   std::vector<std::string> sets;
@@ -48,7 +49,7 @@ std::function<void(int64_t, int64_t)> longrun_progress(bool quiet) {
   };
 }
 
-int run_train(const EbmArgs& a) {
+int run_train(EbmArgs& a) {
   set_threads(a.threads);
   json cfg = a.config ? read_config_file(*a.config) : json::object();
   cfg["data"] = a.data;
@@ -64,6 +65,7 @@ int run_train(const EbmArgs& a) {
   auto comm = a.dist.connect(device);
   options.device = device.device().str();  // cuda becomes cuda:LOCAL_RANK
   const bool root = comm->is_root();
+  a.draws_figures = root;
   if (root) warn_blas();
   install_stop_handler();
   auto line = std::make_shared<ProgressLine>(a.quiet || !root);
@@ -126,8 +128,9 @@ Command add_ebm_commands(CLI::App& app, Command& sample) {
   smp->add_option("--threads", b->threads, "intra-op threads")->capture_default_str();
   smp->add_option("--device", b->device, "cpu | cuda | cuda:N")->capture_default_str();
   smp->add_flag("--quiet,-q", b->quiet, "no progress line");
-  sample = {smp, [b] { return run_sample(*b); }};
-  return {train, [a] { return run_train(*a); }};
+  sample = {smp, [b] { return run_sample(*b); },
+            [b] { return fs::path(b->output.value_or((fs::path(b->model) / "longrun.png").string())).parent_path().string(); }};
+  return {train, [a] { return run_train(*a); }, [a] { return a->draws_figures ? a->output : std::string(); }};
 }
 
 }  // namespace nmcmc::cli

@@ -4,9 +4,9 @@
 #include <iostream>
 
 #include "cli.hpp"
-#include "nmcmc/core/blas_check.hpp"
-#include "nmcmc/flows/deferred_linear.hpp"
-#include "nmcmc/flows/onednn_gemm.hpp"
+#include "nmcmc/process/blas_check.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
+#include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc::cli {

@@ -4,7 +4,7 @@
 #include <iostream>
 
 #include "cli.hpp"
-#include "nmcmc/services/launch.hpp"
+#include "nmcmc/process/launch.hpp"
 
 namespace nmcmc::cli {
 

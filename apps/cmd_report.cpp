@@ -3,7 +3,7 @@
 
 #include "cli.hpp"
 #include "nmcmc/core/errors.hpp"
-#include "nmcmc/services/figures.hpp"
+#include "nmcmc/process/figures.hpp"
 
 namespace nmcmc::cli {
 

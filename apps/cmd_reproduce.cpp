@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "nmcmc/process/launch.hpp"
 #include "nmcmc/services/reproduce.hpp"
 
 namespace nmcmc::cli {
@@ -25,6 +26,7 @@ int run(ReproduceArgs a) {
     if (!item.empty()) a.options.only.push_back(item);
   }
   a.options.figures = !a.no_figures;
+  a.options.run_jobs = run_jobs;
   torch::set_num_threads(1);
   warn_blas();
   // No stop handler: Ctrl-C ends the run at once; every file it wrote was written atomically and
@@ -52,7 +54,7 @@ Command add_reproduce_command(CLI::App& app) {
   cmd->add_option("--part", a->options.part, "internal: one unit of a --jobs run")->group("");
   cmd->add_flag("--quiet,-q", a->quiet, "no training progress line");
   cmd->add_option("--table", a->table, "only print the table of an existing results.json (e.g. of an unfinished run)");
-  return {cmd, [a] { return run(*a); }};
+  return {cmd, [a] { return run(*a); }, [a] { return a->options.output; }};
 }
 
 }  // namespace nmcmc::cli

@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "cli.hpp"
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/services/train.hpp"
 
@@ -36,7 +36,7 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   // A config, or the defaults of the model and training options; target options replace its target.
   // Without a config (your own target): the Langevin variant (1 gradient per step) with the
   // affine preconditioner, learned, and the faster beta controller (README, "The preconditioner").
-  json cfg = a.config ? read_config_file(*a.config)
+  json cfg = a.config ? read_train_config_file(*a.config)
                       : json{{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}}},
                              {"train", {{"rho", 0.3}}}};
   if (target_given) cfg["target"] = a.target.spec();

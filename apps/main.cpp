@@ -1,19 +1,27 @@
 // The `nmcmc` command line: parse, validate, call services, map errors to exit codes.
 // Each command lives in its own file (cmd_*.cpp); what they share is in cli.hpp.
+#include <filesystem>
 #include <iostream>
 
 #include "cli.hpp"
-#include "nmcmc/core/allocator.hpp"
+#include "nmcmc/process/allocator.hpp"
 #include "nmcmc/core/errors.hpp"
-#include "nmcmc/services/figures.hpp"
+#include "nmcmc/process/figures.hpp"
+#include "nmcmc/process/gemm.hpp"
 
 namespace {
 int run_parsed(const std::vector<nmcmc::cli::Command>& commands);
+/// Draws the figure specs the parsed command wrote into its figure directory since `start`.
+void draw_figures(const std::vector<nmcmc::cli::Command>& commands, std::filesystem::file_time_type start);
 }
 
 int main(int argc, char** argv) {
   using namespace nmcmc::cli;
+  // A second before now: file times come from a coarse clock, a spec written at once may carry
+  // an older stamp; a spec written within the second before is drawn again (harmless).
+  const auto start = std::filesystem::file_time_type::clock::now() - std::chrono::seconds(1);
   nmcmc::tune_allocator();  // Note [Allocator policy]
+  nmcmc::apply_gemm_environment();
   set_command_line(argc, argv);
   CLI::App app{"nmcmc: neural-network MCMC that maximises proposal entropy (Li, Chen & Sommer 2021)"};
   app.require_subcommand(1);
@@ -54,12 +62,26 @@ int main(int argc, char** argv) {
 
   // The command; then the figures it described (also when it failed halfway).
   const int rc = run_parsed(commands);
-  const nmcmc::RenderOutcome figures = nmcmc::render_pending_figures();
-  if (figures.specs > 0) (figures.drawn ? std::cout : std::cerr) << "nmcmc: " << figures.message << "\n";
+  draw_figures(commands, start);
   return rc;
 }
 
 namespace {
+void draw_figures(const std::vector<nmcmc::cli::Command>& commands, std::filesystem::file_time_type start) {
+  for (const auto& c : commands) {
+    if (!c.app->parsed() || !c.figure_dir) continue;
+    std::string dir;
+    try {
+      dir = c.figure_dir();
+    } catch (const std::exception&) {
+      return;
+    }
+    const nmcmc::RenderOutcome figures = nmcmc::render_figures(nmcmc::figure_specs_written_since(dir, start));
+    if (figures.specs > 0) (figures.drawn ? std::cout : std::cerr) << "nmcmc: " << figures.message << "\n";
+    return;
+  }
+}
+
 const std::string& prefix() { return nmcmc::cli::message_prefix(); }
 int run_parsed(const std::vector<nmcmc::cli::Command>& commands) {
   try {

@@ -4,7 +4,8 @@
 //   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
-#include "nmcmc/core/allocator.hpp"
+#include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/gemm.hpp"
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
 
@@ -13,7 +14,7 @@
 #include <cmath>
 #include <iostream>
 
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
@@ -43,7 +44,7 @@ struct LearnedSetup {
   std::shared_ptr<nmcmc::Target> target;
   nmcmc::LearnedSampler sampler{nullptr};
   LearnedSetup(const std::string& config, int64_t batch, const std::string& matmul)
-      : cfg(nmcmc::parse_train_config(nmcmc::read_config_file(config))),
+      : cfg(nmcmc::parse_train_config(nmcmc::read_train_config_file(config))),
         target(nmcmc::make_target(cfg.target, torch::kFloat32)) {
     auto model = cfg.model;
     model.dim = target->dim();
@@ -56,6 +57,7 @@ struct LearnedSetup {
 
 int main(int argc, char** argv) {
   nmcmc::tune_allocator();  // Note [Allocator policy], as the nmcmc program
+  nmcmc::apply_gemm_environment();
   CLI::App app{"nmcmc speed benchmarks"};
   app.require_subcommand(1);
   std::string config, mode = "train", target_json = R"({"name":"icg"})", sampler = "hmc";

@@ -1,7 +1,6 @@
 #pragma once
 /// nmcmc's public API in one include: targets and their registry, kernels, the learned proposal,
 /// training, diagnostics, I/O and the services the command line calls.
-#include "nmcmc/core/allocator.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/core/target.hpp"
@@ -19,6 +18,7 @@
 #include "nmcmc/kernels/proposal.hpp"
 #include "nmcmc/services/compare.hpp"
 #include "nmcmc/services/demo.hpp"
+#include "nmcmc/services/ebm.hpp"
 #include "nmcmc/services/reference.hpp"
 #include "nmcmc/services/reproduce.hpp"
 #include "nmcmc/services/sample.hpp"

@@ -4,12 +4,15 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 
 #include "nmcmc/nmcmc.hpp"
 #include "nmcmc/services/compare.hpp"
-#include "nmcmc/services/figures.hpp"
+#include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/figures.hpp"
+#include "nmcmc/process/gemm.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/version.hpp"
 
@@ -164,6 +167,7 @@ std::string compare(const std::string& options_json, py::object report) {
   json result;
   {
     py::gil_scoped_release release;
+    const auto start = std::filesystem::file_time_type::clock::now() - std::chrono::seconds(1);
     result = nmcmc::compare(
         o,
         [&](const std::string& line) {
@@ -172,7 +176,7 @@ std::string compare(const std::string& options_json, py::object report) {
         },
         nullptr, [&](const nmcmc::Progress&) { hook.check_signals(); }, nullptr);
     // Its figure (compare_traces) with matplotlib; the outcome goes into the result.
-    const nmcmc::RenderOutcome figures = nmcmc::render_pending_figures();
+    const nmcmc::RenderOutcome figures = nmcmc::render_figures(nmcmc::figure_specs_written_since(o.output, start));
     result["figures"] = {{"drawn", figures.drawn}, {"message", figures.message}};
   }
   return result.dump();
@@ -187,7 +191,9 @@ std::string report(const std::string& run_dir, std::optional<std::string> output
 
 PYBIND11_MODULE(_nmcmc, m) {
   m.doc() = "nmcmc's C++ core (use the nmcmc package, not this module)";
-  nmcmc::tune_allocator();  // Note [Allocator policy]; NMCMC_MALLOC=default before the import keeps glibc's
+  // Importing nmcmc leaves the process's malloc alone (nmcmc.tune_allocator() opts in); NMCMC_GEMM
+  // in the environment picks the float32 GEMM backend, as for the nmcmc program.
+  nmcmc::apply_gemm_environment();
   py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
   py::register_exception<nmcmc::DataError>(m, "DataError", PyExc_ValueError);
   py::register_exception<nmcmc::IoError>(m, "IoError", PyExc_OSError);
@@ -200,6 +206,10 @@ PYBIND11_MODULE(_nmcmc, m) {
     }
   });
 
+  m.def("tune_allocator", [] {
+    const nmcmc::AllocatorPolicy p = nmcmc::tune_allocator();
+    return py::make_tuple(p.applied, p.message);
+  });
   m.def("report", &report, py::arg("run_dir"), py::arg("output") = py::none());
   m.def("version", [] { return std::string(NMCMC_VERSION); });
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });

@@ -5,8 +5,8 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
-#include "nmcmc/flows/activations.hpp"
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/activations.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/io/config.hpp"
 
 namespace nmcmc {

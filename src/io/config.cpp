@@ -4,7 +4,6 @@
 #include <fstream>
 
 #include "nmcmc/core/errors.hpp"
-#include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {
 
@@ -19,15 +18,6 @@ json read_config_file(const std::string& path) {
     config = json::parse(in);
   } catch (const json::exception& e) {
     throw DataError("config '" + path + "' is not valid JSON: " + e.what());
-  }
-  // A file the target names (a TorchScript module) is relative to the config's own directory.
-  if (config.is_object() && config.contains("target") && config["target"].is_object() &&
-      config["target"].value("name", "") == "torchscript" && config["target"].contains("module") &&
-      config["target"]["module"].is_string()) {
-    const std::string module = config["target"]["module"].get<std::string>();
-    if (module.rfind("memory:", 0) != 0 && std::filesystem::path(module).is_relative()) {
-      config["target"]["module"] = (std::filesystem::path(path).parent_path() / module).lexically_normal().string();
-    }
   }
   return config;
 }
@@ -61,13 +51,6 @@ void check_known_keys(const json& given, const json& known, const std::string& w
     if (!known.contains(key)) throw UsageError(what + ": option '" + key + "' is unknown");
     if (known[key].is_object() && value.is_object()) check_known_keys(value, known[key], what + "." + key);
   }
-}
-
-std::string configs_directory() {
-  // configs/ sits beside data/ in the source tree and in share/nmcmc when installed.
-  const fs::path beside_data = fs::path(data_directory()).parent_path() / "configs";
-  if (fs::exists(beside_data / "icg.json")) return beside_data.string();
-  return "configs";
 }
 
 }  // namespace nmcmc

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <mutex>
 
 #include "nmcmc/io/atomic_file.hpp"
 
@@ -22,11 +21,6 @@ json numbers(const std::vector<double>& v) {
   return out;
 }
 
-std::mutex pending_mutex;
-std::vector<std::string>& pending() {
-  static std::vector<std::string> paths;
-  return paths;
-}
 }  // namespace
 
 Rgb palette(int i) {
@@ -90,8 +84,6 @@ std::string figure_spec_path(const std::string& path) {
 void save_figure_spec(const std::string& path, json spec) {
   const std::string spec_path = figure_spec_path(path);
   write_atomically(spec_path, [&](std::ostream& os) { os << spec.dump() << "\n"; });
-  std::lock_guard<std::mutex> lock(pending_mutex);
-  pending().push_back(spec_path);
 }
 
 void save_figure(const std::string& path, const std::vector<Plot>& panels, int columns, const std::string& title,
@@ -102,13 +94,6 @@ void save_figure(const std::string& path, const std::vector<Plot>& panels, int c
   if (panel_size.first > 0 && panel_size.second > 0) spec["panel_size"] = {panel_size.first, panel_size.second};
   for (const auto& p : panels) spec["panels"].push_back(p.to_json());
   save_figure_spec(path, std::move(spec));
-}
-
-std::vector<std::string> take_pending_figures() {
-  std::lock_guard<std::mutex> lock(pending_mutex);
-  std::vector<std::string> out;
-  out.swap(pending());
-  return out;
 }
 
 }  // namespace nmcmc

@@ -95,7 +95,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   json target_spec = o.target;
   json training;
   if (o.config) {
-    json cfg = read_config_file(*o.config);
+    json cfg = read_train_config_file(*o.config);
     if (!target_spec.is_null()) cfg["target"] = target_spec;
     TrainConfig config = parse_train_config(cfg);
     model = (fs::path(o.output) / "model.pt").string();

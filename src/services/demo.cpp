@@ -10,6 +10,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/services/figures.hpp"
+#include "nmcmc/services/train.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {

@@ -1,4 +1,4 @@
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/services/reproduce.hpp"
 
 #include <fmt/format.h>
@@ -17,7 +17,7 @@
 #include "nmcmc/io/plot.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/services/figures.hpp"
-#include "nmcmc/services/launch.hpp"
+#include "nmcmc/services/jobs.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -117,7 +117,7 @@ std::vector<std::string> profile_changes(const json& paper, const json& settings
 std::string configs_of(const ReproduceOptions& o) { return o.configs.empty() ? configs_directory() : o.configs; }
 
 json paper_config(const ReproduceOptions& o, const std::string& name) {
-  return read_config_file((fs::path(configs_of(o)) / (name + ".json")).string());
+  return read_train_config_file((fs::path(configs_of(o)) / (name + ".json")).string());
 }
 
 /// The paper's config of an experiment with the profile's train/model settings applied.
@@ -418,7 +418,7 @@ void run_moon(Run& run) {
   const auto& progress = run.progress;
   const int64_t aux = profile_settings(o.profile, "moon")["aux_steps"];
   say("== figure 1: proposal cloud on the 2-d moon target");
-  json cfg = read_config_file((fs::path(configs_of(o)) / "moon.json").string());
+  json cfg = read_train_config_file((fs::path(configs_of(o)) / "moon.json").string());
   cfg["train"]["steps"] = std::max<int64_t>(aux * 3, 30);
   TrainConfig config = parse_train_config(cfg);
   const std::string dir = (fs::path(o.output) / "moon").string();
@@ -578,7 +578,8 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
                         out.code == 0 ? "done" : "FAILED (" + out.note + ")", out.seconds / 60, what, done, total, running,
                         elapsed, eta));
   };
-  JobsResult r = run_jobs(jobs, o.jobs, on_start, on_done);
+  if (!o.run_jobs) throw UsageError("reproduce --jobs: this caller gives no way to start child processes (ReproduceOptions::run_jobs)");
+  JobsResult r = o.run_jobs(jobs, o.jobs, on_start, on_done);
   for (size_t i = 0; i < jobs.size(); ++i) {
     const ChildOutcome& out = r.outcomes[i];
     if (out.code == 0) continue;
@@ -620,7 +621,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       if (name == "ablation") {
         for (const std::string variant : kAblationVariants) ablation_config(o, variant);
       } else if (name == "moon") {
-        parse_train_config(read_config_file((fs::path(configs_of(o)) / "moon.json").string()));
+        parse_train_config(read_train_config_file((fs::path(configs_of(o)) / "moon.json").string()));
       } else {
         make_target(experiment_config(o, name).target, torch::kFloat32);
       }

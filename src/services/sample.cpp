@@ -14,7 +14,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/kernels/adaptation.hpp"

@@ -15,10 +15,26 @@
 namespace nmcmc {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 json TrainConfig::to_json() const {
   return {{"name", name}, {"target", target}, {"model", model.to_json()}, {"train", train.to_json()}, {"dtype", dtype}};
 }
+
+json read_train_config_file(const std::string& path) {
+  json config = read_config_file(path);
+  if (config.is_object() && config.contains("target") && config["target"].is_object())
+    resolve_target_paths(config["target"], fs::path(path).parent_path().string());
+  return config;
+}
+
+std::string configs_directory() {
+  // configs/ sits beside data/ in the source tree and in share/nmcmc when installed.
+  const fs::path beside_data = fs::path(data_directory()).parent_path() / "configs";
+  if (fs::exists(beside_data / "icg.json")) return beside_data.string();
+  return "configs";
+}
+
 
 TrainConfig parse_train_config(const json& j) {
   if (!j.is_object()) throw UsageError("a training config must be a JSON object");

@@ -285,7 +285,8 @@ std::vector<TargetInfo> builtin_infos() {
        "your density: a TorchScript module, forward(x [C, D]) -> U(x) [C] (see examples/torchscript)",
        {{"module", "file written by torch.jit.save (--module)"},
         {"dim", "dimension (the module's 'dim' attribute if it has one)"},
-        {"output", "energy (U(x), default) | log_prob (log p(x)) (--module-output)"}}},
+        {"output", "energy (U(x), default) | log_prob (log p(x)) (--module-output)"}},
+       {"module"}},
   };
 }
 
@@ -327,6 +328,25 @@ std::vector<TargetInfo> target_catalogue() {
   std::vector<TargetInfo> out;
   for (const auto& [info, f] : r.entries) out.push_back(info);
   return out;
+}
+
+void resolve_target_paths(json& spec, const std::string& base_dir) {
+  if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) return;
+  const std::string name = spec["name"].get<std::string>();
+  std::vector<std::string> keys;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = std::find_if(r.entries.begin(), r.entries.end(), [&](const auto& e) { return e.first.name == name; });
+    if (it == r.entries.end()) return;
+    keys = it->first.path_options;
+  }
+  for (const std::string& key : keys) {
+    if (!spec.contains(key) || !spec[key].is_string()) continue;
+    const std::string file = spec[key].get<std::string>();
+    if (file.rfind("memory:", 0) == 0 || !fs::path(file).is_relative()) continue;  // memory: a module held in memory
+    spec[key] = (fs::path(base_dir) / file).lexically_normal().string();
+  }
 }
 
 std::unique_ptr<Target> make_target(const json& spec, torch::TensorOptions options) {

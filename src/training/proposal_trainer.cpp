@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/training/fused_adam.hpp"
 
 namespace nmcmc {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "nmcmc/flows/model.hpp"
-#include "nmcmc/flows/onednn_gemm.hpp"
+#include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/images/conv_sampler.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/targets/targets.hpp"

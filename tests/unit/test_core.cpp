@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "nmcmc/core/allocator.hpp"
+#include "nmcmc/process/allocator.hpp"
 
 namespace {
 

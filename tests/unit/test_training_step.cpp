@@ -12,10 +12,10 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
-#include "nmcmc/flows/activations.hpp"
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/activations.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/flows/learned.hpp"
-#include "nmcmc/flows/onednn_gemm.hpp"
+#include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/fused_adam.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"

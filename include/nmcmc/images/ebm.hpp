@@ -3,4 +3,3 @@
 #include "nmcmc/images/ebm_options.hpp"
 #include "nmcmc/images/ebm_trainer.hpp"
 #include "nmcmc/images/energy_net.hpp"
-#include "nmcmc/services/ebm.hpp"

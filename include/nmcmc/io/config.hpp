@@ -33,7 +33,5 @@ T options_from_json(const nlohmann::json& j, const std::string& what) {
   }
 }
 
-/// Where the shipped configs live: the source tree's configs/, else the installed share/nmcmc/configs.
-std::string configs_directory();
 
 }  // namespace nmcmc

@@ -2,9 +2,10 @@
 /// Figures, described here and drawn by matplotlib (scripts/nmcmc_plot.py).
 //
 // A figure is written as STEM.figure.json (the data and every label: a figure can always be
-// drawn again, or drawn later on a machine with matplotlib) and queued; the program draws the
-// queued figures as STEM.png and STEM.svg once its command ends (services/figures.hpp:
-// render_pending_figures), in one Python process.
+// drawn again, or drawn later on a machine with matplotlib). The library never runs Python: the
+// `nmcmc` program draws the specs its command wrote as STEM.png and STEM.svg once the command
+// ends, in one Python process (apps/process/nmcmc/process/figures.hpp), and `nmcmc figures DIR`
+// draws any directory's.
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -52,11 +53,9 @@ class Plot {
 void save_figure(const std::string& path, const std::vector<Plot>& panels, int columns = 0,
                  const std::string& title = "", const std::string& caption = "",
                  std::pair<double, double> panel_size = {0, 0});
-/// Writes any figure spec (e.g. {"type": "image_grid", ...}) for `path` and queues it.
+/// Writes any figure spec (e.g. {"type": "image_grid", ...}) for `path`.
 void save_figure_spec(const std::string& path, nlohmann::json spec);
 /// The spec path of a figure path: a/b.png -> a/b.figure.json.
 std::string figure_spec_path(const std::string& path);
-/// Takes the queued spec paths (the queue is left empty).
-std::vector<std::string> take_pending_figures();
 
 }  // namespace nmcmc

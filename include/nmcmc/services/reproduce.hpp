@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/services/jobs.hpp"
 #include "nmcmc/services/train.hpp"
 
 namespace nmcmc {
@@ -20,6 +21,8 @@ struct ReproduceOptions {
   /// Experiments run side by side, each in its own process (1: one after another in this one).
   /// Results do not depend on it; the times and per-second figures include the contention.
   int jobs = 1;
+  /// Starts the child processes of jobs > 1 (the program's apps/process run_jobs); required then.
+  JobRunner run_jobs;
   /// Internal (the child processes of jobs > 1): run only this unit, an experiment name, "moon"
   /// or "ablation:<variant>", and write <output>/<name>/entry.json instead of the results files.
   std::string part;

@@ -23,6 +23,13 @@ struct TrainConfig {
 /// Parses and validates a configuration (UsageError on bad values).
 TrainConfig parse_train_config(const nlohmann::json& j);
 
+/// Reads a training (or compare) config file: read_config_file, then the file names its target
+/// spec holds (a TorchScript module) made relative to the file's directory (resolve_target_paths).
+nlohmann::json read_train_config_file(const std::string& path);
+
+/// Where the shipped configs live: the source tree's configs/, else the installed share/nmcmc/configs.
+std::string configs_directory();
+
 struct TrainProgress {
   std::string phase = "train";  // "precondition" (the warm-up: stats.step = iteration, accept, eps) | "train"
   TrainStats stats;

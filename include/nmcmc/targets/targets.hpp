@@ -123,6 +123,9 @@ struct TargetInfo {
   std::string name;
   std::string description;
   std::vector<std::pair<std::string, std::string>> options;  // option, meaning/default
+  /// Options that name a file: in a config file, a relative one is relative to the config's
+  /// directory (resolve_target_paths).
+  std::vector<std::string> path_options;
 };
 
 /// Builds a target from its spec. The spec's keys have been checked against the TargetInfo's
@@ -137,6 +140,11 @@ void register_target(TargetInfo info, TargetFactory factory);
 
 /// Every registered target (the built-ins first, then the user's in registration order).
 std::vector<TargetInfo> target_catalogue();
+
+/// Makes the relative file names of a target spec (its TargetInfo's path_options, e.g. a
+/// TorchScript module) relative to `base_dir`, the directory of the config that holds the spec.
+/// Unknown names and non-string values are left for make_target to report.
+void resolve_target_paths(nlohmann::json& spec, const std::string& base_dir);
 
 /// Builds a target from a spec such as {"name": "funnel", "dim": 20, "sigma": 3}.
 /// Missing options take their defaults; the returned target's spec() is complete.

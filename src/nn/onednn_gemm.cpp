@@ -1,4 +1,4 @@
-#include "nmcmc/flows/onednn_gemm.hpp"
+#include "nmcmc/nn/onednn_gemm.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -23,16 +23,9 @@ namespace nmcmc {
 namespace {
 std::atomic<uint64_t> g_calls{0};
 
+/// The backend; the program sets it from NMCMC_GEMM at start (apps/process/gemm.hpp).
 std::atomic<int>& mode() {
-  static std::atomic<int> m{[] {
-    const char* env = std::getenv("NMCMC_GEMM");
-    if (env != nullptr && std::strcmp(env, "openblas") == 0) return static_cast<int>(GemmBackend::kLibTorch);
-    if (env != nullptr && std::strcmp(env, "onednn") == 0) return static_cast<int>(GemmBackend::kOneDnn);
-    if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
-      std::cerr << "nmcmc: NMCMC_GEMM=" << env << " is not one of auto, onednn, openblas; using auto\n";
-    }
-    return static_cast<int>(GemmBackend::kAuto);
-  }()};
+  static std::atomic<int> m{static_cast<int>(GemmBackend::kAuto)};
   return m;
 }
 

@@ -1,4 +1,4 @@
-#include "nmcmc/flows/deferred_linear.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
 
 #include <ATen/Context.h>
 
@@ -16,8 +16,8 @@
 #endif
 
 #include "nmcmc/core/errors.hpp"
-#include "nmcmc/flows/activations.hpp"
-#include "nmcmc/flows/onednn_gemm.hpp"
+#include "nmcmc/nn/activations.hpp"
+#include "nmcmc/nn/onednn_gemm.hpp"
 
 namespace nmcmc {
 

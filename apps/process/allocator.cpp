@@ -1,4 +1,4 @@
-#include "nmcmc/core/allocator.hpp"
+#include "nmcmc/process/allocator.hpp"
 
 #include <cstdlib>
 #include <cstring>

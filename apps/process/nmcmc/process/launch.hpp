@@ -1,9 +1,12 @@
 #pragma once
-/// `nmcmc launch`: N local ranks of one nmcmc command on loopback, as torchrun starts PyTorch's.
+/// Process supervision for the `nmcmc` program (apps/, not the library): `nmcmc launch`, N local
+/// ranks of one nmcmc command on loopback, as torchrun starts PyTorch's.
 #include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "nmcmc/services/jobs.hpp"
 
 namespace nmcmc {
 
@@ -33,25 +36,6 @@ LaunchResult launch_local(const LaunchOptions& options);
 
 /// The nmcmc executable this process runs (/proc/self/exe); IoError when it cannot be found.
 std::string self_executable();
-
-/// One child nmcmc command of run_jobs.
-struct ChildJob {
-  std::string name;               // for messages
-  std::vector<std::string> args;  // the nmcmc command and its arguments (without the program name)
-  std::string log;                // the child's stdout and stderr (the file is truncated first)
-};
-
-struct ChildOutcome {
-  std::string name;
-  int code = -1;  // exit code; a signal counts as 128 + its number; -1: never started
-  double seconds = 0;
-  std::string note;  // e.g. "killed by signal 9"; empty on success
-};
-
-struct JobsResult {
-  std::vector<ChildOutcome> outcomes;  // one per job, in the jobs' order
-  bool interrupted = false;            // a Ctrl-C / SIGTERM reached this process
-};
 
 /// Runs the jobs as child processes of this executable, at most `parallel` at a time, started in
 /// the order given. Each child gets OPENBLAS_NUM_THREADS=1 unless the environment sets it (two

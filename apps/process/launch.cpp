@@ -1,4 +1,4 @@
-#include "nmcmc/services/launch.hpp"
+#include "nmcmc/process/launch.hpp"
 
 #include <fmt/format.h>
 #include <fcntl.h>

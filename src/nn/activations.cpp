@@ -1,4 +1,4 @@
-#include "nmcmc/flows/activations.hpp"
+#include "nmcmc/nn/activations.hpp"
 
 #include <ATen/Parallel.h>
 

@@ -31,7 +31,8 @@ bool onednn_gemm_available();
 /// Where linear() multiplies float32 CPU matrices: kAuto (the default) uses oneDNN when LibTorch
 /// and the BLAS each run one thread (`--threads 1` and OPENBLAS_NUM_THREADS=1, as `reproduce
 /// --jobs` and `launch` give their children), LibTorch's GEMM otherwise; kOneDnn and kLibTorch
-/// force either. NMCMC_GEMM=onednn|openblas in the environment sets the start value.
+/// force either. The library never reads the environment: the nmcmc program, the benchmarks and
+/// the Python module set it from NMCMC_GEMM at start (apps/process/gemm.hpp).
 enum class GemmBackend { kAuto, kOneDnn, kLibTorch };
 
 /// GEMMs run through oneDNN so far in this process (tests).

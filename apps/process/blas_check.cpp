@@ -1,4 +1,4 @@
-#include "nmcmc/core/blas_check.hpp"
+#include "nmcmc/process/blas_check.hpp"
 
 #include <torch/torch.h>
 
