@@ -12,6 +12,7 @@
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/blas_check.hpp"
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/tensor_options.hpp"
 #include "nmcmc/version.hpp"
 
 namespace nmcmc::cli {
@@ -115,23 +116,10 @@ void ComputeArgs::add(CLI::App* cmd, const char* dtype_help) {
 }
 
 torch::TensorOptions ComputeArgs::options(const std::string& default_dtype) const {
-  const std::string dt = dtype.value_or(default_dtype);
-  torch::ScalarType st;
-  if (dt == "float32") st = torch::kFloat32;
-  else if (dt == "float64") st = torch::kFloat64;
-  else throw UsageError("--dtype must be float32 or float64, got '" + dt + "'");
-  torch::Device dev(torch::kCPU);
-  try {
-    dev = torch::Device(device);
-  } catch (const std::exception&) {
-    throw UsageError("--device must be cpu, cuda or cuda:N, got '" + device + "'");
-  }
-  if (dev.is_cuda() && !torch::cuda::is_available()) {
-    throw UsageError("--device " + device + ": this LibTorch build or machine has no CUDA device");
-  }
+  torch::TensorOptions options = parse_tensor_options(dtype.value_or(default_dtype), device);
   if (threads < 0) throw UsageError("--threads must be non-negative");
   if (threads > 0) torch::set_num_threads(threads);
-  return torch::TensorOptions().dtype(st).device(dev);
+  return options;
 }
 
 namespace {

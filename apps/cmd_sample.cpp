@@ -15,43 +15,25 @@ namespace {
 
 struct SampleArgs {
   TargetArgs target;
-  ComputeArgs compute;
-  std::string sampler = "hmc", init = "auto", format = "csv,netcdf";
-  std::optional<std::string> output, model, metric, matmul;
-  std::optional<double> step_size, target_accept;
-  double jitter = 0;
-  int64_t leapfrog = 10, max_depth = 10, chains = 4, warmup = 1000, draws = 1000, rows = 8;
-  uint64_t seed = 1;
-  bool adapt_mass = false, no_adapt = false, quiet = false;
+  ComputeArgs compute;  // --dtype, --device (into options) and --threads
+  SampleOptions options;
+  int64_t rows = 8;
+  bool quiet = false;
   DistArgs dist;
 };
 
-int run(const SampleArgs& a, const CLI::App* cmd) {
+int run(SampleArgs a, const CLI::App* cmd) {
   SampleRequest r;
-  r.sampler = a.sampler;
   // A learned sampler runs on its model's own target unless one is given (then it must agree).
-  r.target = a.sampler == "learned" && !TargetArgs::given(cmd) ? json() : a.target.spec();
-  r.model = a.model;
-  r.metric = a.metric;
-  r.adapt_mass = a.adapt_mass;
-  r.step_size = a.step_size;
-  r.target_accept = a.target_accept;
-  r.no_adapt = a.no_adapt;
-  r.jitter = a.jitter;
-  r.leapfrog = a.leapfrog;
-  r.max_depth = a.max_depth;
-  r.chains = a.chains;
-  r.warmup = a.warmup;
-  r.draws = a.draws;
-  r.seed = a.seed;
-  r.init = a.init;
-  r.options = a.compute.options();
-  r.dtype_given = a.compute.dtype.has_value();
-  r.matmul = a.matmul;
-  r.output = a.output;
-  r.formats = parse_formats(a.format);
+  r.target = a.options.sampler == "learned" && !TargetArgs::given(cmd) ? json() : a.target.spec();
+  a.options.dtype = a.compute.dtype;
+  a.options.device = a.compute.device;
+  torch::TensorOptions device = a.compute.options();  // validates, applies --threads
+  const OutputFormats formats = parse_formats(a.options.formats);
   r.command = command_line();
-  auto comm = a.dist.connect(r.options);
+  auto comm = a.dist.connect(device);
+  a.options.device = device.device().str();  // cuda without an index became cuda:LOCAL_RANK
+  r.options = a.options;
   const bool root = comm->is_root();
   if (root) warn_blas();
   install_stop_handler();
@@ -63,19 +45,20 @@ int run(const SampleArgs& a, const CLI::App* cmd) {
     return 130;
   }
   std::cout << format_summary(out.summary, a.rows);
-  if (a.output) {
+  const SampleOptions& o = a.options;
+  if (o.output) {
     std::string what;
-    if (r.formats.csv) what += fmt::format("{} Stan-CSV files (chain_N.csv), ", a.chains);
-    if (r.formats.netcdf) what += "ArviZ InferenceData (inference_data.nc), ";
-    std::cout << "wrote " << what << "summary.json to " << *a.output << "\n";
+    if (formats.csv) what += fmt::format("{} Stan-CSV files (chain_N.csv), ", o.chains);
+    if (formats.netcdf) what += "ArviZ InferenceData (inference_data.nc), ";
+    std::cout << "wrote " << what << "summary.json to " << *o.output << "\n";
   }
   if (comm->world_size() > 1) {
     std::cout << fmt::format("sharded over {} processes: rank r ran its block of chains with seed {} + r\n",
-                             comm->world_size(), a.seed);
+                             comm->world_size(), o.seed);
   }
   if (!out.result.complete) {
-    std::cerr << "\nnmcmc: interrupted after " << out.result.draws.size(0) << " of " << a.draws
-              << " draws; the summary above and the files" << (a.output ? " (marked complete = false)" : "")
+    std::cerr << "\nnmcmc: interrupted after " << out.result.draws.size(0) << " of " << o.draws
+              << " draws; the summary above and the files" << (o.output ? " (marked complete = false)" : "")
               << " hold what was drawn\n";
     return 130;
   }
@@ -89,32 +72,32 @@ Command add_sample_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "sample a target with a baseline or learned sampler; write Stan-CSV and a summary");
   a->target.add(cmd);
   a->compute.add(cmd, "float32 | float64 (default float32; the learned sampler: the model's)");
-  cmd->add_option("--sampler", a->sampler, "rwm | mala | hmc | nuts | learned")->capture_default_str();
-  cmd->add_option("--model", a->model, "checkpoint of a trained sampler (with --sampler learned)");
-  cmd->add_option("--matmul", a->matmul,
+  cmd->add_option("--sampler", a->options.sampler, "rwm | mala | hmc | nuts | learned")->capture_default_str();
+  cmd->add_option("--model", a->options.model, "checkpoint of a trained sampler (with --sampler learned)");
+  cmd->add_option("--matmul", a->options.matmul,
                   "the learned sampler's GEMMs: auto | native | bfloat16 (default: the model's model.matmul; "
                   "auto: bfloat16 on a CPU with AMX-BF16); exact in either")
       ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
-  cmd->add_option("--step-size", a->step_size, "initial step size (default: found automatically)");
-  cmd->add_option("--leapfrog", a->leapfrog, "HMC leapfrog steps")->capture_default_str();
-  cmd->add_option("--max-depth", a->max_depth, "NUTS: maximum tree depth")->capture_default_str();
-  cmd->add_option("--metric", a->metric,
+  cmd->add_option("--step-size", a->options.step_size, "initial step size (default: found automatically)");
+  cmd->add_option("--leapfrog", a->options.leapfrog, "HMC leapfrog steps")->capture_default_str();
+  cmd->add_option("--max-depth", a->options.max_depth, "NUTS: maximum tree depth")->capture_default_str();
+  cmd->add_option("--metric", a->options.metric,
                   "unit | diag | dense: the metric adapted over Stan's warm-up windows (default: diag for nuts, "
                   "unit for the others)");
-  cmd->add_option("--jitter", a->jitter, "HMC: per-chain step-size jitter j, eps * (1 + j U(-1,1))")->capture_default_str();
-  cmd->add_option("--chains", a->chains, "number of chains")->capture_default_str();
-  cmd->add_option("--warmup", a->warmup, "warm-up (adaptation) steps")->capture_default_str();
-  cmd->add_option("--draws", a->draws, "draws kept per chain")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "random seed")->capture_default_str();
-  cmd->add_option("--target-accept", a->target_accept, "accept-rate target of step-size adaptation (default: per sampler)");
-  cmd->add_flag("--adapt-mass", a->adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows (= --metric diag)");
-  cmd->add_flag("--no-adapt", a->no_adapt, "keep --step-size fixed during warm-up");
-  cmd->add_option("--init", a->init,
+  cmd->add_option("--jitter", a->options.jitter, "HMC: per-chain step-size jitter j, eps * (1 + j U(-1,1))")->capture_default_str();
+  cmd->add_option("--chains", a->options.chains, "number of chains")->capture_default_str();
+  cmd->add_option("--warmup", a->options.warmup, "warm-up (adaptation) steps")->capture_default_str();
+  cmd->add_option("--draws", a->options.draws, "draws kept per chain")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "random seed")->capture_default_str();
+  cmd->add_option("--target-accept", a->options.target_accept, "accept-rate target of step-size adaptation (default: per sampler)");
+  cmd->add_flag("--adapt-mass", a->options.adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows (= --metric diag)");
+  cmd->add_flag("--no-adapt", a->options.no_adapt, "keep --step-size fixed during warm-up");
+  cmd->add_option("--init", a->options.init,
                   "auto | uniform (U(-2,2)) | exact | zero | buffer (the learned sampler's own chains, saved with its "
                   "checkpoint); auto: buffer for a learned sampler that has one, else uniform")
       ->capture_default_str();
-  cmd->add_option("--output,-o", a->output, "directory for the draws and summary.json");
-  cmd->add_option("--format", a->format,
+  cmd->add_option("--output,-o", a->options.output, "directory for the draws and summary.json");
+  cmd->add_option("--format", a->options.formats,
                   "draw files with --output: csv (Stan CSV per chain), netcdf (ArviZ InferenceData, "
                   "inference_data.nc) or csv,netcdf")
       ->capture_default_str();

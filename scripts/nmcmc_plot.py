@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """nmcmc's figures and run reports, drawn with matplotlib.
 
+(Over 500 lines: every figure kind and the HTML report in one script that the program runs.)
     nmcmc_plot.py render SPEC.figure.json ...   draw figures the C++ program described
     nmcmc_plot.py report RUN_DIR [--output F]   one HTML page about a run directory
 

@@ -285,14 +285,14 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         raise ValueError("nmcmc.sample: give a target")
     if dtype is None and isinstance(target, Target) and sampler != "learned":
         dtype = target._dtype
-    request = {
-        "target": None if target is None else _spec_of(target), "sampler": sampler, "model": model_path,
-        "metric": metric, "step_size": step_size, "target_accept": target_accept, "no_adapt": not adapt_step,
-        "jitter": float(jitter), "leapfrog": int(leapfrog), "max_depth": int(max_depth), "chains": int(chains),
-        "warmup": int(warmup), "draws": int(draws), "seed": int(seed), "init": init, "dtype": _dtype_name(dtype),
-        "device": str(device), "output": None if output is None else _os.fspath(output), "formats": formats,
-        "matmul": matmul,
+    options = {
+        "sampler": sampler, "model": model_path, "metric": metric, "step_size": step_size,
+        "target_accept": target_accept, "no_adapt": not adapt_step, "jitter": float(jitter), "leapfrog": int(leapfrog),
+        "max_depth": int(max_depth), "chains": int(chains), "warmup": int(warmup), "draws": int(draws),
+        "seed": int(seed), "init": init, "dtype": _dtype_name(dtype), "device": str(device),
+        "output": None if output is None else _os.fspath(output), "formats": formats, "matmul": matmul,
     }
+    request = {"target": None if target is None else _spec_of(target), "options": options}
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "nmcmc/core/tensor_options.hpp"
 #include "nmcmc/nmcmc.hpp"
 #include "nmcmc/services/compare.hpp"
 #include "nmcmc/process/allocator.hpp"
@@ -22,15 +23,7 @@ using json = nlohmann::json;
 namespace {
 
 torch::TensorOptions tensor_options(const std::string& dtype, const std::string& device) {
-  torch::TensorOptions o;
-  if (dtype == "float32") o = o.dtype(torch::kFloat32);
-  else if (dtype == "float64") o = o.dtype(torch::kFloat64);
-  else throw nmcmc::UsageError("dtype must be float32 or float64, not '" + dtype + "'");
-  try {
-    return o.device(torch::Device(device));
-  } catch (const c10::Error&) {
-    throw nmcmc::UsageError("unknown device '" + device + "' (cpu, cuda, cuda:N)");
-  }
+  return nmcmc::parse_tensor_options(dtype, device);
 }
 
 /// Calls `report` (a Python callable or None) with a dict, holding the GIL, and turns a pending
@@ -53,25 +46,7 @@ py::dict sample(const std::string& request_json, std::optional<torch::Tensor> in
   json j = json::parse(request_json);
   nmcmc::SampleRequest r;
   r.target = j.value("target", json());
-  r.sampler = j.at("sampler").get<std::string>();
-  if (!j["model"].is_null()) r.model = j["model"].get<std::string>();
-  if (!j["metric"].is_null()) r.metric = j["metric"].get<std::string>();
-  if (!j["step_size"].is_null()) r.step_size = j["step_size"].get<double>();
-  if (!j["target_accept"].is_null()) r.target_accept = j["target_accept"].get<double>();
-  r.no_adapt = j.at("no_adapt").get<bool>();
-  r.jitter = j.at("jitter").get<double>();
-  r.leapfrog = j.at("leapfrog").get<int64_t>();
-  r.max_depth = j.at("max_depth").get<int64_t>();
-  r.chains = j.at("chains").get<int64_t>();
-  r.warmup = j.at("warmup").get<int64_t>();
-  r.draws = j.at("draws").get<int64_t>();
-  r.seed = j.at("seed").get<uint64_t>();
-  r.init = j.at("init").get<std::string>();
-  r.dtype_given = !j["dtype"].is_null();
-  r.options = tensor_options(j["dtype"].is_null() ? "float32" : j["dtype"].get<std::string>(), j.at("device").get<std::string>());
-  if (!j["output"].is_null()) r.output = j["output"].get<std::string>();
-  r.formats = nmcmc::parse_formats(j.at("formats").get<std::string>());
-  if (j.contains("matmul") && !j["matmul"].is_null()) r.matmul = j["matmul"].get<std::string>();
+  r.options = nmcmc::sample_options_from_json(j.at("options"));
   r.command = "python: nmcmc.sample";
   if (init_x) r.init_x = *init_x;
   PythonHook hook{report};

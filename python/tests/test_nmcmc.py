@@ -183,3 +183,19 @@ def test_training_config_file_with_a_module(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     m = nmcmc.Model.load(str(tmp_path / "m.pt"))
     assert m.target_spec["module"] == str(tmp_path / "banana.pt")
+
+
+def test_tune_allocator_is_opt_in_and_honours_nmcmc_malloc():
+    """nmcmc.tune_allocator() applies the program's malloc policy on request and says what it did;
+    NMCMC_MALLOC=default makes it leave glibc's (in child processes: the policy is process-wide)."""
+    import subprocess, sys
+    code = "import nmcmc\nprint(nmcmc.tune_allocator())\nprint(nmcmc.tune_allocator())\n"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.strip().splitlines()
+    assert first == second  # applied once; later calls report the first outcome
+    assert "heap reuse" in first or "not glibc" in first or "refused" in first
+    env = dict(os.environ, NMCMC_MALLOC="default")
+    q = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert q.returncode == 0, q.stderr
+    assert "NMCMC_MALLOC=default" in q.stdout

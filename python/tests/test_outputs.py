@@ -122,13 +122,18 @@ def test_interrupted_run_netcdf_is_readable_and_says_so(tmp_path):
     p = subprocess.Popen([CLI, "sample", "--target", "funnel", "--dim", "20", "--sampler", "hmc", "--chains", "8",
                           "--warmup", "50", "--draws", "10000000", "-q", "--output", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    part = out / "inference_data.nc.part"
-    while time.time() < deadline and not part.exists():
-        time.sleep(0.2)
-    time.sleep(3)  # past the first flush of rows
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
+    try:  # the 10M-draw child never outlives the test, whatever fails here
+        deadline = time.time() + 120
+        part = out / "inference_data.nc.part"
+        while time.time() < deadline and not part.exists():
+            time.sleep(0.2)
+        time.sleep(3)  # past the first flush of rows
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
     assert p.returncode == 130, err
     assert not part.exists()
     ds = groups(out / "inference_data.nc")
@@ -195,3 +200,30 @@ def test_sharded_run_netcdf_holds_every_chain_with_its_own_adaptation(tmp_path):
     assert eps[0] == eps[1] == eps[2] and eps[3] == eps[4] and eps[0] != eps[3]  # ranks 0 (3 chains) and 1 (2)
     summary = json.load(open(out / "summary.json"))
     assert summary["config"]["world_size"] == 2 and summary["config"]["chains"] == 5
+
+
+def test_ctrl_c_in_python_raises_keyboard_interrupt(tmp_path):
+    """Ctrl-C during nmcmc.sample reaches Python as KeyboardInterrupt (the C++ run polls for it),
+    within a bounded time; the child never outlives the test."""
+    import sys
+    script = ("import sys, nmcmc\n"
+              "t = nmcmc.target('icg', dim=4)\n"
+              "print('started', flush=True)\n"
+              "try:\n"
+              "    nmcmc.sample(t, 'nuts', chains=2, warmup=10, draws=10_000_000, progress=False)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('KeyboardInterrupt', flush=True)\n"
+              "    sys.exit(3)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ))
+    try:
+        assert p.stdout.readline().strip() == "started"
+        time.sleep(2)  # inside the run
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    assert p.returncode == 3, err
+    assert "KeyboardInterrupt" in out

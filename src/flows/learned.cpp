@@ -32,118 +32,6 @@ std::string resolve_precondition(const std::string& precondition, int64_t dim) {
   return dim <= kDenseMaxDim ? "dense" : "lowrank";
 }
 
-namespace {
-
-/// The factor-analysis fit shared by draws and covariances. `apply_s(M)` is S M for the [D, D]
-/// (sample) covariance S, `v` its diagonal, (w, q) the top-k eigenpairs of its correlation matrix
-/// (descending), `n` the number of draws (0: S is exact). The maximum-likelihood fixed point (as
-/// scikit-learn's FactorAnalysis): whiten by psi, take the top-k eigenpairs (Lambda, Q) of
-/// C = psi^-1/2 S psi^-1/2 (one warm-started subspace step each time), keep those above the noise
-/// edge (1 + sqrt(D / n))^2, and set psi = diag(S - W W^T) with W = psi^1/2 Q (Lambda - 1)^1/2.
-LowRankFactors fit_factors(const std::function<torch::Tensor(const torch::Tensor&)>& apply_s, const torch::Tensor& v,
-                           torch::Tensor w, torch::Tensor q, int64_t n) {
-  const int64_t d = v.size(0), k = q.size(1);
-  const double edge = n > 0 ? std::pow(1.0 + std::sqrt(static_cast<double>(d) / static_cast<double>(n)), 2) : 1.0;
-  torch::Tensor psi = v.clone();
-  auto whitened = [&](const torch::Tensor& m) {  // C m
-    torch::Tensor root = psi.rsqrt().unsqueeze(1);
-    return apply_s(m * root) * root;
-  };
-  torch::Tensor keep = torch::zeros({k}, torch::kBool);
-  for (int it = 0; it < 1000 && k > 0; ++it) {
-    if (it > 0) {  // one subspace step, then Rayleigh-Ritz
-      q = std::get<0>(torch::linalg_qr(whitened(q)));
-      auto [bw, bv] = torch::linalg_eigh(q.t().matmul(whitened(q)));
-      w = bw.flip(0);
-      q = q.matmul(bv.flip(1));
-    }
-    keep = w > edge;
-    torch::Tensor excess = torch::where(keep, w - 1.0, torch::zeros_like(w));
-    torch::Tensor next = torch::maximum(v - psi * q.pow(2).matmul(excess), 1e-3 * v);
-    const double change = (next.log() - psi.log()).abs().max().item<double>();
-    psi = next;
-    if (change < 1e-11) break;
-  }
-  torch::Tensor idx = keep.nonzero().squeeze(1);
-  LowRankFactors f;
-  f.variances = psi;
-  f.directions = q.index_select(1, idx).contiguous();
-  torch::Tensor lam = w.index_select(0, idx);
-  if (n > 0) lam = (static_cast<double>(n) * lam + 5.0) / (static_cast<double>(n) + 5.0);  // towards 1, as Stan
-  f.eigenvalues = lam;
-  return f;
-}
-
-LowRankFactors fit_draws(const torch::Tensor& x, int64_t k) {
-  const int64_t n = x.size(0), d = x.size(1);
-  k = std::max<int64_t>(0, std::min({k, d - 1, n - 1}));
-  const double nn = static_cast<double>(n);
-  torch::Tensor a = (x - x.mean(0)) / std::sqrt(nn - 1.0);  // a^T a = S
-  // Stan's regularisation of a metric: S = (n S_draws + 5e-3 I) / (n + 5).
-  const double keep = nn / (nn + 5.0), ridge = 5e-3 / (nn + 5.0);
-  torch::Tensor v = keep * a.pow(2).sum(0) + ridge;
-  torch::Tensor z = a * std::sqrt(keep) / v.sqrt();         // z^T z = correlation of S, less its ridge
-  torch::Tensor w, q;
-  if (n < d) {
-    auto [gw, gv] = torch::linalg_eigh(z.matmul(z.t()));  // ascending
-    w = gw.narrow(0, n - k, k).flip(0).clamp_min(1e-12);
-    q = z.t().matmul(gv.narrow(1, n - k, k).flip(1)) / w.sqrt();
-  } else {
-    auto [cw, cv] = torch::linalg_eigh(z.t().matmul(z));
-    w = cw.narrow(0, d - k, k).flip(0).clamp_min(1e-12);
-    q = cv.narrow(1, d - k, k).flip(1);
-  }
-  return fit_factors([&](const torch::Tensor& m) { return keep * a.t().matmul(a.matmul(m)) + ridge * m; }, v, w, q, n);
-}
-
-/// How many of `f`'s factors the held-out draws `x` confirm: whitened by f's psi, the variance of x
-/// along the factor at least kConfirm times the mean variance of the directions orthogonal to all
-/// of f's factors (psi itself is biased when noise factors take a share of the variances).
-constexpr double kConfirm = 1.5;
-int64_t confirmed(const LowRankFactors& f, const torch::Tensor& x) {
-  const int64_t kf = f.directions.size(1), d = x.size(1);
-  if (kf == 0 || x.size(0) < 2) return 0;
-  torch::Tensor z = (x - x.mean(0)) / f.variances.sqrt();
-  torch::Tensor along = z.matmul(f.directions).pow(2).sum(0) / static_cast<double>(x.size(0) - 1);  // [k']
-  const double total = z.pow(2).sum().item<double>() / static_cast<double>(x.size(0) - 1);
-  const double rest = (total - along.sum().item<double>()) / static_cast<double>(d - kf);
-  return (along >= kConfirm * rest).sum().item<int64_t>();
-}
-}  // namespace
-
-LowRankFactors low_rank_factors(const torch::Tensor& draws, int64_t k, int64_t chains) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor x = draws.to(torch::kCPU, torch::kFloat64);
-  TORCH_CHECK(x.dim() == 2 && x.size(0) >= 2 && x.size(1) >= 2, "low_rank_factors: need draws [n >= 2, D >= 2]");
-  TORCH_CHECK(chains >= 1 && x.size(0) % chains == 0, "low_rank_factors: ", x.size(0), " rows are not draws of ", chains, " chains");
-  if (chains >= 2 && x.size(0) / chains >= 2) {
-    // Cross-fitting: factors fitted on one half of the chains and confirmed on the other. MCMC
-    // draws are autocorrelated, so the noise edge (computed for independent draws) lets sample
-    // noise through; a noise direction of one half is an ordinary direction in the other.
-    torch::Tensor chain = torch::arange(x.size(0)) % chains;
-    torch::Tensor first = (chain < chains / 2).nonzero().squeeze(1), second = (chain >= chains / 2).nonzero().squeeze(1);
-    torch::Tensor xa = x.index_select(0, first), xb = x.index_select(0, second);
-    k = std::min(confirmed(fit_draws(xa, k), xb), confirmed(fit_draws(xb, k), xa));
-  }
-  return fit_draws(x, k);
-}
-
-LowRankFactors low_rank_factors_of_covariance(const torch::Tensor& covariance, int64_t k) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor c = covariance.to(torch::kCPU, torch::kFloat64);
-  TORCH_CHECK(c.dim() == 2 && c.size(0) == c.size(1) && c.size(0) >= 2, "low_rank_factors_of_covariance: need [D, D]");
-  const int64_t d = c.size(0);
-  k = std::max<int64_t>(0, std::min(k, d - 1));
-  c = 0.5 * (c + c.t());
-  torch::Tensor v = c.diagonal().clone();
-  torch::Tensor sd = v.sqrt();
-  auto [cw, cv] = torch::linalg_eigh(c / sd.unsqueeze(0) / sd.unsqueeze(1));  // ascending
-  torch::Tensor w = cw.narrow(0, d - k, k).flip(0), q = cv.narrow(1, d - k, k).flip(1);
-  return fit_factors([&](const torch::Tensor& m) { return c.matmul(m); }, v, w, q, 0);
-}
-
-nlohmann::json LearnedOptions::to_json() const { return nlohmann::json(*this); }
-
 LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
   LearnedOptions o = options_from_json<LearnedOptions>(j, "model options");
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
@@ -166,93 +54,6 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
 }
 
 // ------------------------------------------------------------------ StepMLP
-
-StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
-                         std::string activation, bool tanh_last, std::string matmul)
-    : activation_(std::move(activation)), tanh_last_(tanh_last), matmul_(std::move(matmul)), in_(in), hidden_(hidden), out_(out) {
-  check_matmul_option(matmul_);
-  // Initialised like torch.nn.Linear (uniform +-1/sqrt(fan_in)) from a fixed generator, so that a
-  // model is a deterministic function of its options; output layers start at zero.
-  at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
-  const double b_in = 1.0 / std::sqrt(static_cast<double>(in));
-  // Parameters are created in float64 (exact in either precision); owners move them with to().
-  // Each sub-step's input and output layers are separate tensors, so that the backward pass of
-  // one sub-step touches only its own weights (a [K, ...] tensor indexed per sub-step would
-  // materialise a full-size zero gradient for every use).
-  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
-  for (int64_t k = 0; k < substeps; ++k) {
-    const std::string n = std::to_string(k);
-    w_in_.push_back(register_parameter("w_in" + n, torch::empty({in, hidden}, f64).uniform_(-b_in, b_in, gen)));
-    b_in_.push_back(register_parameter("b_in" + n, torch::empty({hidden}, f64).uniform_(-b_in, b_in, gen)));
-  }
-  const double b_h = 1.0 / std::sqrt(static_cast<double>(hidden));
-  for (int64_t i = 0; i < shared_layers; ++i) {
-    auto layer = register_module("shared" + std::to_string(i), torch::nn::Linear(hidden, hidden));
-    layer->to(torch::kFloat64);
-    {
-      torch::NoGradGuard no_grad;
-      layer->weight.uniform_(-b_h, b_h, gen);
-      layer->bias.uniform_(-b_h, b_h, gen);
-    }
-    shared_.push_back(layer);
-  }
-  for (int64_t k = 0; k < substeps; ++k) {
-    const std::string n = std::to_string(k);
-    w_out_.push_back(register_parameter("w_out" + n, torch::zeros({hidden, out}, f64)));
-    b_out_.push_back(register_parameter("b_out" + n, torch::zeros({out}, f64)));
-  }
-}
-
-void StepMLPImpl::set_matmul(std::string matmul) {
-  check_matmul_option(matmul);
-  matmul_ = std::move(matmul);
-}
-
-torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
-  // h is a fresh layer output that nothing else holds: elu, relu and tanh run in place, whose
-  // backward formulas use the result (elu: grad * (out + 1) below zero, no exp; out-of-place elu's
-  // backward recomputes exp(input), which was 8 % of a Funnel-1 training step at batch 128).
-  // elu and tanh: nmcmc's vectorised kernels for float32 (Note [Fast activations]).
-  if (last && tanh_last_) return nmcmc::activate(h, Activation::kTanh);
-  if (activation_ == "elu") return nmcmc::activate(h, Activation::kElu);
-  if (activation_ == "relu") return h.relu_();
-  if (activation_ == "tanh") return nmcmc::activate(h, Activation::kTanh);
-  if (activation_ == "softplus") return torch::softplus(h);
-  return torch::silu(h);
-}
-
-torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
-  // The parameter lists are read through their registered tensors (to() replaces their data).
-  // nmcmc::linear: inside a training step's DeferredWeightGrads scope the weight gradients of all
-  // uses are accumulated into one buffer per weight (Note [Deferred weight gradients]).
-  // matmul: bfloat16 GEMMs where they are fast (Note [Bfloat16 matmul]).
-  const Matmul m = resolve_matmul(matmul_, input);
-  const bool fusable_act = activation_ == "elu" || activation_ == "tanh";
-  if (m == Matmul::kBFloat16 && !torch::GradMode::is_enabled() && fusable_act && input.is_cpu() &&
-      input.scalar_type() == torch::kFloat) {
-    // Sampling: the hidden layers stay in bfloat16, each layer's bias, activation and cast in
-    // one pass (bias_activate_bf16; bit for bit the path below).
-    auto act = [&](bool last) {
-      return (last && tanh_last_) || activation_ == "tanh" ? Activation::kTanh : Activation::kElu;
-    };
-    torch::Tensor hb = bias_activate_bf16(input.to(torch::kBFloat16).mm(cached_bf16(w_in_[k])), b_in_[k], act(shared_.empty()));
-    for (size_t i = 0; i < shared_.size(); ++i) {
-      hb = bias_activate_bf16(hb.mm(cached_bf16(shared_[i]->weight).t()), shared_[i]->bias, act(i + 1 == shared_.size()));
-    }
-    return bias_add_bf16(hb.mm(cached_bf16(w_out_[k])), b_out_[k]);
-  }
-  torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, m), shared_.empty());
-  for (size_t i = 0; i < shared_.size(); ++i) {
-    h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true, m), i + 1 == shared_.size());
-  }
-  return linear(h, w_out_[k], b_out_[k], false, m);
-}
-
-int64_t StepMLPImpl::flops_per_row() const {
-  return 2 * (in_ * hidden_ + static_cast<int64_t>(shared_.size()) * hidden_ * hidden_ + hidden_ * out_);
-}
-
-// ------------------------------------------------------------------ LearnedSampler
 
 LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
@@ -607,12 +408,9 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, co
   p.x_new = a.from_latent(p.x_new);
   if (p.grad_new.defined()) p.grad_new = a.ambient_grad(p.grad_new);
   p.log_det = p.log_det + a.log_det;
+  p.log_det_rev = p.log_det_rev + a.log_det;
   p.log_q_fwd = p.log_q_fwd - a.log_det;
   p.log_q_rev = p.log_q_rev - a.log_det;
-  if (defect_ == LearnedDefect::kDiagonalReverse) {
-    torch::NoGradGuard no_grad;
-    p.log_q_rev = log_density_with(target, p.x_new, p.grad_new, x, torch::diag_embed(precondition_matrix().diagonal()));
-  }
   return p;
 }
 
@@ -638,7 +436,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_latent(Target& target, 
     z_rev_target = -fwd.z;
   }
   FlowPass rev = inverse_flow(target, p.x_new, z_rev_target, create_graph);
-  set_flow_densities(p, z0, fwd, rev, d_log_eps, defect_);
+  set_flow_densities(p, z0, fwd, rev, d_log_eps);
   return p;
 }
 

@@ -9,12 +9,11 @@ torch::Tensor flow_log_density(const torch::Tensor& z_base, const torch::Tensor&
 }
 
 void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fwd, const FlowPass& rev,
-                        const torch::Tensor& d_log_eps, LearnedDefect defect) {
-  const bool keep_det = defect != LearnedDefect::kDropLogDet;
+                        const torch::Tensor& d_log_eps) {
   p.log_det = fwd.log_det;
-  p.log_q_fwd = flow_log_density(z0, keep_det ? fwd.log_det : torch::zeros_like(fwd.log_det), d_log_eps);
-  p.log_q_rev = flow_log_density(rev.z, keep_det ? rev.log_det : torch::zeros_like(rev.log_det), d_log_eps);
-  if (defect == LearnedDefect::kDropReverse) p.log_q_rev = p.log_q_fwd;
+  p.log_det_rev = rev.log_det;
+  p.log_q_fwd = flow_log_density(z0, fwd.log_det, d_log_eps);
+  p.log_q_rev = flow_log_density(rev.z, rev.log_det, d_log_eps);
 }
 
 ProposalResult ModelProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {

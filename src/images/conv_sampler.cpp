@@ -121,7 +121,7 @@ Proposed ConvSamplerImpl::propose(Target& target, const torch::Tensor& x, const 
   p.energy_new = eg.energy;
   p.grad_new = eg.grad;
   FlowPass rev = inverse_flow(p.x_new, (x - p.x_new - drift(p.x_new, eg.grad)) / eps);
-  set_flow_densities(p, z0, fwd, rev, d_log_eps, defect_);
+  set_flow_densities(p, z0, fwd, rev, d_log_eps);
   return p;
 }
 

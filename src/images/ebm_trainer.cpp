@@ -123,25 +123,16 @@ EbmStats EbmTrainer::sampler_phase(EbmStats s) {
   const double d = static_cast<double>(target.dim());
   for (int64_t k = 0; k < o_.sampler_steps; ++k) {
     EnergyGrad eg = target.energy_and_grad(x);
-    if (sampler_trainer_ && world > 1) {
-      // Data-parallel: the gradient of the whole batch's objective, averaged accept rates.
-      ShardedStep r = sampler_trainer_->step_shards(target, {{x, eg.energy, eg.grad, &gen_}}, /*create_graph=*/true, *comm_);
+    if (sampler_trainer_) {
+      // This process's rows of the batch (the others' on the other ranks): the gradient of the
+      // whole batch's objective and its accept rate and entropy.
+      TrainingStep r = sampler_trainer_->step(target, {{x, eg.energy, eg.grad, &gen_}}, /*create_graph=*/true, *comm_);
       torch::NoGradGuard no_grad;
-      ProposalStep one;
-      one.terms = r.shards.front();
-      const ObjectiveTerms& t = one.terms;
-      x = advance_rows(x, eg.energy, one, gen_);
+      const ObjectiveTerms& t = r.shards.front();
+      x = advance_rows(x, eg.energy, t, gen_);
       accept += r.accept;
       entropy += r.entropy;
-      jump += (torch::exp(torch::clamp_max(t.log_a, 0.0)) * t.jump_sq).mean().item<double>();  // averaged below
-    } else if (sampler_trainer_) {
-      ProposalStep r = sampler_trainer_->step(target, x, eg.energy, eg.grad, gen_, /*create_graph=*/true);
-      torch::NoGradGuard no_grad;
-      const ObjectiveTerms& t = r.terms;
-      x = advance_rows(x, eg.energy, r, gen_);
-      accept += t.accept;
-      entropy += t.entropy.mean().item<double>();
-      jump += (torch::exp(torch::clamp_max(t.log_a, 0.0)) * t.jump_sq).mean().item<double>();
+      jump += (torch::exp(torch::clamp_max(t.log_a, 0.0)) * t.jump_sq).mean().item<double>();  // averaged over ranks below
     } else {
       torch::NoGradGuard no_grad;
       ChainState state{x, eg.energy.to(torch::kFloat64), eg.grad};

@@ -73,6 +73,24 @@ torch::Tensor Metric::noise(const torch::Tensor& z) const {
   return z;
 }
 
+torch::Tensor Metric::noise(const torch::Tensor& z, double c) const {
+  switch (kind_) {
+    case MetricKind::kUnit: return c * z;
+    case MetricKind::kDiag: return c * inv_mass_.sqrt() * z;
+    case MetricKind::kDense: return c * torch::matmul(z, chol_.t());
+  }
+  return z;
+}
+
+torch::Tensor Metric::drift(const torch::Tensor& v, double c) const {
+  switch (kind_) {
+    case MetricKind::kUnit: return c * v;
+    case MetricKind::kDiag: return c * inv_mass_ * v;
+    case MetricKind::kDense: return c * torch::matmul(v, inv_mass_);
+  }
+  return v;
+}
+
 torch::Tensor Metric::kinetic(const torch::Tensor& p) const {
   torch::Tensor p64 = p.to(torch::kFloat64);
   switch (kind_) {

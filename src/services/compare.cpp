@@ -133,9 +133,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   int64_t trace_dim = -1;
   auto run = [&](const std::string& name, Kernel& kernel, RunOptions run_options) {
     tell(fmt::format("-- {}", name));
-    SampleResult r = comm->world_size() > 1
-                         ? run_sampler_sharded(*target, kernel, run_options, o.seed, sample_progress, *comm)
-                         : run_sampler(*target, kernel, run_options, o.seed, sample_progress);
+    SampleResult r = run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
     traces.emplace_back(name + ": chain 1", r.draws);

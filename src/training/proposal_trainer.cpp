@@ -43,74 +43,58 @@ void ProposalTrainer::set_learning_rate(double lr) {
   for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
 }
 
-ProposalStep ProposalTrainer::step(Target& target, const torch::Tensor& x, const torch::Tensor& u_x,
-                                   const torch::Tensor& grad_x, at::Generator& gen, bool create_graph) {
+TrainingStep ProposalTrainer::step(Target& target, const std::vector<ShardInput>& shards, bool create_graph,
+                                   parallel::Communicator& comm, bool stop) {
+  TORCH_CHECK(!shards.empty(), "ProposalTrainer::step: no shard");
   torch::nn::Module& module = model_->module();
   module.train();
   clear_grads(module);
-  ProposalStep out;
+  TrainingStep out;
   DeferredWeightGrads deferred;  // Note [Deferred weight gradients]
-  out.terms = entropy_objective(target, *model_, x, u_x, grad_x, beta_.value(), gen, create_graph);
-  out.skipped = true;
-  if (std::isfinite(out.terms.loss_value)) {
-    out.terms.loss.backward();
-    deferred.flush();
-    fill_missing_grads(module);
-    // clip_grad_norm_ and step() in one pass (Note [Fused Adam])
-    if (std::isfinite(optimizer_->clip_and_step(clip_))) out.skipped = false;
-  }
-  clear_grads(module);
-
-  beta_.update(out.terms.accept);
-  return out;
-}
-
-ShardedStep ProposalTrainer::step_shards(Target& target, const std::vector<ShardInput>& shards, bool create_graph,
-                                         parallel::Communicator& comm, bool stop) {
-  torch::nn::Module& module = model_->module();
-  module.train();
-  clear_grads(module);
-  ShardedStep out;
-  DeferredWeightGrads deferred;  // Note [Deferred weight gradients]
-  double finite = 0, bad = 0, accept = 0, loss = 0, entropy = 0, rows = 0;
+  double finite = 0, bad = 0, rows = 0;
   for (const ShardInput& in : shards) {
-    TORCH_CHECK(in.gen != nullptr, "step_shards: a shard without a generator");
+    TORCH_CHECK(in.gen != nullptr, "ProposalTrainer::step: a shard without a generator");
     ObjectiveTerms t = entropy_objective(target, *model_, in.x, in.u_x, in.grad_x, beta_.value(), *in.gen, create_graph);
-    const double n = static_cast<double>(in.x.size(0)), k = static_cast<double>(t.rows_finite);
-    if (!std::isfinite(t.loss_value)) {
-      bad += 1;
-    } else if (t.rows_finite > 0) {
-      (t.loss * k).backward();  // the shard's sum over finite rows: divided by the batch's count below
+    finite += static_cast<double>(t.rows_finite);
+    bad += std::isfinite(t.loss_value) ? 0.0 : 1.0;
+    rows += static_cast<double>(in.x.size(0));
+    out.shards.push_back(std::move(t));
+  }
+  // The whole batch's counts (every shard of every rank), so that each shard's loss is weighted by
+  // its share of the finite rows: the gradient of the mean over the batch's finite rows. With one
+  // shard on one process the weight is exactly 1 and this is the plain step.
+  const std::vector<double> counts = parallel::all_reduce_doubles(comm, {finite, bad, rows});
+  const double all_finite = counts[0], all_rows = counts[2];
+  const bool skip = counts[1] > 0;
+  double accept = 0, loss = 0, entropy = 0;
+  for (ObjectiveTerms& t : out.shards) {
+    const double n = static_cast<double>(t.proposed.x_new.size(0)), k = static_cast<double>(t.rows_finite);
+    const double w = k / std::max(1.0, all_finite);
+    if (!skip && t.rows_finite > 0) {
+      (t.loss * w).backward();
       // Each shard's weight gradients reach .grad as one sum, as they do on a rank of its own: so a
       // process training 2 shards adds S1 + S2 in the order the all-reduce of 2 ranks does.
       deferred.flush();
-      loss += t.loss_value * k;
     }
-    finite += k;
-    accept += t.accept * n;
-    entropy += t.entropy.sum().item<double>();
-    rows += n;
+    accept += t.accept * (n / all_rows);
+    entropy += t.entropy.mean().item<double>() * (n / all_rows);
+    loss += t.loss_value * w;
     t.loss = torch::Tensor();  // the graph is no longer needed
-    out.shards.push_back(std::move(t));
   }
   // Gradients of parameters no shard reached are zeros, so every rank reduces the same list.
   fill_missing_grads(module);
   std::vector<torch::Tensor> grads;
   for (auto& p : module.parameters()) grads.push_back(p.grad());
   comm.all_reduce_sum(grads);
-  std::vector<double> totals = parallel::all_reduce_doubles(comm, {finite, bad, accept, loss, entropy, rows,
-                                                                   stop ? 1.0 : 0.0});
-  finite = totals[0];
-  out.rows = static_cast<int64_t>(totals[5]);
-  out.accept = totals[2] / totals[5];
-  out.entropy = totals[4] / totals[5];
-  out.loss = totals[1] > 0 ? NAN : totals[3] / std::max(1.0, finite);
-  out.stop = totals[6] > 0;
+  const std::vector<double> totals = parallel::all_reduce_doubles(comm, {accept, loss, entropy, stop ? 1.0 : 0.0});
+  out.rows = static_cast<int64_t>(all_rows);
+  out.accept = totals[0];
+  out.loss = skip ? NAN : totals[1];
+  out.entropy = totals[2];
+  out.stop = totals[3] > 0;
   out.skipped = true;
-  if (totals[1] == 0) {
-    // the mean over the batch's finite rows, clipped, and the step: one pass (Note [Fused Adam])
-    if (std::isfinite(optimizer_->clip_and_step(clip_, 1.0 / std::max(1.0, finite)))) out.skipped = false;
-  }
+  // Clipped and stepped in one pass (Note [Fused Adam]).
+  if (!skip && std::isfinite(optimizer_->clip_and_step(clip_))) out.skipped = false;
   clear_grads(module);
   beta_.update(out.accept);
   return out;
@@ -126,10 +110,10 @@ void ProposalTrainer::broadcast_from_root(parallel::Communicator& comm) {
   beta_.set_value(beta.item<double>());
 }
 
-torch::Tensor advance_rows(const torch::Tensor& x, const torch::Tensor& u_x, const ProposalStep& step,
+torch::Tensor advance_rows(const torch::Tensor& x, const torch::Tensor& u_x, const ObjectiveTerms& terms,
                            at::Generator& gen) {
   torch::NoGradGuard no_grad;
-  const Proposed& p = step.terms.proposed;
+  const Proposed& p = terms.proposed;
   ChainState current{x.detach(), u_x.detach().to(torch::kFloat64), torch::Tensor()};
   ProposalResult proposal{{p.x_new.detach(), p.energy_new.detach(), torch::Tensor()},
                           (p.log_q_rev - p.log_q_fwd).detach()};

@@ -10,7 +10,9 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/checkpoint.hpp"
+#include "nmcmc/flows/checkpoint.hpp"
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/io/draws.hpp"
 #include "nmcmc/training/objective.hpp"
 
 namespace nmcmc {
@@ -18,7 +20,6 @@ namespace nmcmc {
 using json = nlohmann::json;
 
 /// Version 2: per-sub-step weight tensors (w_in0, w_in1, ...).
-constexpr int kCheckpointVersion = 2;
 
 json TrainOptions::to_json() const { return json(*this); }
 
@@ -164,30 +165,6 @@ torch::Tensor Trainer::next_batch(Shard& sh) {
   return sh.buffer.index_select(0, sh.batch_index);
 }
 
-TrainStats Trainer::step(bool stop) {
-  if (shards_.size() > 1 || comm_->world_size() > 1) return step_sharded(stop);
-  auto t0 = std::chrono::steady_clock::now();
-  const int64_t g0 = target_.grad_evals();
-  const double lr = learning_rate(step_);
-  core_.set_learning_rate(lr);
-  Shard& sh = shards_.front();
-
-  torch::Tensor x = next_batch(sh);  // [B, D]
-  auto [u_x, grad_x] = batch_state(x);
-  ProposalStep r = core_.step(target_, x, u_x, grad_x, sh.gen, /*create_graph=*/!options_.stop_grad);
-  if (r.skipped) ++skipped_;
-  stop_agreed_ = stop;
-  torch::NoGradGuard no_grad;
-  if (use_buffer_) {
-    // The buffer chains take an MH step with this step's proposals.
-    torch::Tensor moved = advance_rows(x, u_x, r, sh.gen);
-    if (sh.batch_index.defined()) sh.buffer.index_copy_(0, sh.batch_index, moved);
-    else sh.buffer = moved;
-  }
-  grads_ += target_.grad_evals() - g0;
-  return record_step(r.terms.loss_value, r.terms.accept, r.terms.entropy.mean().item<double>(), lr, t0);
-}
-
 TrainStats Trainer::record_step(double loss, double accept, double entropy, double lr,
                                 std::chrono::steady_clock::time_point t0) {
   ++step_;
@@ -208,7 +185,7 @@ TrainStats Trainer::record_step(double loss, double accept, double entropy, doub
   return s;
 }
 
-TrainStats Trainer::step_sharded(bool stop) {
+TrainStats Trainer::step(bool stop) {
   auto t0 = std::chrono::steady_clock::now();
   const int64_t g0 = target_.grad_evals();
   const double lr = learning_rate(step_);
@@ -219,16 +196,14 @@ TrainStats Trainer::step_sharded(bool stop) {
     auto [u_x, grad_x] = batch_state(x);
     inputs.push_back({x, u_x, grad_x, &sh.gen});
   }
-  ShardedStep r = core_.step_shards(target_, inputs, /*create_graph=*/!options_.stop_grad, *comm_, stop);
+  TrainingStep r = core_.step(target_, inputs, /*create_graph=*/!options_.stop_grad, *comm_, stop);
   if (r.skipped) ++skipped_;
   stop_agreed_ = r.stop;
   torch::NoGradGuard no_grad;
   if (use_buffer_) {
     for (size_t k = 0; k < shards_.size(); ++k) {
       Shard& sh = shards_[k];
-      ProposalStep one;
-      one.terms = r.shards[k];
-      torch::Tensor moved = advance_rows(inputs[k].x, inputs[k].u_x, one, sh.gen);
+      torch::Tensor moved = advance_rows(inputs[k].x, inputs[k].u_x, r.shards[k], sh.gen);
       if (sh.batch_index.defined()) sh.buffer.index_copy_(0, sh.batch_index, moved);
       else sh.buffer = moved;
     }
@@ -241,11 +216,6 @@ TrainStats Trainer::step_sharded(bool stop) {
 namespace {
 json stats_to_json(const TrainStats& s) {
   return {s.step, s.loss, s.accept, s.beta, s.entropy, s.eps, s.lr, s.seconds, s.grads, s.skipped, s.elapsed};
-}
-const std::vector<std::string>& log_fields() {
-  static const std::vector<std::string> fields = {"step", "loss",    "accept",  "beta",    "entropy", "eps",
-                                                  "lr",   "seconds", "grads",   "skipped", "elapsed"};
-  return fields;
 }
 TrainStats stats_from_json(const json& j) {
   TrainStats s;
@@ -263,16 +233,6 @@ TrainStats stats_from_json(const json& j) {
   return s;
 }
 
-torch::serialize::InputArchive open_archive(const std::string& path) { return open_checkpoint(path, "checkpoint"); }
-
-json read_meta(torch::serialize::InputArchive& ar, const std::string& path) {
-  json j = read_checkpoint_meta(ar, path, "checkpoint", "nmcmc-checkpoint");
-  if (j.value("version", 0) != kCheckpointVersion) {
-    throw DataError("checkpoint '" + path + "' has format version " + std::to_string(j.value("version", 0)) +
-                    "; this nmcmc reads version " + std::to_string(kCheckpointVersion) + " (retrain it)");
-  }
-  return j;
-}
 }  // namespace
 
 void Trainer::save(const std::string& path, const json& extra) const {
@@ -294,7 +254,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   if (use_buffer_) ar.write("buffer", buffer);
   json meta = extra;
   meta["format"] = "nmcmc-checkpoint";
-  meta["version"] = kCheckpointVersion;
+  meta["version"] = kLearnedCheckpointVersion;
   meta["target"] = target_.spec();
   meta["model"] = core_.model().options_json();
   meta["train"] = options_.to_json();
@@ -313,8 +273,8 @@ void Trainer::save(const std::string& path, const json& extra) const {
 }
 
 json Trainer::load(const std::string& path) {
-  auto ar = open_archive(path);
-  json meta = read_meta(ar, path);
+  auto ar = open_learned_checkpoint(path);
+  json meta = read_learned_meta(ar, path);
   if (meta["target"] != target_.spec()) {
     throw DataError("checkpoint '" + path + "' was trained on target " + meta["target"].dump() + ", not " +
                     target_.spec().dump());
@@ -363,60 +323,6 @@ json Trainer::load(const std::string& path) {
   log_.clear();
   for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));
   return meta;
-}
-
-std::optional<int64_t> checkpoint_shards(const std::string& path) {
-  try {
-    auto ar = open_archive(path);
-    json meta = read_meta(ar, path);
-    return meta.value("shards", int64_t{1});
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-std::pair<LearnedSampler, json> load_model(const std::string& path) {
-  auto ar = open_archive(path);
-  json meta = read_meta(ar, path);
-  LearnedOptions options;
-  try {
-    options = LearnedOptions::from_json(meta.at("model"));
-  } catch (const std::exception& e) {
-    throw DataError("checkpoint '" + path + "' has invalid model options: " + e.what());
-  }
-  LearnedSampler sampler(options);
-  // Match the stored dtype before loading: Module::load does not convert.
-  sampler->to(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
-  try {
-    torch::serialize::InputArchive model_ar;
-    ar.read("model", model_ar);
-    sampler->load(model_ar);
-  } catch (const c10::Error& e) {
-    throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
-  }
-  return {sampler, meta};
-}
-
-torch::Tensor load_buffer(const std::string& path) {
-  auto ar = open_archive(path);
-  torch::Tensor b;
-  try {
-    ar.read("buffer", b);
-  } catch (const c10::Error&) {
-    return torch::Tensor();
-  }
-  return b;
-}
-
-std::map<std::string, std::vector<double>> training_log_columns(const json& rows) {
-  std::map<std::string, std::vector<double>> columns;
-  const auto& fields = log_fields();
-  for (const auto& row : rows) {
-    if (!row.is_array() || row.size() != fields.size()) throw DataError("training log: malformed row " + row.dump());
-    for (size_t k = 0; k < fields.size(); ++k)
-      columns[fields[k]].push_back(row[k].is_number() ? row[k].get<double>() : std::nan(""));
-  }
-  return columns;
 }
 
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows) {

@@ -1,4 +1,5 @@
 // The command line as a user meets it: help, bad input with exit codes, a tiny end-to-end run.
+// Over 500 lines: one test per command and behaviour (signals, resume, launch), each independent.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -20,8 +21,11 @@ struct CliRun {
   int code;
   std::string out;
 };
+/// Runs `prefix nmcmc args` (a prefix may set variables, wrap the program or be a whole shell
+/// script ending in `#`) under timeout(1): whatever hangs is killed after 15 minutes (SIGTERM, then
+/// SIGKILL 10 s later) and the test fails with its exit code (124 or 137) instead of hanging.
 CliRun run_with_prefix(const std::string& prefix, const std::string& args) {
-  std::string cmd = prefix + std::string(NMCMC_CLI_PATH) + " " + args + " 2>&1";
+  std::string cmd = "timeout -k 10 900 env " + prefix + std::string(NMCMC_CLI_PATH) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -30,6 +34,15 @@ CliRun run_with_prefix(const std::string& prefix, const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 CliRun run(const std::string& args) { return run_with_prefix("", args); }
+/// A shell script that starts `command` in the background, waits (20 ms polls, at most 2 min) for
+/// `file` to exist, sends `signals` (e.g. "-INT" or "-INT -INT"), and waits for the program.
+std::string signal_when(const std::string& command, const std::string& file, const std::string& signals) {
+  std::string kills;
+  std::stringstream ss(signals);
+  for (std::string sig; ss >> sig;) kills += "kill " + sig + " $pid; ";
+  return "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + file + " ] && [ $i -lt 6000 ]; do sleep 0.02; "
+         "i=$((i+1)); done; " + kills + "wait $pid' 2>&1 #";
+}
 }  // namespace
 
 TEST(Cli, HelpOnEveryCommand) {
@@ -144,18 +157,23 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir + "tiny.json") << R"({"name":"tiny","target":{"name":"funnel","dim":5,"sigma":1},
-    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":400,"checkpoint_every":50}})";
+    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":400,"checkpoint_every":10}})";
   // Straight through, and interrupted by SIGINT part-way, then continued with --resume.
   CliRun a = run("train --config " + dir + "tiny.json --output " + dir + "a.pt --quiet");
   ASSERT_EQ(a.code, 0) << a.out;
   // model.matmul = auto trains in float32 on every machine (bfloat16 training is an opt-in)
   EXPECT_NE(a.out.find("GEMMs in float32"), std::string::npos) << a.out;
   EXPECT_TRUE(fs::exists(dir + "a.log.csv"));
-  CliRun b1 = run_with_prefix("timeout --preserve-status -s INT 1.5 ", "train --config " + dir + "tiny.json --output " + dir + "b.pt --quiet");
-  if (b1.code == 130 && fs::exists(dir + "b.pt")) {
-    EXPECT_NE(b1.out.find("--resume"), std::string::npos) << b1.out;
-    EXPECT_LT(nmcmc::load_model(dir + "b.pt").second["step"].get<int64_t>(), 400);
-  }
+  // SIGINT as soon as the first checkpoint (step 10) exists: the run stops after its current step,
+  // saves and says how to resume. The wait is for the file, not a time; the 390 steps left take
+  // far longer than the 20 ms poll, so the signal always lands mid-run.
+  const std::string train_b = std::string(NMCMC_CLI_PATH) + " train --config " + dir + "tiny.json --output " + dir +
+                              "b.pt --quiet";
+  CliRun b1 = run_with_prefix("sh -c '" + train_b + " & pid=$!; i=0; while [ ! -e " + dir + "b.pt ] && [ $i -lt 6000 ]; do "
+                              "sleep 0.02; i=$((i+1)); done; kill -INT $pid; wait $pid' 2>&1 #", "");
+  ASSERT_EQ(b1.code, 130) << b1.out;
+  EXPECT_NE(b1.out.find("--resume"), std::string::npos) << b1.out;
+  EXPECT_LT(nmcmc::load_model(dir + "b.pt").second["step"].get<int64_t>(), 400);
   CliRun b2 = run("train --config " + dir + "tiny.json --output " + dir + "b.pt --resume --quiet");
   ASSERT_EQ(b2.code, 0) << b2.out;
   auto [ma, meta_a] = nmcmc::load_model(dir + "a.pt");
@@ -346,6 +364,15 @@ TEST(Cli, EbmTrainResumeSampleAndBadInput) {
   CliRun more = run(common + "--output " + dir + "a --resume --iterations 9");
   ASSERT_EQ(more.code, 0) << more.out;
   EXPECT_NE(more.out.find("\"iterations\": 9"), std::string::npos) << more.out;
+  // Ctrl-C once the first checkpoint exists (iteration 3 of 300): it saves and says how to resume;
+  // --resume then continues from the saved iteration to the end.
+  const std::string long_run = std::string(NMCMC_CLI_PATH) + " " + common + "--iterations 300 --set longrun_steps=0 --output " + dir + "i";
+  CliRun stopped = run_with_prefix(signal_when(long_run, dir + "i/checkpoint.pt", "-INT"), "");
+  ASSERT_EQ(stopped.code, 130) << stopped.out;
+  EXPECT_NE(stopped.out.find("--resume"), std::string::npos) << stopped.out;
+  CliRun resumed = run(common + "--iterations 300 --set longrun_steps=0 --output " + dir + "i --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("\"iterations\": 300"), std::string::npos) << resumed.out;
   CliRun mala = run(common + "--sampler mala --compare " + dir + "a --output " + dir + "m");
   ASSERT_EQ(mala.code, 0) << mala.out;
   CliRun s = run("ebm sample --model " + dir + "a --steps 5 --chains 3 --quiet --output " + dir + "long.png");
@@ -429,6 +456,33 @@ TEST(Cli, TorchScriptModuleWithNamesAndBadModules) {
   EXPECT_EQ(bad.code, 64) << bad.out;
   EXPECT_NE(bad.out.find(".sum(-1)"), std::string::npos) << bad.out;
   EXPECT_FALSE(fs::exists(dir + "/bad/chain_1.csv"));
+}
+
+
+TEST(Cli, CtrlCInWarmUpWritesNothing) {
+  // The output directory exists once the stop handler is in place (the run creates it before
+  // warm-up); a warm-up of 10^8 iterations is then certainly under way when SIGINT lands.
+  const std::string dir = ::testing::TempDir() + "cli_int_warmup";
+  fs::remove_all(dir);
+  const std::string command = std::string(NMCMC_CLI_PATH) +
+                              " sample --target icg --dim 4 --sampler hmc --chains 2 --warmup 100000000 --draws 10 -q -o " + dir;
+  CliRun r = run_with_prefix(signal_when(command, dir, "-INT"), "");
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("interrupted during warm-up; nothing was drawn or written"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir + "/summary.json"));
+  EXPECT_FALSE(fs::exists(dir + "/chain_1.csv"));
+}
+
+TEST(Cli, SigtermStopsASampleRunLikeCtrlC) {
+  const std::string dir = ::testing::TempDir() + "cli_term";
+  fs::remove_all(dir);
+  const std::string command = std::string(NMCMC_CLI_PATH) +
+                              " sample --target icg --dim 4 --sampler hmc --chains 2 --warmup 20 --draws 100000000 -q -o " + dir;
+  CliRun r = run_with_prefix(signal_when(command, dir + "/chain_1.csv.part", "-TERM"), "");
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("interrupted after"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(dir + "/chain_1.csv")) << r.out;
+  EXPECT_NE(nmcmc::read_stan_csv(dir + "/chain_1.csv").comments.back().find("incomplete run"), std::string::npos);
 }
 
 TEST(Cli, InterruptedSampleKeepsWhatWasDrawnAndSaysSo) {

@@ -8,6 +8,7 @@
 #include "nmcmc/images/conv_sampler.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "broken.hpp"
 #include "stats.hpp"
 
 using namespace nmcmc;
@@ -23,10 +24,14 @@ constexpr int kProjections = 20;
 test_support::InvarianceReport invariance(const json& spec, std::shared_ptr<Proposal> proposal, uint64_t seed,
                                           torch::Dtype dtype = torch::kFloat64) {
   auto target = make_target(spec, torch::TensorOptions().dtype(dtype));
-  torch::Tensor x = test_support::run_from_exact(*target, std::move(proposal), kChains, kSteps, seed);
+  MetropolisHastings kernel(std::move(proposal));
+  test_support::ExactRun run = test_support::run_from_exact_with_moves(*target, kernel, kChains, kSteps, seed);
   auto target64 = make_target(spec, kF64);
-  torch::Tensor z = test_support::whiten_known(spec, *target64, x.to(torch::kFloat64));
-  return test_support::normal_tests(z, kProjections, seed + 1000);
+  torch::Tensor z = test_support::whiten_known(spec, *target64, run.x.to(torch::kFloat64));
+  test_support::InvarianceReport r = test_support::normal_tests(z, kProjections, seed + 1000);
+  r.accept = run.accept;
+  r.moved = run.moved;
+  return r;
 }
 
 const json kIcg = {{"name", "icg"}};
@@ -78,34 +83,48 @@ TEST(Invariance, HmcAndMalaWithDenseMetric) {
     EXPECT_TRUE(r.passes()) << name << ": " << r.describe();
   }
   // Power: MALA's dense q ratio dropped fails the same test.
-  auto broken = std::make_shared<Mala>(0.8, /*drop_q_ratio=*/true);
-  broken->set_inv_mass(cov);
-  EXPECT_FALSE(invariance(kScg, broken, 106).passes());
+  auto dense_mala = std::make_shared<Mala>(0.8);
+  dense_mala->set_inv_mass(cov);
+  auto broken = std::make_shared<test_support::AlteredRatio>(dense_mala, test_support::AlteredRatio::How::kZero);
+  EXPECT_FALSE(invariance(kScg, broken, 106).distribution_passes());
 }
 
 // ---- power: the same tests must reject broken kernels ----
 
+TEST(InvariancePower, FrozenKernelFails) {
+  // A kernel that rejects (almost) every proposal leaves exact draws exact: the law alone passes,
+  // and only the accept rate and the fraction of chains that moved catch it.
+  auto r = invariance(kIcg, std::make_shared<RandomWalk>(1e4), 107);
+  std::cout << "  frozen: " << r.describe() << "\n";
+  EXPECT_TRUE(r.distribution_passes()) << r.describe();
+  EXPECT_FALSE(r.moves()) << r.describe();
+  EXPECT_FALSE(r.passes()) << r.describe();
+}
+
 TEST(InvariancePower, MalaWithoutQRatioFails) {
   for (auto [spec, eps] : {std::pair{kIcg, 0.12}, std::pair{kFunnel3, 0.25}}) {
-    auto r = invariance(spec, std::make_shared<Mala>(eps, /*drop_q_ratio=*/true), 102);
+    auto r = invariance(spec, std::make_shared<test_support::AlteredRatio>(std::make_shared<Mala>(eps), test_support::AlteredRatio::How::kZero), 102);
     std::cout << "  " << spec.dump() << ": " << r.describe() << "\n";
-    EXPECT_FALSE(r.passes()) << spec.dump() << ": " << r.describe();
+    EXPECT_TRUE(r.moves()) << r.describe();
+      EXPECT_FALSE(r.distribution_passes()) << spec.dump() << ": " << r.describe();
   }
 }
 
 TEST(InvariancePower, HmcWithWrongKineticSignFails) {
   for (auto [spec, eps] : {std::pair{kIcg, 0.12}, std::pair{kScg, 0.25}, std::pair{kFunnel3, 0.15}}) {
-    auto r = invariance(spec, std::make_shared<Hmc>(eps, 8, HmcDefect::kWrongKineticSign), 103);
+    auto r = invariance(spec, std::make_shared<test_support::AlteredRatio>(std::make_shared<Hmc>(eps, 8), test_support::AlteredRatio::How::kNegate), 103);
     std::cout << "  " << spec.dump() << ": " << r.describe() << "\n";
-    EXPECT_FALSE(r.passes()) << spec.dump() << ": " << r.describe();
+    EXPECT_TRUE(r.moves()) << r.describe();
+      EXPECT_FALSE(r.distribution_passes()) << spec.dump() << ": " << r.describe();
   }
 }
 
 TEST(InvariancePower, HmcWithIrreversibleIntegratorFails) {
   for (auto [spec, eps] : {std::pair{kIcg, 0.12}, std::pair{kScg, 0.25}, std::pair{kFunnel3, 0.15}}) {
-    auto r = invariance(spec, std::make_shared<Hmc>(eps, 8, HmcDefect::kNoFinalHalfStep), 103);
+    auto r = invariance(spec, std::make_shared<test_support::HmcWithoutFinalHalfStep>(eps, 8), 103);
     std::cout << "  " << spec.dump() << ": " << r.describe() << "\n";
-    EXPECT_FALSE(r.passes()) << spec.dump() << ": " << r.describe();
+    EXPECT_TRUE(r.moves()) << r.describe();
+      EXPECT_FALSE(r.distribution_passes()) << spec.dump() << ": " << r.describe();
   }
 }
 
@@ -182,13 +201,13 @@ TEST(Invariance, LearnedAfterShortTraining) {
 }
 
 TEST(InvariancePower, LearnedWithoutLogDetOrReverseFails) {
-  for (LearnedDefect defect : {LearnedDefect::kDropLogDet, LearnedDefect::kDropReverse}) {
+  for (test_support::FlowDefect defect : {test_support::FlowDefect::kDropLogDet, test_support::FlowDefect::kDropReverse}) {
     for (Variant v : {Variant::kFull, Variant::kNoGrad, Variant::kLangevin}) {
       auto s = perturbed_sampler(6, v, 0.4, 7);
-      s->set_defect_for_testing(defect);
-      auto r = invariance(kGauss6, std::make_shared<LearnedProposal>(s), 105);
+      auto r = invariance(kGauss6, std::make_shared<test_support::BrokenFlow>(s.ptr(), defect), 105);
       std::cout << "  defect " << static_cast<int>(defect) << " " << variant_name(v) << ": " << r.describe() << "\n";
-      EXPECT_FALSE(r.passes()) << variant_name(v) << ": " << r.describe();
+      EXPECT_TRUE(r.moves()) << r.describe();
+      EXPECT_FALSE(r.distribution_passes()) << variant_name(v) << ": " << r.describe();
     }
   }
 }
@@ -222,12 +241,12 @@ TEST(Invariance, ConvSamplerWithRandomNetworks) {
 }
 
 TEST(InvariancePower, ConvSamplerWithoutLogDetOrReverseFails) {
-  for (LearnedDefect defect : {LearnedDefect::kDropLogDet, LearnedDefect::kDropReverse}) {
+  for (test_support::FlowDefect defect : {test_support::FlowDefect::kDropLogDet, test_support::FlowDefect::kDropReverse}) {
     auto s = conv_sampler(21);
-    s->set_defect_for_testing(defect);
-    auto r = invariance(gauss_image(), std::make_shared<ModelProposal>(s.ptr(), "conv"), 121);
+    auto r = invariance(gauss_image(), std::make_shared<test_support::BrokenFlow>(s.ptr(), defect), 121);
     std::cout << "  conv defect " << static_cast<int>(defect) << ": " << r.describe() << "\n";
-    EXPECT_FALSE(r.passes()) << r.describe();
+    EXPECT_TRUE(r.moves()) << r.describe();
+      EXPECT_FALSE(r.distribution_passes()) << r.describe();
   }
 }
 
@@ -267,10 +286,10 @@ TEST(InvariancePower, PreconditionedWithADiagonalReverseFails) {
   for (const std::string kind : {"dense", "lowrank"}) {
     for (Variant v : {Variant::kFull, Variant::kLangevin}) {
       auto s = preconditioned(kind, v, 8);
-      s->set_defect_for_testing(LearnedDefect::kDiagonalReverse);
-      auto r = invariance(kRotated6, std::make_shared<LearnedProposal>(s), 131);
+      auto r = invariance(kRotated6, std::make_shared<test_support::BrokenFlow>(s.ptr(), test_support::FlowDefect::kDiagonalReverse), 131);
       std::cout << "  diagonal reverse " << kind << " " << variant_name(v) << ": " << r.describe() << "\n";
-      EXPECT_FALSE(r.passes()) << kind << " " << variant_name(v) << ": " << r.describe();
+      EXPECT_TRUE(r.moves()) << r.describe();
+      EXPECT_FALSE(r.distribution_passes()) << kind << " " << variant_name(v) << ": " << r.describe();
     }
   }
 }

@@ -42,7 +42,7 @@ double ks_uniform_pvalue(const torch::Tensor& u_in) {
 std::string InvarianceReport::describe() const {
   std::ostringstream s;
   s << "min p = " << min_p << " (" << worst << ") over " << n_tests << " sub-tests; threshold "
-    << kFamilyAlpha / n_tests;
+    << kFamilyAlpha / n_tests << "; accept " << accept << ", chains moved " << moved;
   return s.str();
 }
 
@@ -81,11 +81,25 @@ torch::Tensor run_from_exact(Target& target, std::shared_ptr<Proposal> proposal,
 }
 
 torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed) {
+  return run_from_exact_with_moves(target, kernel, n, k, seed).x;
+}
+
+ExactRun run_from_exact_with_moves(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed) {
   torch::NoGradGuard no_grad;
   at::Generator gen = make_generator(seed);
   ChainState s = kernel.init(target, target.sample(n, gen));
-  for (int64_t i = 0; i < k; ++i) s = kernel.step(target, s, gen).first;
-  return s.x;
+  const torch::Tensor x0 = s.x.clone();
+  double accept = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    auto [next, info] = kernel.step(target, s, gen);
+    accept += info.accept_prob.to(torch::kFloat64).mean().item<double>();
+    s = next;
+  }
+  ExactRun r;
+  r.x = s.x;
+  r.accept = k > 0 ? accept / static_cast<double>(k) : 0.0;
+  r.moved = (s.x != x0).any(1).to(torch::kFloat64).mean().item<double>();
+  return r;
 }
 
 torch::Tensor whiten_known(const nlohmann::json& spec, Target& target, const torch::Tensor& x) {

@@ -27,11 +27,19 @@ constexpr double kFamilyAlpha = 1e-6;
 /// Asymptotic Kolmogorov-Smirnov p-value of sorted-or-not uniform values u [n] against U(0, 1).
 double ks_uniform_pvalue(const torch::Tensor& u);
 
+/// What an invariance test found. A kernel passes when the chains keep the target's law AND they
+/// move: a kernel that rejects every proposal leaves exact draws exact, so the law alone cannot
+/// catch it. The power tests of broken kernels check distribution_passes() (with moves() true), so
+/// that they fail for the law, not because the chains froze.
 struct InvarianceReport {
   double min_p = 1.0;
   int n_tests = 0;
   std::string worst;  // which sub-test gave min_p
-  bool passes() const { return min_p >= kFamilyAlpha / n_tests; }
+  double accept = NAN;  // mean accept probability over chains and steps
+  double moved = NAN;   // fraction of chains whose final state differs from their start
+  bool distribution_passes() const { return min_p >= kFamilyAlpha / n_tests; }
+  bool moves() const { return accept > 0.05 && accept < 0.99 && moved > 0.2; }
+  bool passes() const { return distribution_passes() && moves(); }
   std::string describe() const;
 };
 
@@ -43,6 +51,14 @@ torch::Tensor run_from_exact(Target& target, std::shared_ptr<Proposal> proposal,
 
 /// The same with any kernel (e.g. NUTS).
 torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed);
+
+/// The end states and how the chains moved: the mean accept probability over chains and steps
+/// and the fraction of chains that left their start.
+struct ExactRun {
+  torch::Tensor x;
+  double accept = 0, moved = 0;
+};
+ExactRun run_from_exact_with_moves(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed);
 
 /// Whitens draws of a Gaussian target with covariance `cov` and mean `mean` (Cholesky).
 torch::Tensor whiten_gaussian(const torch::Tensor& x, const torch::Tensor& mean, const torch::Tensor& cov);

@@ -10,6 +10,7 @@
 #include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "broken.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
@@ -76,7 +77,7 @@ TEST(Nuts, BiasedProgressiveSamplingOnAFlatTarget) {
   EXPECT_LE(k.max().item<double>(), 7.0 + 1e-9);
   EXPECT_LT((k - k.round()).abs().max().item<double>(), 1e-9);
 
-  Nuts uniform(NutsOptions().set_step_size(1.0).set_max_depth(3), NutsDefect::kUniformTopLevel);
+  Nuts uniform(NutsOptions().set_step_size(1.0).set_max_depth(3), NutsRules::multinomial());
   auto [su, infou] = one_step(flat, uniform, x0, 5);
   const int64_t stayed = (su.x == x0).sum().item<int64_t>();
   EXPECT_GT(stayed, 350) << "the uniform rule keeps the start in ~1/8 of chains";
@@ -169,4 +170,64 @@ TEST(Adaptation, DenseMetricLearnsACovariance) {
   torch::Tensor d = two.regularised_covariance();
   EXPECT_NEAR(d[0][0].item<double>(), (2.0 / 7.0) * 0.5 + 1e-3 * 5.0 / 7.0, 1e-15);
   EXPECT_EQ(d[0][1].item<double>(), 0.0);
+}
+
+// ---- transitions derived by hand (Note [Batched NUTS]) ----
+//
+// U(x) = x^2 / 2 in 1-d, unit metric, eps = 0.9, from x = 0 with p = 1. The leapfrog step
+// (p' = p - 0.45 x; x' = x + 0.9 p'; p'' = p' - 0.45 x') gives, forward, p = 1, 0.595, -0.292,
+// -0.942 at steps 0..3, and backward the same momenta (the mirror image in x). Depth 0 adds one
+// leaf: rho = 1.595 and both ends positive, so the tree goes on (depth 1). Depth 1 adds two leaves:
+//  - the same way again: the subtree {-0.292, -0.942} is valid inside (rho -1.234, both ends
+//    negative), so the depth becomes 2; the whole trajectory (rho 0.36, far end -0.942) U-turns;
+//  - the other way: the subtree {0.595, -0.292} has rho 0.303 against an end at -0.292: invalid,
+//    the depth stays 1.
+// Either way 3 leapfrog steps (3 gradients), and the depth is 2 exactly when both extensions went
+// the same way (half the chains).
+TEST(Nuts, HandDerivedTransitionOnAOneDimensionalNormal) {
+  auto t = make_target({{"name", "gaussian"}, {"dim", 1}}, kF64);
+  Nuts nuts(NutsOptions().set_step_size(0.9).set_max_depth(10));
+  const int64_t c = 400;
+  ChainState s = nuts.init(*t, torch::zeros({c, 1}, kF64));
+  at::Generator gen = make_generator(31);
+  auto [next, info] = nuts.transition(*t, s, torch::ones({c, 1}, kF64), gen);
+  EXPECT_TRUE(torch::equal(info.n_grad_chain, torch::full({c}, int64_t{3}))) << info.n_grad_chain;
+  const int64_t deep = (info.tree_depth == 2).sum().item<int64_t>(), shallow = (info.tree_depth == 1).sum().item<int64_t>();
+  EXPECT_EQ(deep + shallow, c);
+  EXPECT_GT(deep, 140);  // Binomial(400, 1/2): outside (140, 260) with probability < 1e-9
+  EXPECT_LT(deep, 260);
+  // A chain of depth 1 draws from its first two points only: x in {0, +-0.9}.
+  torch::Tensor x = next.x.squeeze(1).abs();
+  torch::Tensor first_two = (x < 1e-12) | ((x - 0.9).abs() < 1e-12);
+  EXPECT_TRUE(first_two.masked_select(info.tree_depth == 1).all().item<bool>());
+}
+
+// The dense metric: N(0, Sigma) with Sigma = [[4, 1.9], [1.9, 1]] and the metric M^{-1} = Sigma is,
+// in whitened coordinates y = L^{-1} x (L L^T = Sigma), unit-metric NUTS on N(0, I). From y = (0, 1)
+// with whitened momentum (1, 0) the leapfrog points turn about the origin by 2 asin(eps / 2) = 0.933
+// rad per step at eps = 0.9. Subtrees of up to 3 steps (2.8 rad) never turn back on themselves,
+// and the whole trajectory turns once it spans more than pi: after depth 2 (3 steps) it goes on,
+// after depth 3 (7 steps, 6.5 rad) it stops. So every chain, whatever its directions, takes 7
+// leapfrog steps at depth 3. The criterion on p instead of M^{-1} p (wrong unless M = I) does not.
+TEST(Nuts, HandDerivedTransitionWithADenseMetric) {
+  torch::Tensor sigma = torch::tensor({{4.0, 1.9}, {1.9, 1.0}}, kF64);
+  torch::Tensor l = torch::linalg::cholesky(sigma);
+  // The target N(0, Sigma) as a Gaussian given by its eigen-decomposition.
+  auto [evals, evecs] = torch::linalg::eigh(sigma, "L");
+  GaussianTarget target("sigma", {{"name", "sigma"}}, evals, evecs, torch::Tensor(), kF64);
+  const int64_t c = 64;
+  torch::Tensor x0 = torch::matmul(torch::tensor({{0.0, 1.0}}, kF64), l.t()).expand({c, 2}).contiguous();   // x = L y
+  torch::Tensor p0 = torch::linalg::solve(l.t(), torch::tensor({{1.0}, {0.0}}, kF64)).t().expand({c, 2}).contiguous();  // L^{-T} z
+  for (bool sharp : {true, false}) {
+    SCOPED_TRACE(sharp ? "criterion on M^-1 p" : "criterion on p");
+    Nuts nuts(NutsOptions().set_step_size(0.9).set_max_depth(10),
+              sharp ? NutsRules::stan() : test_support::nuts_with_criterion_on_p());
+    nuts.set_inv_mass(sigma);
+    ChainState s = nuts.init(target, x0);
+    at::Generator gen = make_generator(37);
+    auto [next, info] = nuts.transition(target, s, p0, gen);
+    const bool as_derived = torch::equal(info.n_grad_chain, torch::full({c}, int64_t{7})) &&
+                            torch::equal(info.tree_depth, torch::full({c}, int64_t{3}));
+    EXPECT_EQ(as_derived, sharp) << info.tree_depth << info.n_grad_chain;
+  }
 }

@@ -188,10 +188,10 @@ TEST(DataParallel, ShardedStepEqualsOneStepOnTheConcatenatedBatch) {
       auto [u, grad] = target->energy_and_grad(x);
       whole->noise = {torch::cat(zs)};
       sharded->noise = zs;
-      ProposalStep one = a.step(*target, x, u, grad, unused, true);
-      ShardedStep two = b.step_shards(*target, shards, true, *comm);
-      EXPECT_NEAR(one.terms.loss_value, two.loss, 1e-10 * (1 + std::abs(two.loss)));
-      EXPECT_NEAR(one.terms.accept, two.accept, 1e-12);
+      TrainingStep one = a.step(*target, {{x, u, grad, &unused}}, true, *comm);
+      TrainingStep two = b.step(*target, shards, true, *comm);
+      EXPECT_NEAR(one.loss, two.loss, 1e-10 * (1 + std::abs(two.loss)));
+      EXPECT_NEAR(one.accept, two.accept, 1e-12);
       EXPECT_NEAR(a.beta().value(), b.beta().value(), 1e-12);
       EXPECT_EQ(two.rows, 16);
     }
@@ -357,14 +357,30 @@ TEST(DataParallel, EbmRanksStayInLockstepAndResume) {
 }
 
 TEST(DataParallel, ARankThatHangsIsGivenUpAfterTheTimeout) {
+  // Every wait here is bounded: the other rank runs on a detached thread that owns its state, is
+  // released however this test ends (also by an unexpected exception), and is waited for at most
+  // 60 s, so a collective that throws something else, or never returns, fails the test instead of
+  // hanging the suite.
   ASSERT_TRUE(parallel::have_c10d());
   const int port = parallel::free_local_port();
-  std::promise<void> done;
-  std::shared_future<void> finished = done.get_future().share();
-  auto hanger = std::async(std::launch::async, [&] {
-    auto comm = parallel::connect(rank_options(1, 2, port, 2.0));
-    finished.wait();  // joined, then never calls the collective (until the other gave up)
-  });
+  struct Shared {
+    std::promise<void> release, ended;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::shared_future<void> released = shared->release.get_future().share();
+  std::future<void> ended = shared->ended.get_future();
+  std::thread([shared, released, port] {
+    try {
+      auto comm = parallel::connect(rank_options(1, 2, port, 2.0));
+      released.wait_for(std::chrono::seconds(120));  // joined, then never calls the collective
+    } catch (...) {
+    }
+    shared->ended.set_value();
+  }).detach();
+  struct Release {
+    std::shared_ptr<Shared> shared;
+    ~Release() { shared->release.set_value(); }
+  } release{shared};
   auto comm = parallel::connect(rank_options(0, 2, port, 2.0));
   std::vector<torch::Tensor> t = {torch::ones({10})};
   const auto t0 = std::chrono::steady_clock::now();
@@ -373,10 +389,13 @@ TEST(DataParallel, ARankThatHangsIsGivenUpAfterTheTimeout) {
     ADD_FAILURE() << "an all-reduce completed without the other rank";
   } catch (const DistError& e) {
     EXPECT_NE(std::string(e.what()).find("2 s timeout"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the collective failed with another error: " << e.what();
   }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(waited, 1.0);   // it did wait (about the timeout)
   EXPECT_LT(waited, 60.0);  // and did not hang
-  done.set_value();
-  hanger.get();
+  shared->release.set_value();
+  release.shared = std::make_shared<Shared>();  // released once; the guard now holds a spare
+  EXPECT_EQ(ended.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the other rank did not end";
 }

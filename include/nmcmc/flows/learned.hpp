@@ -190,8 +190,10 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   /// forward pass gives). For the Langevin variant `grad_from` is dU(x_from).
   torch::Tensor log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
                             const torch::Tensor& x_to) override;
-  /// Test-only: makes the proposal's density wrong in a known way.
-  void set_defect_for_testing(LearnedDefect defect) { defect_ = defect; }
+  /// log_density with another preconditioner matrix L [D, D] in place of the model's (tests pass a
+  /// wrong one to prove the invariance tests' power).
+  torch::Tensor log_density_with(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
+                                 const torch::Tensor& x_to, const torch::Tensor& l);
 
   /// Target gradient evaluations per MH step (per chain): 4N (full), 0 (no-grad), 1 (langevin,
   /// with dU(x) carried in the chain state).
@@ -229,9 +231,6 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
                           bool create_graph);
   torch::Tensor log_density_latent(Target& target, const torch::Tensor& y_from, const torch::Tensor& grad_from,
                                    const torch::Tensor& y_to);
-  /// log_density with a given L (the defect test passes a wrong one).
-  torch::Tensor log_density_with(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
-                                 const torch::Tensor& x_to, const torch::Tensor& l);
   /// Coupling parameters of sub-step k at (x, z): returns (S, Q, T, g_u) restricted to the
   /// updated half; Q and g_u undefined for gradient-free variants.
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> coupling(Target& target, int64_t k,
@@ -240,7 +239,6 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
                                                                                   bool create_graph);
 
   LearnedOptions options_;
-  LearnedDefect defect_ = LearnedDefect::kNone;
   torch::Tensor log_eps_;                   // scalar parameter
   torch::Tensor masks_;                     // [N, D] buffer
   torch::Tensor pre_shift_;                 // m [D] (buffer), when preconditioned

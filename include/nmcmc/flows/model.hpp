@@ -18,7 +18,8 @@ struct Proposed {
   torch::Tensor grad_new;     // [C, D] when the model carries dU in the chain state, else undefined
   torch::Tensor log_q_fwd;    // [C] log q(x'|x), without the common -D/2 log(2 pi)
   torch::Tensor log_q_rev;    // [C] log q(x|x')
-  torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass
+  torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass (log_q_fwd holds its negative)
+  torch::Tensor log_det_rev;  // [C] the same of the reverse pass (log_q_rev holds its negative)
 };
 
 /// Result of a pass through a flow. z [C, D]; log_det [C] float64 (sum of the S terms).
@@ -27,18 +28,13 @@ struct FlowPass {
   torch::Tensor log_det;
 };
 
-/// Deliberate errors for the power of the statistical tests; never used outside tests.
-/// kDiagonalReverse (preconditioned models): the reverse density maps x' to the flow's
-/// coordinates with diag(L) only, as a forgotten off-diagonal would.
-enum class LearnedDefect { kNone, kDropLogDet, kDropReverse, kDiagonalReverse };
-
 /// log q of a flow proposal from its base draw: -|z_base|^2 / 2 - log|dz/dz0| - D log eps, [C]
 /// float64, without the common -D/2 log(2 pi). d_log_eps = D log eps.
 torch::Tensor flow_log_density(const torch::Tensor& z_base, const torch::Tensor& log_det, const torch::Tensor& d_log_eps);
-/// Sets p.log_det, p.log_q_fwd (base draw z0, forward pass fwd) and p.log_q_rev (inverse pass rev),
-/// applying a test defect.
+/// Sets p.log_det, p.log_det_rev, p.log_q_fwd (base draw z0, forward pass fwd) and p.log_q_rev
+/// (inverse pass rev).
 void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fwd, const FlowPass& rev,
-                        const torch::Tensor& d_log_eps, LearnedDefect defect);
+                        const torch::Tensor& d_log_eps);
 
 /// A proposal x' = x + eps z (+ drift) with a tractable density in both directions.
 /// Implementations are torch modules (module() returns the object itself), so one trainer

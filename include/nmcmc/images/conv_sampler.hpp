@@ -75,15 +75,12 @@ class ConvSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor drift(const torch::Tensor& x, const torch::Tensor& grad);
   /// The checkerboard [1, C, H, W] (1 on pixels with even row + column).
   torch::Tensor mask() const { return mask_; }
-  /// Test-only: makes the proposal's density wrong in a known way.
-  void set_defect_for_testing(LearnedDefect defect) { defect_ = defect; }
 
  private:
   torch::Tensor image(const torch::Tensor& flat) const;
   std::pair<torch::Tensor, torch::Tensor> coupling(int64_t k, const torch::Tensor& xi, const torch::Tensor& zi);
 
   ConvSamplerOptions options_;
-  LearnedDefect defect_ = LearnedDefect::kNone;
   torch::Tensor log_eps_, mask_;
   std::vector<CouplingConvNet> nets_;
   CouplingConvNet drift_{nullptr};

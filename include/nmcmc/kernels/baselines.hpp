@@ -1,13 +1,13 @@
 #pragma once
-/// Baseline proposals: random walk, MALA and HMC (identity or diagonal mass matrix).
+/// Baseline proposals: random walk, MALA and HMC, with a unit, diagonal or dense metric.
+#include "nmcmc/kernels/integrator.hpp"
 #include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 
 namespace nmcmc {
 
-/// The state the baselines share: a global step size and an optional inverse mass matrix: [D]
-/// diagonal (a variance estimate, in the target's dtype; undefined = identity) or [D, D] dense
-/// (a covariance estimate; then `dense_` holds its factors).
+/// The state the baselines share: a global step size and one Metric (unit, diagonal [D] or dense
+/// [D, D]; kernels/metric.hpp), in the target's dtype, with its float64 copy for log densities.
 class ScaledProposal : public Proposal {
  public:
   explicit ScaledProposal(double step_size) : eps_(step_size) {}
@@ -18,13 +18,13 @@ class ScaledProposal : public Proposal {
   bool has_dense_metric() const override { return true; }
   void set_inv_mass(torch::Tensor inv_mass) override;
   /// The inverse mass matrix: [D], [D, D] or undefined (identity).
-  torch::Tensor inv_mass() const { return is_dense() ? dense_.inv_mass() : inv_mass_; }
+  torch::Tensor inv_mass() const { return metric_.inv_mass(); }
+  const Metric& metric() const { return metric_; }
 
  protected:
-  bool is_dense() const { return dense_.kind() == MetricKind::kDense; }
   double eps_;
-  torch::Tensor inv_mass_;  // diagonal [D] (undefined when identity or dense)
-  Metric dense_;            // the dense metric, else the unit placeholder
+  Metric metric_;    // the unit metric until set_inv_mass
+  Metric metric64_;  // the same in float64
 };
 
 /// Random-walk Metropolis: x' = x + eps * M^{-1/2} z (symmetric: log q ratio 0).
@@ -39,33 +39,22 @@ class RandomWalk : public ScaledProposal {
 /// Metropolis-adjusted Langevin (Roberts & Tweedie 1996, Bernoulli 2(4), eq. 2.2; Girolami &
 /// Calderhead 2011, eq. 10 for the preconditioned form):
 ///   x' = x - (eps^2/2) M^{-1} dU(x) + eps M^{-1/2} z,   q(x'|x) = N(x'; x - (eps^2/2) M^{-1} dU(x), eps^2 M^{-1}),
-/// and the MH correction log q(x|x') - log q(x'|x) computed from both Gaussian densities.
-/// With `drop_q_ratio` the q correction is omitted (a deliberately broken kernel for tests).
+/// and the MH correction log q(x|x') - log q(x'|x) computed from both Gaussian densities (float64).
 class Mala : public ScaledProposal {
  public:
-  explicit Mala(double step_size, bool drop_q_ratio = false) : ScaledProposal(step_size), drop_q_ratio_(drop_q_ratio) {}
+  explicit Mala(double step_size) : ScaledProposal(step_size) {}
   std::string name() const override { return "mala"; }
   bool uses_grad() const override { return true; }
   ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
-
- private:
-  bool drop_q_ratio_;
 };
 
-/// Deliberate errors for power tests of the statistical suite. Never used outside tests.
-/// kWrongKineticSign: log q ratio K(pL) - K(p0) instead of K(p0) - K(pL).
-/// kNoFinalHalfStep: the last momentum kick is a full step, so the integrator is not reversible.
-/// (Dropping the momentum flip is NOT a defect here: with full momentum refresh and
-/// K(p) = K(-p) the flip changes neither the accept ratio nor the next state.)
-enum class HmcDefect { kNone, kWrongKineticSign, kNoFinalHalfStep };
-
-/// Hamiltonian Monte Carlo with L leapfrog steps and a diagonal (or identity) mass matrix (Neal
+/// Hamiltonian Monte Carlo with L leapfrog steps (kernels/integrator.hpp) and the metric (Neal
 /// 2011, "MCMC using Hamiltonian dynamics", Handbook of MCMC ch. 5: leapfrog eqs. 5.18-5.20,
 /// accept eq. 5.24). Momentum p ~ N(0, M); K(p) = p^T M^{-1} p / 2; log q ratio = K(p0) - K(pL)
 /// (the momentum flip that makes the proposal an involution is implied, K(p) = K(-p)).
 class Hmc : public ScaledProposal {
  public:
-  Hmc(double step_size, int64_t leapfrog_steps, HmcDefect defect = HmcDefect::kNone);
+  Hmc(double step_size, int64_t leapfrog_steps);
   std::string name() const override { return "hmc"; }
   bool uses_grad() const override { return true; }
   ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
@@ -77,17 +66,9 @@ class Hmc : public ScaledProposal {
     jitter_ = jitter;
   }
 
-  /// Runs the leapfrog integrator from (x, p) with the state's gradient; returns (x, p, end state).
-  /// Exposed for the integrator tests (energy error, reversibility, volume).
-  /// `eps` overrides the step size (a scalar or a per-chain [C, 1] tensor).
-  std::pair<ChainState, torch::Tensor> leapfrog(Target& target, const ChainState& start,
-                                                const torch::Tensor& p0, torch::Tensor eps = {}) const;
-  /// K(p) [C] float64.
-  torch::Tensor kinetic(const torch::Tensor& p) const;
 
  private:
   int64_t leapfrog_;
-  HmcDefect defect_;
   double jitter_ = 0.0;
 };
 

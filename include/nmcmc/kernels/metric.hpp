@@ -29,6 +29,10 @@ class Metric {
   torch::Tensor velocity(const torch::Tensor& p) const;
   /// M^{-1/2} z, [C, D]: noise with covariance M^{-1} (MALA, RWM).
   torch::Tensor noise(const torch::Tensor& z) const;
+  /// c M^{-1/2} z, [C, D] (the scalar folded into the diagonal first).
+  torch::Tensor noise(const torch::Tensor& z, double c) const;
+  /// c M^{-1} v, [C, D]: MALA's drift (c = eps^2 / 2, v = dU).
+  torch::Tensor drift(const torch::Tensor& v, double c) const;
   /// K(p) = p^T M^{-1} p / 2, [C] float64.
   torch::Tensor kinetic(const torch::Tensor& p) const;
   /// v^T M v, [C] float64 (the quadratic form of a Gaussian with covariance M^{-1}).

@@ -20,19 +20,36 @@
 // extends in its own random direction; leaves are leapfrog steps of the chains still building
 // (the others wait, masked, and are not evaluated: the gradient is computed on the live rows
 // only), and each chain's gradient count is exact (StepInfo::n_grad_chain).
+#include <functional>
+
+#include "nmcmc/kernels/integrator.hpp"
 #include "nmcmc/kernels/kernel.hpp"
 #include "nmcmc/kernels/metric.hpp"
 
 namespace nmcmc {
 
-/// Deliberate errors for the power of the statistical tests; never used outside tests.
-/// kUniformTopLevel: the top-level choice between old trajectory and new subtree is multinomial
-///   (in proportion to the weights) instead of biased progressive: still exact, but not Stan's.
-/// kNoProgressiveBias: the new subtree is always taken when valid (not exact).
-/// kNoMergedCheck: the top-level U-turn check skips the merged trajectory, keeping only the
-///   checks across the seam (not exact: tree building becomes asymmetric).
-/// kNoSubtreeWeights: the choice inside subtrees ignores the weights exp(-H) (not exact).
-enum class NutsDefect { kNone, kUniformTopLevel, kNoProgressiveBias, kNoMergedCheck, kNoSubtreeWeights };
+/// How a NUTS transition chooses its sample: Stan's rules unless a caller asks otherwise. Each is a
+/// probability of taking the new part, from log weights ([C] float64 in, [C] float64 out).
+/// multinomial() is the other exact choice (Betancourt 2017, appendix A.3.2: multinomial at the
+/// top level too); tests build rules that are not exact (tests/support/broken.hpp) to prove the
+/// statistical tests' power.
+struct NutsRules {
+  using Choice = std::function<torch::Tensor(const torch::Tensor& log_w_new, const torch::Tensor& log_w_old)>;
+  /// Between the old trajectory and a new valid subtree. Stan: biased progressive sampling,
+  /// min(1, w_new / w_old).
+  Choice top_level;
+  /// Inside a subtree, between its initial and final halves (log_w_old is the initial half's).
+  /// Stan: multinomial, w_final / (w_initial + w_final).
+  Choice inside;
+  /// Whether the U-turn criterion is checked over the whole merged trajectory (Stan: yes), besides
+  /// across the seam.
+  bool check_merged = true;
+  /// Whether the criterion uses p# = M^{-1} p (Betancourt 2013: right for any metric; Stan) or p
+  /// itself (the original criterion, right only for the unit metric).
+  bool sharp = true;
+  static NutsRules stan();
+  static NutsRules multinomial();
+};
 
 struct NutsOptions {
   double step_size = 0.0;      // 0: found at the start of the run (Stan's heuristic)
@@ -44,10 +61,14 @@ struct NutsOptions {
 
 class Nuts : public Kernel {
  public:
-  explicit Nuts(NutsOptions options = {}, NutsDefect defect = NutsDefect::kNone);
+  explicit Nuts(NutsOptions options = {}, NutsRules rules = NutsRules::stan());
   std::string name() const override { return "nuts"; }
   ChainState init(Target& target, const torch::Tensor& x) const override;
   std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) override;
+  /// The transition from a given momentum p0 [C, D] (step() draws p0 ~ N(0, M) and calls this):
+  /// the directions and multinomial choices still come from `gen`.
+  std::pair<ChainState, StepInfo> transition(Target& target, const ChainState& state, const torch::Tensor& p0,
+                                             at::Generator& gen);
 
   double step_size() const override { return eps_; }
   bool has_tunable_step_size() const override { return true; }
@@ -62,7 +83,7 @@ class Nuts : public Kernel {
 
  private:
   NutsOptions options_;
-  NutsDefect defect_;
+  NutsRules rules_;
   double eps_;
   Metric metric_;
 };

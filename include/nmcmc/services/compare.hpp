@@ -34,7 +34,7 @@ struct CompareOptions {
 
 /// Runs the comparison; `say` receives report lines. Returns what compare.json holds. With a
 /// communicator of N processes (all call it together) the training is data-parallel and every
-/// sampler's chains are sharded (run_sampler_sharded); rank 0 reports and writes the files.
+/// sampler's chains are shared out (run_sampler over the communicator); rank 0 reports and writes the files.
 nlohmann::json compare(const CompareOptions& options, const std::function<void(const std::string&)>& say,
                        const TrainProgressFn& train_progress = nullptr, const ProgressFn& sample_progress = nullptr,
                        const std::function<bool()>& should_stop = nullptr,

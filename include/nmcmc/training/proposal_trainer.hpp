@@ -41,11 +41,6 @@ class BetaController {
 };
 
 /// What one training step produced.
-struct ProposalStep {
-  ObjectiveTerms terms;
-  bool skipped = false;  // the optimiser step was skipped (non-finite loss or gradient)
-};
-
 /// One shard of a data-parallel batch (Note [Data parallelism]): rows x [b, D], U(x) [b], dU(x)
 /// (or undefined) and the shard's own random stream.
 struct ShardInput {
@@ -53,20 +48,20 @@ struct ShardInput {
   at::Generator* gen = nullptr;
 };
 
-/// What a data-parallel step produced: the local shards' terms and the statistics of the whole
-/// batch (all shards of all ranks).
-struct ShardedStep {
+/// What a training step produced: the local shards' terms and the statistics of the whole batch
+/// (all shards of all ranks).
+struct TrainingStep {
   std::vector<ObjectiveTerms> shards;  // this rank's, in order
   double loss = 0, accept = 0, entropy = 0;
   int64_t rows = 0;
-  bool skipped = false;
+  bool skipped = false;  // the optimiser step was skipped (a shard's loss was not finite, or the gradient)
   bool stop = false;  // some rank asked to stop (the run ends after this step, on every rank)
 };
 
 /// Owns a proposal model's optimiser and beta controller; takes Note [Sampler training step].
 /// Note [Sampler training step], 4: rows x [B, D] with U(x) [B] after one MH step with the
 /// step's own proposals (detached).
-torch::Tensor advance_rows(const torch::Tensor& x, const torch::Tensor& u_x, const ProposalStep& step,
+torch::Tensor advance_rows(const torch::Tensor& x, const torch::Tensor& u_x, const ObjectiveTerms& terms,
                            at::Generator& gen);
 
 class ProposalTrainer {
@@ -74,19 +69,16 @@ class ProposalTrainer {
   ProposalTrainer(std::shared_ptr<ProposalModel> model, const torch::optim::AdamOptions& adam, BetaController beta,
                   double clip);
 
-  /// One step on rows x [B, D] with u_x = U(x) [B] and grad_x = dU(x) (or undefined when the
-  /// model does not need it). create_graph: backpropagate through the target's gradient.
-  ProposalStep step(Target& target, const torch::Tensor& x, const torch::Tensor& u_x, const torch::Tensor& grad_x,
-                    at::Generator& gen, bool create_graph);
-
-  /// Note [Sampler training step] on a batch split into shards, this rank's in `shards`, the others
-  /// on the other ranks of `comm`: each shard's summed objective is backpropagated (gradients
-  /// accumulate), then the gradients, the finite-row counts and the statistics are summed over
-  /// ranks, so every rank divides by the whole batch's count and takes the same clipped Adam step
-  /// and beta update: the step of one process on the concatenated batch (to float rounding).
-  /// `stop` is this rank's wish to stop; the result's stop is any rank's.
-  ShardedStep step_shards(Target& target, const std::vector<ShardInput>& shards, bool create_graph,
-                          parallel::Communicator& comm, bool stop = false);
+  /// Note [Sampler training step] on a batch split into shards: this process's in `shards` (rows x
+  /// [b, D], U(x) [b], dU(x) or undefined when the model does not need it, and the shard's own
+  /// random stream), the others on the other ranks of `comm` (parallel::single_process() for one process).
+  /// Each shard's objective is backpropagated with its share of the batch's finite rows as weight,
+  /// the gradients and statistics are summed over ranks, and every rank takes the same clipped Adam
+  /// step and beta update: the step of one process on the concatenated batch (to float rounding;
+  /// exactly the plain step for one shard on one process). create_graph: backpropagate through
+  /// the target's gradient. `stop` is this rank's wish to stop; the result's stop is any rank's.
+  TrainingStep step(Target& target, const std::vector<ShardInput>& shards, bool create_graph,
+                    parallel::Communicator& comm, bool stop = false);
   /// Makes every rank's parameters, buffers and beta rank 0's.
   void broadcast_from_root(parallel::Communicator& comm);
 

@@ -16,6 +16,8 @@
 #include <map>
 #include <string>
 
+#include "nmcmc/flows/checkpoint.hpp"
+#include "nmcmc/io/draws.hpp"
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
@@ -129,7 +131,6 @@ class Trainer {
   torch::Tensor next_batch(Shard& shard);
   /// U(x) and, when the model carries it, dU(x) (undefined otherwise), without a graph.
   EnergyGrad batch_state(const torch::Tensor& x);
-  TrainStats step_sharded(bool stop);
   /// Counts the step and logs its statistics (every log_every steps, the first and the last).
   TrainStats record_step(double loss, double accept, double entropy, double lr,
                          std::chrono::steady_clock::time_point t0);
@@ -146,21 +147,6 @@ class Trainer {
   double elapsed_ = 0;
   std::vector<TrainStats> log_;
 };
-
-/// Loads only the model of a checkpoint (for sampling): returns the sampler and the metadata.
-/// Throws DataError for a truncated or corrupt file.
-std::pair<LearnedSampler, nlohmann::json> load_model(const std::string& path);
-
-/// The shard count a checkpoint was trained with (1 for checkpoints without one), or nullopt when
-/// `path` cannot be read as a checkpoint.
-std::optional<int64_t> checkpoint_shards(const std::string& path);
-
-/// The bootstrap buffer of a checkpoint (the sampler's own chains), or an undefined tensor.
-torch::Tensor load_buffer(const std::string& path);
-
-/// A checkpoint's logged rows (meta "log") as named columns: step, loss, accept, beta, entropy,
-/// eps, lr, seconds, grads, skipped, elapsed (non-numbers, e.g. a null loss, become NaN).
-std::map<std::string, std::vector<double>> training_log_columns(const nlohmann::json& rows);
 
 /// Writes the training log (CSV) atomically.
 void write_training_log(const std::string& path, const std::vector<TrainStats>& rows);

@@ -1,89 +1,25 @@
-#include "nmcmc/services/sample.hpp"
+#include "nmcmc/kernels/run.hpp"
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <cstdlib>
-#include <unistd.h>
-#include <fcntl.h>
-#include <limits>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
-#include "nmcmc/diagnostics/ess.hpp"
-#include "nmcmc/nn/deferred_linear.hpp"
-#include "nmcmc/io/atomic_file.hpp"
-#include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/baselines.hpp"
-#include "nmcmc/training/trainer.hpp"
 
 namespace nmcmc {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-std::shared_ptr<Proposal> make_baseline_proposal(const ProposalOptions& o) {
-  if (o.step_size && !(*o.step_size > 0 && std::isfinite(*o.step_size))) {
-    throw UsageError("--step-size must be positive and finite");
-  }
-  const double eps = o.step_size.value_or(0.0);  // 0: found by find_reasonable_step_size at the start of the run
-  if (o.sampler == "rwm") return std::make_shared<RandomWalk>(eps);
-  if (o.sampler == "mala") return std::make_shared<Mala>(eps);
-  if (o.sampler == "hmc") {
-    if (o.leapfrog < 1) throw UsageError("--leapfrog must be at least 1");
-    auto hmc = std::make_shared<Hmc>(eps, o.leapfrog);
-    if (!(o.jitter >= 0 && o.jitter < 1)) throw UsageError("--jitter must be in [0, 1)");
-    hmc->set_jitter(o.jitter);
-    return hmc;
-  }
-  throw UsageError("unknown sampler '" + o.sampler + "' (rwm, mala, hmc, nuts, learned)");
-}
-
-std::unique_ptr<Kernel> make_baseline_kernel(const ProposalOptions& o) {
-  if (o.sampler != "nuts") return std::make_unique<MetropolisHastings>(make_baseline_proposal(o));
-  if (o.step_size && !(*o.step_size > 0 && std::isfinite(*o.step_size))) {
-    throw UsageError("--step-size must be positive and finite");
-  }
-  if (o.max_depth < 1 || o.max_depth > 30) throw UsageError("--max-depth must be in [1, 30]");
-  return std::make_unique<Nuts>(NutsOptions().set_step_size(o.step_size.value_or(0.0)).set_max_depth(o.max_depth));
-}
-
-double default_target_accept(const std::string& sampler) {
-  if (sampler == "rwm") return 0.234;
-  if (sampler == "mala") return 0.574;
-  return 0.8;
-}
-
-LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
-                            torch::TensorOptions options, bool dtype_given,
-                            const std::optional<std::string>& matmul) {
-  if (matmul) check_matmul_option(*matmul);
-  auto [sampler, meta] = load_model(model_path);
-  if (matmul) sampler->set_matmul(*matmul);
-  const json trained_on = meta.at("target");
-  if (target_spec) {
-    auto probe = make_target(*target_spec, options);
-    // A TorchScript density is the module's content, not its location: a module saved elsewhere
-    // (or passed in memory from Python) is accepted when the rest of the spec (dim, output) agrees.
-    auto comparable = [](json s) {
-      if (s.value("name", "") == "torchscript") s.erase("module");
-      return s;
-    };
-    if (comparable(probe->spec()) != comparable(trained_on)) {
-      throw UsageError("model '" + model_path + "' was trained on target " + trained_on.dump() + ", not " +
-                       probe->spec().dump());
-    }
-  }
-  if (!dtype_given) options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
-  sampler->to(options.device(), options.dtype().toScalarType());
-  sampler->eval();
-  return {std::make_shared<LearnedProposal>(sampler), trained_on, meta, options};
-}
 
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen) {
   const auto& opts = target.options();
@@ -214,8 +150,9 @@ void check_footprint(const RunOptions& o, int64_t dim, int64_t dtype_bytes) {
   }
 }
 
-SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed,
-                         const ProgressFn& progress) {
+namespace {
+/// The run of this process's chains (all of them on one process).
+SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
   if (o.chains < 1) throw UsageError("--chains must be at least 1");
   if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
   if (o.draws < 1) throw UsageError("--draws must be at least 1");
@@ -386,197 +323,79 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& o, ui
   if (o.sink) o.sink->finish(res);
   return res;
 }
-
-namespace {
-/// Parameters per block so that one block of draws [S, C, k] and the summaries' temporaries
-/// (about 8 copies) stay near 256 MiB: the summary of disk-backed draws reads them in blocks.
-int64_t parameter_block(const torch::Tensor& draws, int64_t block_bytes) {
-  const double per_parameter = 8.0 * 8.0 * static_cast<double>(draws.size(0)) * static_cast<double>(draws.size(1));
-  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(block_bytes) / per_parameter));
-}
-
-StanSummary blocked_stan_summary(const torch::Tensor& draws, int64_t block_bytes, const ProgressFn& progress) {
-  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
-  if (block >= d) return stan_summary(draws);
-  std::vector<StanSummary> parts;
-  const auto t0 = std::chrono::steady_clock::now();
-  SummaryWorkspace workspace;  // one set of buffers for all blocks
-  for (int64_t k = 0; k < d; k += block) {
-    parts.push_back(stan_summary(draws.narrow(2, k, std::min(block, d - k)), &workspace));
-    if (progress) {
-      Progress p;
-      p.phase = "summary";
-      p.iteration = std::min(d, k + block);
-      p.total = d;
-      p.elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      progress(p);
-    }
-  }
-  auto cat = [&](torch::Tensor StanSummary::*field) {
-    std::vector<torch::Tensor> v;
-    for (auto& p : parts) v.push_back(p.*field);
-    return torch::cat(v);
-  };
-  StanSummary st;
-  for (auto field : {&StanSummary::mean, &StanSummary::sd, &StanSummary::mcse_mean, &StanSummary::ess_bulk,
-                     &StanSummary::ess_tail, &StanSummary::rhat, &StanSummary::q05, &StanSummary::q50, &StanSummary::q95}) {
-    st.*field = cat(field);
-  }
-  return st;
-}
-
-double blocked_msjd(const torch::Tensor& draws, int64_t block_bytes) {
-  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
-  double total = 0;  // |x' - x|^2 sums over parameters, so blocks add up
-  for (int64_t k = 0; k < d; k += block) total += mean_squared_jump(draws.narrow(2, k, std::min(block, d - k)));
-  return total;
-}
-
-torch::Tensor blocked_paper_ess(const torch::Tensor& draws, const Moments& m, int64_t block_bytes) {
-  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
-  std::vector<torch::Tensor> v;
-  for (int64_t k = 0; k < d; k += block) {
-    const int64_t n = std::min(block, d - k);
-    v.push_back(paper_ess_ratio(draws.narrow(2, k, n), m.mean.narrow(0, k, n), m.sd.narrow(0, k, n)));
-  }
-  return torch::cat(v);
-}
-
-double finite_min(const torch::Tensor& t) {
-  torch::Tensor f = t.masked_select(torch::isfinite(t));
-  return f.numel() ? f.min().item<double>() : std::nan("");
+/// [S, c, ...] per rank -> [S, C, ...] over all ranks (chains in rank order).
+torch::Tensor gather_chains(parallel::Communicator& comm, const torch::Tensor& t) {
+  if (!t.defined()) return t;
+  const bool is_bool = t.scalar_type() == torch::kBool;
+  torch::Tensor local = (is_bool ? t.to(torch::kUInt8) : t).transpose(0, 1).contiguous();
+  torch::Tensor all = comm.all_gather_rows(local).transpose(0, 1).contiguous();
+  return is_bool ? all.to(torch::kBool) : all;
 }
 }  // namespace
 
-json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const ProgressFn& progress) {
-  TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
-  if (r.draws.size(0) == 0) throw UsageError("no draws to summarise (the run stopped before its first draw)");
-  const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
-  const double steps = static_cast<double>(s * c);
-  // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
-  const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
-                                                         : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
-  StanSummary st = blocked_stan_summary(r.draws, block_bytes, progress);
-  json j;
-  j["target"] = target.spec();
-  j["chains"] = c;
-  j["draws"] = s;
-  j["dim"] = d;
-  j["seed"] = r.seed;
-  j["complete"] = r.complete;
-  j["draws_planned"] = r.draws_planned;
-  j["step_size"] = r.step_size;
-  j["accept_rate"] = r.accept_stat.mean().item<double>();
-  j["divergences"] = r.divergent.sum().item<int64_t>();
-  j["grads_per_step"] = grads_per_step;
-  j["energies_per_step"] = static_cast<double>(r.energies_sampling) / static_cast<double>(s);
-  j["grads_warmup_per_chain"] = r.grads_warmup;
-  j["seconds_warmup"] = r.seconds_warmup;
-  j["seconds_sampling"] = r.seconds_sampling;
-  j["msjd"] = blocked_msjd(r.draws, block_bytes);
-  if (r.tree_depth.defined()) {
-    j["max_tree_depth"] = r.max_tree_depth;
-    j["tree_depth_hits"] = (r.tree_depth >= r.max_tree_depth).sum().item<int64_t>();
-    j["mean_tree_depth"] = r.tree_depth.to(torch::kFloat64).mean().item<double>();
+SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                         const ProgressFn& progress, parallel::Communicator* communicator) {
+  parallel::Communicator& comm = communicator != nullptr ? *communicator : *parallel::single_process();
+  const int world = comm.world_size(), rank = comm.rank();
+  if (world == 1) return run_local(target, kernel, options, seed, progress);  // the gather of one run is itself
+  if (options.chains < world) {
+    throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each",
+                                 options.chains, world));
   }
-  if (r.n_grad_chain.defined()) {
-    // Batched gradient evaluations per step: the busiest chain's count, which the lockstep batch
-    // pays in time; grads_per_step / this is the batch's gradient utilisation.
-    j["batch_grads_per_step"] = r.n_grad.to(torch::kFloat64).mean().item<double>();
+  auto [begin, end] = parallel::block_of(options.chains, rank, world);
+  // This rank's chains are the run `chains = end - begin, seed = seed + rank`, with their own
+  // warm-up and adaptation (as Stan's chains): Note [Data parallelism].
+  RunOptions run = options;
+  run.chains = end - begin;
+  const uint64_t my_seed = seed + static_cast<uint64_t>(rank);
+  if (run.init_x.defined()) {  // given or buffer starting points: the rows the whole run gives these chains
+    torch::Tensor rows = torch::arange(begin, end, torch::kInt64).remainder(run.init_x.size(0));
+    run.init_x = run.init_x.index_select(0, rows.to(run.init_x.device()));
   }
-  json params = json::array();
-  const std::vector<std::string> names = parameter_labels(target);
-  for (int64_t k = 0; k < d; ++k) {
-    params.push_back({{"name", names[k]},
-                      {"mean", st.mean[k].item<double>()},
-                      {"sd", st.sd[k].item<double>()},
-                      {"mcse_mean", st.mcse_mean[k].item<double>()},
-                      {"q05", st.q05[k].item<double>()},
-                      {"q50", st.q50[k].item<double>()},
-                      {"q95", st.q95[k].item<double>()},
-                      {"ess_bulk", st.ess_bulk[k].item<double>()},
-                      {"ess_tail", st.ess_tail[k].item<double>()},
-                      {"rhat", st.rhat[k].item<double>()}});
-  }
-  j["parameters"] = params;
-  const double min_bulk = finite_min(st.ess_bulk), min_tail = finite_min(st.ess_tail);
-  j["min_ess_bulk"] = min_bulk;
-  j["min_ess_tail"] = min_tail;
-  j["max_rhat"] = st.rhat.masked_select(torch::isfinite(st.rhat)).numel() ? st.rhat.nan_to_num(0).max().item<double>() : std::nan("");
-  j["ess_bulk_per_step"] = min_bulk / steps;
-  j["ess_bulk_per_grad"] = grads_per_step > 0 ? min_bulk / (steps * grads_per_step) : std::nan("");
-  j["ess_bulk_per_second"] = min_bulk / r.seconds_sampling;
-  if (auto m = target.reference_moments(); m && s >= 2) {  // (ESS needs two draws)
-    torch::Tensor ratio = blocked_paper_ess(r.draws, *m, block_bytes);  // ESS / S per dimension
-    json p;
-    p["convention"] = "L2HMC/A-NICE-MC: known moments, cutoff 0.05, averaged over chains";
-    p["ess_per_step_min"] = ratio.min().item<double>();
-    p["ess_per_step_mean"] = ratio.mean().item<double>();
-    p["ess_per_step_x1"] = ratio[0].item<double>();
-    if (d > 1) p["ess_per_step_rest_min"] = ratio.narrow(0, 1, d - 1).min().item<double>();
-    if (grads_per_step > 0) {
-      p["ess_per_grad_min"] = ratio.min().item<double>() / grads_per_step;
-      p["ess_per_grad_x1"] = ratio[0].item<double>() / grads_per_step;
-      if (d > 1) p["ess_per_grad_rest_min"] = ratio.narrow(0, 1, d - 1).min().item<double>() / grads_per_step;
-    }
-    const double seconds_per_step = r.seconds_sampling / static_cast<double>(s);
-    p["ess_per_second_min"] = ratio.min().item<double>() * static_cast<double>(c) / seconds_per_step;
-    p["per_dim"] = std::vector<double>(ratio.data_ptr<double>(), ratio.data_ptr<double>() + d);
-    j["paper_ess"] = p;
-  }
-  return j;
-}
+  SampleResult mine = run_local(target, kernel, run, my_seed, rank == 0 ? progress : nullptr);
 
-std::string format_summary(const json& j, int64_t rows) {
-  std::string out;
-  auto line = [&](const std::string& s) { out += s + "\n"; };
-  const auto& params = j.at("parameters");
-  const int64_t d = static_cast<int64_t>(params.size());
-  line(fmt::format("{:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>7}", "param", "mean", "sd", "mcse", "ess_bulk", "ess_tail",
-                   "rhat"));
-  auto row = [&](const json& p) {
-    line(fmt::format("{:>10} {:>11.4g} {:>10.4g} {:>9.3g} {:>9.0f} {:>9.0f} {:>7.3f}", p["name"].get<std::string>(),
-                     p["mean"].get<double>(), p["sd"].get<double>(), p["mcse_mean"].get<double>(),
-                     p["ess_bulk"].get<double>(), p["ess_tail"].get<double>(), p["rhat"].get<double>()));
-  };
-  std::vector<int64_t> order(d);
-  for (int64_t k = 0; k < d; ++k) order[k] = k;
-  if (d <= 2 * rows) {
-    for (auto& p : params) row(p);
-  } else {
-    for (int64_t k = 0; k < rows; ++k) row(params[k]);
-    line(fmt::format("{:>10}", "..."));
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return params[a]["ess_bulk"].get<double>() < params[b]["ess_bulk"].get<double>();
-    });
-    line(fmt::format("worst {} by bulk ESS:", rows));
-    for (int64_t k = 0; k < rows; ++k) row(params[order[k]]);
+  // Runs stopped early (Ctrl-C reaches the ranks at slightly different draws) keep the draws all have.
+  const int64_t have = mine.draws.defined() ? mine.draws.size(0) : 0;
+  const double c = static_cast<double>(run.chains);
+  std::vector<double> t = parallel::all_reduce_doubles(
+      comm, {mine.complete ? 0.0 : 1.0, mine.seconds_warmup, mine.seconds_sampling, mine.grads_warmup * c,
+             mine.grads_sampling * c, mine.energies_warmup * c, mine.energies_sampling * c});
+  const int64_t common = comm.all_gather_rows(torch::tensor({have}, torch::kInt64)).min().item<int64_t>();
+  const double total = static_cast<double>(options.chains);
+  SampleResult r;
+  r.complete = t[0] == 0;
+  r.seed = seed;
+  r.draws_planned = mine.draws_planned;
+  r.names = mine.names;
+  r.max_tree_depth = mine.max_tree_depth;
+  r.seconds_warmup = t[1] / world;  // the ranks run side by side: their mean wall time
+  r.seconds_sampling = t[2] / world;
+  r.grads_warmup = std::llround(t[3] / total);
+  r.grads_sampling = std::llround(t[4] / total);
+  r.energies_warmup = std::llround(t[5] / total);
+  r.energies_sampling = std::llround(t[6] / total);
+  if (common == 0) return r;  // stopped before any rank drew
+  auto first = [&](const torch::Tensor& x) { return x.defined() ? x.narrow(0, 0, common) : x; };
+  if (mine.draws.defined()) r.draws = gather_chains(comm, first(mine.draws).to(torch::kFloat64));
+  r.lp = gather_chains(comm, first(mine.lp));
+  r.accept_stat = gather_chains(comm, first(mine.accept_stat));
+  r.divergent = gather_chains(comm, first(mine.divergent));
+  r.tree_depth = gather_chains(comm, first(mine.tree_depth));
+  r.energy = gather_chains(comm, first(mine.energy));
+  torch::Tensor per_chain = mine.n_grad_chain.defined()
+                                ? first(mine.n_grad_chain)
+                                : first(mine.n_grad).unsqueeze(1).expand({common, run.chains}).contiguous();
+  r.n_grad_chain = gather_chains(comm, per_chain);
+  r.n_grad = std::get<0>(r.n_grad_chain.max(1));
+  r.step_size_chain = gather_chains(comm, torch::full({1, run.chains}, mine.step_size, torch::kFloat64)).squeeze(0);
+  r.step_size = r.step_size_chain.mean().item<double>();
+  if (mine.inv_mass.defined()) {
+    std::vector<int64_t> reps(mine.inv_mass.dim() + 1, 1);
+    reps[0] = run.chains;
+    r.inv_mass_chain = comm.all_gather_rows(mine.inv_mass.unsqueeze(0).repeat(reps));
+    r.inv_mass = mine.inv_mass;  // rank 0's (each chain's own is in inv_mass_chain)
   }
-  const double steps = j["draws"].get<double>() * j["chains"].get<double>();
-  line("");
-  line(fmt::format("chains {}  draws/chain {}  accept {:.3f}  step size {:.4g}  divergences {}  grads/step {:.1f}",
-                   j["chains"].get<int64_t>(), j["draws"].get<int64_t>(), j["accept_rate"].get<double>(),
-                   j["step_size"].get<double>(), j["divergences"].get<int64_t>(), j["grads_per_step"].get<double>()));
-  line(fmt::format("min bulk-ESS {:.0f} of {:.0f} draws ({:.4f}/MH step, {:.4g}/grad, {:.1f}/s)  min tail-ESS {:.0f}  max R-hat {:.3f}",
-                   j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
-                   j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
-                   j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
-  if (j.contains("paper_ess")) {
-    const auto& p = j["paper_ess"];
-    std::string s = fmt::format("paper ESS (true moments): min {:.4f}/MH step", p["ess_per_step_min"].get<double>());
-    if (p.contains("ess_per_grad_min")) s += fmt::format(", {:.4g}/grad", p["ess_per_grad_min"].get<double>());
-    const std::string first = params.empty() ? "x.1" : params[0]["name"].get<std::string>();
-    s += fmt::format("; {} {:.4f}/step", first, p["ess_per_step_x1"].get<double>());
-    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; the others min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
-    line(s);
-  }
-  if (j.contains("tree_depth_hits")) {
-    line(fmt::format("NUTS: mean tree depth {:.2f}, {} of {} transitions hit the maximum depth {}", j["mean_tree_depth"].get<double>(),
-                     j["tree_depth_hits"].get<int64_t>(), static_cast<int64_t>(steps), j["max_tree_depth"].get<int64_t>()));
-  }
-  line(fmt::format("time: warm-up {:.2f} s, sampling {:.2f} s;  mean squared jump {:.4g}", j["seconds_warmup"].get<double>(),
-                   j["seconds_sampling"].get<double>(), j["msjd"].get<double>()));
-  return out;
+  return r;
 }
 
 }  // namespace nmcmc

@@ -8,8 +8,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/netcdf.hpp"
 #include "nmcmc/io/stan_csv.hpp"
-#include "nmcmc/services/sample.hpp"
-#include "nmcmc/training/trainer.hpp"
+#include "nmcmc/io/draws.hpp"
 
 namespace nmcmc {
 
@@ -190,6 +189,23 @@ void StanCsvStream::finish(const SampleResult& r) {
     fs::rename(path(k, true), path(k, false), ec);
     if (ec) throw IoError("cannot rename '" + path(k, true) + "': " + ec.message());
   }
+}
+
+const std::vector<std::string>& training_log_fields() {
+  static const std::vector<std::string> fields = {"step", "loss",    "accept",  "beta",    "entropy", "eps",
+                                                  "lr",   "seconds", "grads",   "skipped", "elapsed"};
+  return fields;
+}
+
+std::map<std::string, std::vector<double>> training_log_columns(const json& rows) {
+  std::map<std::string, std::vector<double>> columns;
+  const auto& fields = training_log_fields();
+  for (const auto& row : rows) {
+    if (!row.is_array() || row.size() != fields.size()) throw DataError("training log: malformed row " + row.dump());
+    for (size_t k = 0; k < fields.size(); ++k)
+      columns[fields[k]].push_back(row[k].is_number() ? row[k].get<double>() : std::nan(""));
+  }
+  return columns;
 }
 
 }  // namespace nmcmc

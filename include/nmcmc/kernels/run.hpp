@@ -1,0 +1,131 @@
+#pragma once
+/// A run of any kernel: starting points, warm-up (step size and metric adaptation, Stan's windows),
+/// sampling into memory, a memory-mapped scratch file or a DrawSink, over one process or the ranks
+/// of a communicator.
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nmcmc/core/target.hpp"
+#include "nmcmc/kernels/kernel.hpp"
+#include "nmcmc/parallel/communicator.hpp"
+
+namespace nmcmc {
+
+struct SampleResult;
+/// Receives the draws while run_sampler runs, e.g. to write them to disk as they are drawn.
+class DrawSink {
+ public:
+  virtual ~DrawSink() = default;
+  /// Rows [from, to) of the result's per-draw tensors are final (called about every 2 s and at
+  /// the end; the first call comes after the first draw, when the adaptation is known).
+  virtual void append(const SampleResult& result, int64_t from, int64_t to) = 0;
+  /// The run ended (result.complete false: it was stopped) and its timings are set.
+  virtual void finish(const SampleResult& result) = 0;
+};
+
+/// Run settings.
+struct RunOptions {
+  int64_t chains = 4;
+  int64_t warmup = 1000;
+  int64_t draws = 1000;
+  /// Step-size adaptation (dual averaging). Unset: on exactly when the proposal has a tunable
+  /// step size (a learned proposal's step size is learned, so its warm-up is burn-in only).
+  /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
+  std::optional<bool> adapt_step;
+  double target_accept = 0.8;
+  bool adapt_mass = false;     // a mass matrix over Stan's windows (HMC, MALA, RWM, NUTS); refused
+                               // for kernels without a metric
+  bool dense_mass = false;     // with adapt_mass: a dense (covariance) rather than diagonal metric
+  bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
+  std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
+  torch::Tensor init_x;          // explicit starting points [C', D] (rows cycled); overrides `init`
+  /// Polled between steps: true stops the run. In warm-up nothing is kept (UsageError-free:
+  /// result.complete is false with no draws); in sampling the draws so far are kept.
+  std::function<bool()> should_stop;
+  /// Draws larger than this many bytes live in a memory-mapped scratch file (unlinked at once,
+  /// so nothing is left behind) instead of RAM; the summary reads them a block of parameters at
+  /// a time. 0: always in RAM.
+  int64_t draws_in_memory_limit = int64_t{512} << 20;
+  std::string scratch_directory;   // for that file (empty: the system's temporary directory)
+  DrawSink* sink = nullptr;        // gets the draws as they come (needs keep_draws)
+  RunOptions& set_chains(int64_t c) { chains = c; return *this; }
+  RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
+  RunOptions& set_draws(int64_t d) { draws = d; return *this; }
+  RunOptions& set_target_accept(double a) { target_accept = a; return *this; }
+  RunOptions& set_adapt_step(bool b) { adapt_step = b; return *this; }
+  RunOptions& set_adapt_mass(bool b) { adapt_mass = b; return *this; }
+  RunOptions& set_dense_mass(bool b) { dense_mass = b; return *this; }
+  RunOptions& set_keep_draws(bool b) { keep_draws = b; return *this; }
+  RunOptions& set_init(std::string s) { init = std::move(s); return *this; }
+  RunOptions& set_init_x(torch::Tensor x) { init_x = std::move(x); return *this; }
+};
+
+/// Reported to the progress callback about every 0.25 s and at phase ends.
+struct Progress {
+  std::string phase;  // "warmup" | "sampling" | "summary" (iteration: parameters summarised)
+  int64_t iteration = 0, total = 0;
+  double accept = 0, step_size = 0, elapsed = 0;
+};
+using ProgressFn = std::function<void(const Progress&)>;
+
+/// A finished run. Tensors are CPU; draws-shaped ones are [S, C, ...].
+struct SampleResult {
+  torch::Tensor draws;        // [S, C, D] float64 (undefined unless keep_draws)
+  torch::Tensor lp;           // [S, C] float64 (-U)
+  torch::Tensor accept_stat;  // [S, C] float64
+  torch::Tensor divergent;    // [S, C] bool
+  torch::Tensor n_grad;       // [S] int64, gradient evaluations per chain per step (NUTS: the most of any chain)
+  torch::Tensor n_grad_chain; // [S, C] int64, each chain's own count (kernels whose chains differ: NUTS)
+  torch::Tensor tree_depth;   // [S, C] int64 (NUTS)
+  torch::Tensor energy;       // [S, C] float64 Hamiltonian (NUTS)
+  int64_t max_tree_depth = 0; // NUTS: the depth limit (hits are reported)
+  double step_size = 0;
+  torch::Tensor inv_mass;     // [D], [D, D] or undefined
+  torch::Tensor step_size_chain;  // [C] when the chains were adapted apart (a sharded run), else undefined
+  torch::Tensor inv_mass_chain;   // [C, D] or [C, D, D] likewise
+  std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))
+  int64_t grads_warmup = 0, grads_sampling = 0;      // per chain (NUTS: the mean over chains, rounded)
+  int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
+  double seconds_warmup = 0, seconds_sampling = 0;
+  uint64_t seed = 0;
+  bool complete = true;       // false: stopped early (should_stop); the tensors hold what was drawn
+  int64_t draws_planned = 0;  // the draws per chain that were asked for
+};
+
+/// Bytes of RAM a run needs beyond the target itself (the kernel's per-chain state and the
+/// per-draw statistics; the draws when they stay in RAM), and of scratch disk for the draws.
+struct RunFootprint {
+  double memory_bytes = 0, disk_bytes = 0;
+};
+RunFootprint estimate_footprint(const RunOptions& options, int64_t dim, int64_t dtype_bytes);
+/// UsageError when the footprint exceeds the memory available (/proc/meminfo) or the free space
+/// of the scratch directory, with the numbers and what to change.
+void check_footprint(const RunOptions& options, int64_t dim, int64_t dtype_bytes);
+
+/// Initial positions [C, D] by the named scheme.
+torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen);
+/// x0 with every row where the energy or its gradient is not finite drawn again by `scheme`
+/// (uniform or exact; up to 100 times, as Stan); UsageError if any remains (or `scheme` is
+/// neither, e.g. for given points).
+torch::Tensor finite_starting_points(Target& target, torch::Tensor x0, const std::string& scheme, at::Generator& gen);
+/// Stan's heuristic: doubles or halves eps until the mean accept probability crosses 0.5.
+double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainState& state, at::Generator& gen,
+                                 double start);
+
+/// Warm-up (adaptation) then sampling with `kernel` (MetropolisHastings over any proposal, or
+/// Nuts) on `target`.
+/// With a communicator of N processes (all call it together; nullptr or one process: this process
+/// runs every chain) the chains are shared out (Note [Data parallelism]): rank r runs its block of
+/// options.chains (parallel::block_of) with seed + r, its own warm-up and adaptation, and its
+/// options.sink; every rank returns all chains (stopped runs: the draws every rank has), with
+/// step_size_chain and inv_mass_chain per chain. UsageError with fewer chains than ranks.
+SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                         const ProgressFn& progress = nullptr, parallel::Communicator* comm = nullptr);
+
+}  // namespace nmcmc

@@ -1,0 +1,215 @@
+#include "nmcmc/diagnostics/summary.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/diagnostics/ess.hpp"
+
+namespace nmcmc {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+/// Parameters per block so that one block of draws [S, C, k] and the summaries' temporaries
+/// (about 8 copies) stay near 256 MiB: the summary of disk-backed draws reads them in blocks.
+int64_t parameter_block(const torch::Tensor& draws, int64_t block_bytes) {
+  const double per_parameter = 8.0 * 8.0 * static_cast<double>(draws.size(0)) * static_cast<double>(draws.size(1));
+  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(block_bytes) / per_parameter));
+}
+
+StanSummary blocked_stan_summary(const torch::Tensor& draws, int64_t block_bytes, const ProgressFn& progress) {
+  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
+  if (block >= d) return stan_summary(draws);
+  std::vector<StanSummary> parts;
+  const auto t0 = std::chrono::steady_clock::now();
+  SummaryWorkspace workspace;  // one set of buffers for all blocks
+  for (int64_t k = 0; k < d; k += block) {
+    parts.push_back(stan_summary(draws.narrow(2, k, std::min(block, d - k)), &workspace));
+    if (progress) {
+      Progress p;
+      p.phase = "summary";
+      p.iteration = std::min(d, k + block);
+      p.total = d;
+      p.elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress(p);
+    }
+  }
+  auto cat = [&](torch::Tensor StanSummary::*field) {
+    std::vector<torch::Tensor> v;
+    for (auto& p : parts) v.push_back(p.*field);
+    return torch::cat(v);
+  };
+  StanSummary st;
+  for (auto field : {&StanSummary::mean, &StanSummary::sd, &StanSummary::mcse_mean, &StanSummary::ess_bulk,
+                     &StanSummary::ess_tail, &StanSummary::rhat, &StanSummary::q05, &StanSummary::q50, &StanSummary::q95}) {
+    st.*field = cat(field);
+  }
+  return st;
+}
+
+double blocked_msjd(const torch::Tensor& draws, int64_t block_bytes) {
+  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
+  double total = 0;  // |x' - x|^2 sums over parameters, so blocks add up
+  for (int64_t k = 0; k < d; k += block) total += mean_squared_jump(draws.narrow(2, k, std::min(block, d - k)));
+  return total;
+}
+
+torch::Tensor blocked_paper_ess(const torch::Tensor& draws, const Moments& m, int64_t block_bytes) {
+  const int64_t d = draws.size(2), block = parameter_block(draws, block_bytes);
+  std::vector<torch::Tensor> v;
+  for (int64_t k = 0; k < d; k += block) {
+    const int64_t n = std::min(block, d - k);
+    v.push_back(paper_ess_ratio(draws.narrow(2, k, n), m.mean.narrow(0, k, n), m.sd.narrow(0, k, n)));
+  }
+  return torch::cat(v);
+}
+
+double finite_min(const torch::Tensor& t) {
+  torch::Tensor f = t.masked_select(torch::isfinite(t));
+  return f.numel() ? f.min().item<double>() : std::nan("");
+}
+}  // namespace
+
+json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const ProgressFn& progress) {
+  TORCH_CHECK(r.draws.defined(), "summarise needs the draws (keep_draws)");
+  if (r.draws.size(0) == 0) throw UsageError("no draws to summarise (the run stopped before its first draw)");
+  const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
+  const double steps = static_cast<double>(s * c);
+  // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
+  const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
+                                                         : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
+  StanSummary st = blocked_stan_summary(r.draws, block_bytes, progress);
+  json j;
+  j["target"] = target.spec();
+  j["chains"] = c;
+  j["draws"] = s;
+  j["dim"] = d;
+  j["seed"] = r.seed;
+  j["complete"] = r.complete;
+  j["draws_planned"] = r.draws_planned;
+  j["step_size"] = r.step_size;
+  j["accept_rate"] = r.accept_stat.mean().item<double>();
+  j["divergences"] = r.divergent.sum().item<int64_t>();
+  j["grads_per_step"] = grads_per_step;
+  j["energies_per_step"] = static_cast<double>(r.energies_sampling) / static_cast<double>(s);
+  j["grads_warmup_per_chain"] = r.grads_warmup;
+  j["seconds_warmup"] = r.seconds_warmup;
+  j["seconds_sampling"] = r.seconds_sampling;
+  j["msjd"] = blocked_msjd(r.draws, block_bytes);
+  if (r.tree_depth.defined()) {
+    j["max_tree_depth"] = r.max_tree_depth;
+    j["tree_depth_hits"] = (r.tree_depth >= r.max_tree_depth).sum().item<int64_t>();
+    j["mean_tree_depth"] = r.tree_depth.to(torch::kFloat64).mean().item<double>();
+  }
+  if (r.n_grad_chain.defined()) {
+    // Batched gradient evaluations per step: the busiest chain's count, which the lockstep batch
+    // pays in time; grads_per_step / this is the batch's gradient utilisation.
+    j["batch_grads_per_step"] = r.n_grad.to(torch::kFloat64).mean().item<double>();
+  }
+  json params = json::array();
+  const std::vector<std::string> names = parameter_labels(target);
+  for (int64_t k = 0; k < d; ++k) {
+    params.push_back({{"name", names[k]},
+                      {"mean", st.mean[k].item<double>()},
+                      {"sd", st.sd[k].item<double>()},
+                      {"mcse_mean", st.mcse_mean[k].item<double>()},
+                      {"q05", st.q05[k].item<double>()},
+                      {"q50", st.q50[k].item<double>()},
+                      {"q95", st.q95[k].item<double>()},
+                      {"ess_bulk", st.ess_bulk[k].item<double>()},
+                      {"ess_tail", st.ess_tail[k].item<double>()},
+                      {"rhat", st.rhat[k].item<double>()}});
+  }
+  j["parameters"] = params;
+  const double min_bulk = finite_min(st.ess_bulk), min_tail = finite_min(st.ess_tail);
+  j["min_ess_bulk"] = min_bulk;
+  j["min_ess_tail"] = min_tail;
+  j["max_rhat"] = st.rhat.masked_select(torch::isfinite(st.rhat)).numel() ? st.rhat.nan_to_num(0).max().item<double>() : std::nan("");
+  j["ess_bulk_per_step"] = min_bulk / steps;
+  j["ess_bulk_per_grad"] = grads_per_step > 0 ? min_bulk / (steps * grads_per_step) : std::nan("");
+  j["ess_bulk_per_second"] = min_bulk / r.seconds_sampling;
+  if (auto m = target.reference_moments(); m && s >= 2) {  // (ESS needs two draws)
+    torch::Tensor ratio = blocked_paper_ess(r.draws, *m, block_bytes);  // ESS / S per dimension
+    json p;
+    p["convention"] = "L2HMC/A-NICE-MC: known moments, cutoff 0.05, averaged over chains";
+    p["ess_per_step_min"] = ratio.min().item<double>();
+    p["ess_per_step_mean"] = ratio.mean().item<double>();
+    p["ess_per_step_x1"] = ratio[0].item<double>();
+    if (d > 1) p["ess_per_step_rest_min"] = ratio.narrow(0, 1, d - 1).min().item<double>();
+    if (grads_per_step > 0) {
+      p["ess_per_grad_min"] = ratio.min().item<double>() / grads_per_step;
+      p["ess_per_grad_x1"] = ratio[0].item<double>() / grads_per_step;
+      if (d > 1) p["ess_per_grad_rest_min"] = ratio.narrow(0, 1, d - 1).min().item<double>() / grads_per_step;
+    }
+    const double seconds_per_step = r.seconds_sampling / static_cast<double>(s);
+    p["ess_per_second_min"] = ratio.min().item<double>() * static_cast<double>(c) / seconds_per_step;
+    p["per_dim"] = std::vector<double>(ratio.data_ptr<double>(), ratio.data_ptr<double>() + d);
+    j["paper_ess"] = p;
+  }
+  return j;
+}
+
+std::string format_summary(const json& j, int64_t rows) {
+  std::string out;
+  auto line = [&](const std::string& s) { out += s + "\n"; };
+  const auto& params = j.at("parameters");
+  const int64_t d = static_cast<int64_t>(params.size());
+  line(fmt::format("{:>10} {:>11} {:>10} {:>9} {:>9} {:>9} {:>7}", "param", "mean", "sd", "mcse", "ess_bulk", "ess_tail",
+                   "rhat"));
+  auto row = [&](const json& p) {
+    line(fmt::format("{:>10} {:>11.4g} {:>10.4g} {:>9.3g} {:>9.0f} {:>9.0f} {:>7.3f}", p["name"].get<std::string>(),
+                     p["mean"].get<double>(), p["sd"].get<double>(), p["mcse_mean"].get<double>(),
+                     p["ess_bulk"].get<double>(), p["ess_tail"].get<double>(), p["rhat"].get<double>()));
+  };
+  std::vector<int64_t> order(d);
+  for (int64_t k = 0; k < d; ++k) order[k] = k;
+  if (d <= 2 * rows) {
+    for (auto& p : params) row(p);
+  } else {
+    for (int64_t k = 0; k < rows; ++k) row(params[k]);
+    line(fmt::format("{:>10}", "..."));
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return params[a]["ess_bulk"].get<double>() < params[b]["ess_bulk"].get<double>();
+    });
+    line(fmt::format("worst {} by bulk ESS:", rows));
+    for (int64_t k = 0; k < rows; ++k) row(params[order[k]]);
+  }
+  const double steps = j["draws"].get<double>() * j["chains"].get<double>();
+  line("");
+  line(fmt::format("chains {}  draws/chain {}  accept {:.3f}  step size {:.4g}  divergences {}  grads/step {:.1f}",
+                   j["chains"].get<int64_t>(), j["draws"].get<int64_t>(), j["accept_rate"].get<double>(),
+                   j["step_size"].get<double>(), j["divergences"].get<int64_t>(), j["grads_per_step"].get<double>()));
+  line(fmt::format("min bulk-ESS {:.0f} of {:.0f} draws ({:.4f}/MH step, {:.4g}/grad, {:.1f}/s)  min tail-ESS {:.0f}  max R-hat {:.3f}",
+                   j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
+                   j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
+                   j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
+  if (j.contains("paper_ess")) {
+    const auto& p = j["paper_ess"];
+    std::string s = fmt::format("paper ESS (true moments): min {:.4f}/MH step", p["ess_per_step_min"].get<double>());
+    if (p.contains("ess_per_grad_min")) s += fmt::format(", {:.4g}/grad", p["ess_per_grad_min"].get<double>());
+    const std::string first = params.empty() ? "x.1" : params[0]["name"].get<std::string>();
+    s += fmt::format("; {} {:.4f}/step", first, p["ess_per_step_x1"].get<double>());
+    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; the others min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
+    line(s);
+  }
+  if (j.contains("tree_depth_hits")) {
+    line(fmt::format("NUTS: mean tree depth {:.2f}, {} of {} transitions hit the maximum depth {}", j["mean_tree_depth"].get<double>(),
+                     j["tree_depth_hits"].get<int64_t>(), static_cast<int64_t>(steps), j["max_tree_depth"].get<int64_t>()));
+  }
+  line(fmt::format("time: warm-up {:.2f} s, sampling {:.2f} s;  mean squared jump {:.4g}", j["seconds_warmup"].get<double>(),
+                   j["seconds_sampling"].get<double>(), j["msjd"].get<double>()));
+  return out;
+}
+
+}  // namespace nmcmc

@@ -1,0 +1,92 @@
+#include "nmcmc/flows/checkpoint.hpp"
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/io/checkpoint.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
+#include "nmcmc/targets/targets.hpp"
+
+namespace nmcmc {
+
+using json = nlohmann::json;
+
+torch::serialize::InputArchive open_learned_checkpoint(const std::string& path) { return open_checkpoint(path, "checkpoint"); }
+
+json read_learned_meta(torch::serialize::InputArchive& ar, const std::string& path) {
+  json j = read_checkpoint_meta(ar, path, "checkpoint", "nmcmc-checkpoint");
+  if (j.value("version", 0) != kLearnedCheckpointVersion) {
+    throw DataError("checkpoint '" + path + "' has format version " + std::to_string(j.value("version", 0)) +
+                    "; this nmcmc reads version " + std::to_string(kLearnedCheckpointVersion) + " (retrain it)");
+  }
+  return j;
+}
+
+std::optional<int64_t> checkpoint_shards(const std::string& path) {
+  try {
+    auto ar = open_learned_checkpoint(path);
+    json meta = read_learned_meta(ar, path);
+    return meta.value("shards", int64_t{1});
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::pair<LearnedSampler, json> load_model(const std::string& path) {
+  auto ar = open_learned_checkpoint(path);
+  json meta = read_learned_meta(ar, path);
+  LearnedOptions options;
+  try {
+    options = LearnedOptions::from_json(meta.at("model"));
+  } catch (const std::exception& e) {
+    throw DataError("checkpoint '" + path + "' has invalid model options: " + e.what());
+  }
+  LearnedSampler sampler(options);
+  // Match the stored dtype before loading: Module::load does not convert.
+  sampler->to(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
+  try {
+    torch::serialize::InputArchive model_ar;
+    ar.read("model", model_ar);
+    sampler->load(model_ar);
+  } catch (const c10::Error& e) {
+    throw DataError("checkpoint '" + path + "' is incomplete or corrupt: " + e.what_without_backtrace());
+  }
+  return {sampler, meta};
+}
+
+torch::Tensor load_buffer(const std::string& path) {
+  auto ar = open_learned_checkpoint(path);
+  torch::Tensor b;
+  try {
+    ar.read("buffer", b);
+  } catch (const c10::Error&) {
+    return torch::Tensor();
+  }
+  return b;
+}
+
+LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
+                            torch::TensorOptions options, bool dtype_given,
+                            const std::optional<std::string>& matmul) {
+  if (matmul) check_matmul_option(*matmul);
+  auto [sampler, meta] = load_model(model_path);
+  if (matmul) sampler->set_matmul(*matmul);
+  const json trained_on = meta.at("target");
+  if (target_spec) {
+    auto probe = make_target(*target_spec, options);
+    // A TorchScript density is the module's content, not its location: a module saved elsewhere
+    // (or passed in memory from Python) is accepted when the rest of the spec (dim, output) agrees.
+    auto comparable = [](json s) {
+      if (s.value("name", "") == "torchscript") s.erase("module");
+      return s;
+    };
+    if (comparable(probe->spec()) != comparable(trained_on)) {
+      throw UsageError("model '" + model_path + "' was trained on target " + trained_on.dump() + ", not " +
+                       probe->spec().dump());
+    }
+  }
+  if (!dtype_given) options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
+  sampler->to(options.device(), options.dtype().toScalarType());
+  sampler->eval();
+  return {std::make_shared<LearnedProposal>(sampler), trained_on, meta, options};
+}
+
+}  // namespace nmcmc

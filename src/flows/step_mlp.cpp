@@ -1,0 +1,101 @@
+// The coupling networks of the learned sampler (StepMLP): one MLP per sub-step, optionally sharing layers.
+#include "nmcmc/flows/learned.hpp"
+
+#include <cmath>
+#include <functional>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/nn/activations.hpp"
+#include "nmcmc/nn/deferred_linear.hpp"
+
+namespace nmcmc {
+
+StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
+                         std::string activation, bool tanh_last, std::string matmul)
+    : activation_(std::move(activation)), tanh_last_(tanh_last), matmul_(std::move(matmul)), in_(in), hidden_(hidden), out_(out) {
+  check_matmul_option(matmul_);
+  // Initialised like torch.nn.Linear (uniform +-1/sqrt(fan_in)) from a fixed generator, so that a
+  // model is a deterministic function of its options; output layers start at zero.
+  at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
+  const double b_in = 1.0 / std::sqrt(static_cast<double>(in));
+  // Parameters are created in float64 (exact in either precision); owners move them with to().
+  // Each sub-step's input and output layers are separate tensors, so that the backward pass of
+  // one sub-step touches only its own weights (a [K, ...] tensor indexed per sub-step would
+  // materialise a full-size zero gradient for every use).
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  for (int64_t k = 0; k < substeps; ++k) {
+    const std::string n = std::to_string(k);
+    w_in_.push_back(register_parameter("w_in" + n, torch::empty({in, hidden}, f64).uniform_(-b_in, b_in, gen)));
+    b_in_.push_back(register_parameter("b_in" + n, torch::empty({hidden}, f64).uniform_(-b_in, b_in, gen)));
+  }
+  const double b_h = 1.0 / std::sqrt(static_cast<double>(hidden));
+  for (int64_t i = 0; i < shared_layers; ++i) {
+    auto layer = register_module("shared" + std::to_string(i), torch::nn::Linear(hidden, hidden));
+    layer->to(torch::kFloat64);
+    {
+      torch::NoGradGuard no_grad;
+      layer->weight.uniform_(-b_h, b_h, gen);
+      layer->bias.uniform_(-b_h, b_h, gen);
+    }
+    shared_.push_back(layer);
+  }
+  for (int64_t k = 0; k < substeps; ++k) {
+    const std::string n = std::to_string(k);
+    w_out_.push_back(register_parameter("w_out" + n, torch::zeros({hidden, out}, f64)));
+    b_out_.push_back(register_parameter("b_out" + n, torch::zeros({out}, f64)));
+  }
+}
+
+void StepMLPImpl::set_matmul(std::string matmul) {
+  check_matmul_option(matmul);
+  matmul_ = std::move(matmul);
+}
+
+torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
+  // h is a fresh layer output that nothing else holds: elu, relu and tanh run in place, whose
+  // backward formulas use the result (elu: grad * (out + 1) below zero, no exp; out-of-place elu's
+  // backward recomputes exp(input), which was 8 % of a Funnel-1 training step at batch 128).
+  // elu and tanh: nmcmc's vectorised kernels for float32 (Note [Fast activations]).
+  if (last && tanh_last_) return nmcmc::activate(h, Activation::kTanh);
+  if (activation_ == "elu") return nmcmc::activate(h, Activation::kElu);
+  if (activation_ == "relu") return h.relu_();
+  if (activation_ == "tanh") return nmcmc::activate(h, Activation::kTanh);
+  if (activation_ == "softplus") return torch::softplus(h);
+  return torch::silu(h);
+}
+
+torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
+  // The parameter lists are read through their registered tensors (to() replaces their data).
+  // nmcmc::linear: inside a training step's DeferredWeightGrads scope the weight gradients of all
+  // uses are accumulated into one buffer per weight (Note [Deferred weight gradients]).
+  // matmul: bfloat16 GEMMs where they are fast (Note [Bfloat16 matmul]).
+  const Matmul m = resolve_matmul(matmul_, input);
+  const bool fusable_act = activation_ == "elu" || activation_ == "tanh";
+  if (m == Matmul::kBFloat16 && !torch::GradMode::is_enabled() && fusable_act && input.is_cpu() &&
+      input.scalar_type() == torch::kFloat) {
+    // Sampling: the hidden layers stay in bfloat16, each layer's bias, activation and cast in
+    // one pass (bias_activate_bf16; bit for bit the path below).
+    auto act = [&](bool last) {
+      return (last && tanh_last_) || activation_ == "tanh" ? Activation::kTanh : Activation::kElu;
+    };
+    torch::Tensor hb = bias_activate_bf16(input.to(torch::kBFloat16).mm(cached_bf16(w_in_[k])), b_in_[k], act(shared_.empty()));
+    for (size_t i = 0; i < shared_.size(); ++i) {
+      hb = bias_activate_bf16(hb.mm(cached_bf16(shared_[i]->weight).t()), shared_[i]->bias, act(i + 1 == shared_.size()));
+    }
+    return bias_add_bf16(hb.mm(cached_bf16(w_out_[k])), b_out_[k]);
+  }
+  torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, m), shared_.empty());
+  for (size_t i = 0; i < shared_.size(); ++i) {
+    h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true, m), i + 1 == shared_.size());
+  }
+  return linear(h, w_out_[k], b_out_[k], false, m);
+}
+
+int64_t StepMLPImpl::flops_per_row() const {
+  return 2 * (in_ * hidden_ + static_cast<int64_t>(shared_.size()) * hidden_ * hidden_ + hidden_ * out_);
+}
+
+// ------------------------------------------------------------------ LearnedSampler
+
+}  // namespace nmcmc
