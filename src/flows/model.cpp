@@ -18,7 +18,10 @@ void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fw
 
 ProposalResult ModelProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {
   torch::NoGradGuard no_grad;
-  Proposed p = model_->propose(target, state.x, state.grad, gen, /*create_graph=*/false);
+  return as_proposal_result(model_->propose(target, state.x, state.grad, gen, /*create_graph=*/false));
+}
+
+ProposalResult as_proposal_result(const Proposed& p) {
   ProposalResult r;
   r.proposed.x = p.x_new;
   r.proposed.energy = p.energy_new.to(torch::kFloat64);

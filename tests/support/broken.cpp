@@ -45,12 +45,7 @@ ProposalResult BrokenFlow::propose(Target& target, const ChainState& state, at::
       break;
     }
   }
-  ProposalResult r;
-  r.proposed.x = p.x_new;
-  r.proposed.energy = p.energy_new.to(torch::kFloat64);
-  r.proposed.grad = p.grad_new;
-  r.log_q_ratio = p.log_q_rev - p.log_q_fwd;
-  return r;
+  return as_proposal_result(p);
 }
 
 NutsRules nuts_without_progressive_bias() {

@@ -63,6 +63,9 @@ class ProposalModel {
                                     const torch::Tensor& x_to) = 0;
 };
 
+/// A model's proposal as an MH proposal: the proposed state and log q(x|x') - log q(x'|x).
+ProposalResult as_proposal_result(const Proposed& p);
+
 /// Any ProposalModel as an uncalibrated proposal for MetropolisHastings (no autograd graphs
 /// beyond the target gradients it needs).
 class ModelProposal : public Proposal {
