@@ -20,6 +20,7 @@ namespace nmcmc {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 
 torch::Tensor initial_positions(Target& target, const std::string& scheme, int64_t chains, at::Generator& gen) {
   const auto& opts = target.options();

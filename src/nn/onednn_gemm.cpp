@@ -41,8 +41,8 @@ int blas_threads() {
 }  // namespace
 
 // One thread only: with OpenBLAS's pool on the other core, oneDNN on OpenMP threads contended with
-// its spinning workers (a Funnel-1 training 2.2x slower), and oneDNN on two threads with OpenBLAS
-// on one was only level with OpenBLAS on two (Note [oneDNN GEMM]).
+// its spinning workers, and oneDNN on two threads with OpenBLAS on one was no faster than OpenBLAS
+// on two (measured: BENCHMARKS.md, Note [oneDNN GEMM]).
 bool onednn_gemm_enabled() {
   switch (static_cast<GemmBackend>(mode().load(std::memory_order_relaxed))) {
     case GemmBackend::kOneDnn: return true;

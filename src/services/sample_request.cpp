@@ -121,7 +121,7 @@ SampleOptions sample_options_from_json(const json& j) { return options_from_json
 
 SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, std::shared_ptr<parallel::Communicator> comm) {
   const SampleOptions& a = request.options;
-  const OutputFormats formats = parse_formats(formats);
+  const OutputFormats formats = parse_formats(a.formats);
   if (!comm) comm = parallel::single_process();
   const int world = comm->world_size(), rank = comm->rank();
   Prepared prep = prepare(request);

@@ -78,14 +78,14 @@ TEST(InvariancePower, NutsWithoutSubtreeWeightsFails) {
   // and the error is below the detectable size).
   auto r = nuts_invariance(kGauss6, 0.5, {}, test_support::nuts_without_subtree_weights(), 203);
   std::cout << "  no subtree weights: " << r.describe() << "\n";
-  EXPECT_TRUE(r.moves()) << r.describe();
+  EXPECT_GT(r.moved, 0.2) << r.describe();  // the chains move: the law fails, not a frozen chain
       EXPECT_FALSE(r.distribution_passes()) << r.describe();
 }
 
 TEST(InvariancePower, NutsAlwaysTakingTheNewSubtreeFails) {
   auto r = nuts_invariance(kGauss6, 1.2, {}, test_support::nuts_without_progressive_bias(), 204);
   std::cout << "  always the new subtree: " << r.describe() << "\n";
-  EXPECT_TRUE(r.moves()) << r.describe();
+  EXPECT_GT(r.moved, 0.2) << r.describe();  // the chains move: the law fails, not a frozen chain
       EXPECT_FALSE(r.distribution_passes()) << r.describe();
 }
 
@@ -94,6 +94,6 @@ TEST(InvariancePower, NutsWithoutTheMergedTrajectoryCheckFails) {
   // makes tree building asymmetric (measured p ~ 1e-35).
   auto r = nuts_invariance(kGauss6, 0.5, {}, test_support::nuts_without_merged_check(), 205);
   std::cout << "  no merged check: " << r.describe() << "\n";
-  EXPECT_TRUE(r.moves()) << r.describe();
+  EXPECT_GT(r.moved, 0.2) << r.describe();  // the chains move: the law fails, not a frozen chain
       EXPECT_FALSE(r.distribution_passes()) << r.describe();
 }

@@ -217,7 +217,7 @@ TEST(Nuts, HandDerivedTransitionWithADenseMetric) {
   GaussianTarget target("sigma", {{"name", "sigma"}}, evals, evecs, torch::Tensor(), kF64);
   const int64_t c = 64;
   torch::Tensor x0 = torch::matmul(torch::tensor({{0.0, 1.0}}, kF64), l.t()).expand({c, 2}).contiguous();   // x = L y
-  torch::Tensor p0 = torch::linalg::solve(l.t(), torch::tensor({{1.0}, {0.0}}, kF64)).t().expand({c, 2}).contiguous();  // L^{-T} z
+  torch::Tensor p0 = torch::linalg::solve(l.t(), torch::tensor({{1.0}, {0.0}}, kF64), /*left=*/true).t().expand({c, 2}).contiguous();  // L^{-T} z
   for (bool sharp : {true, false}) {
     SCOPED_TRACE(sharp ? "criterion on M^-1 p" : "criterion on p");
     Nuts nuts(NutsOptions().set_step_size(0.9).set_max_depth(10),

@@ -3,9 +3,8 @@
 //
 // Note [Fast activations]
 // With bfloat16 GEMMs (Note [Bfloat16 matmul]) the networks' activations cost about as much as
-// their products: LibTorch's float32 elu took 88 us and tanh 243 us on a [256, 512] tensor, the
-// bfloat16 GEMM that makes it 102 us (this build dispatches its elementwise kernels at AVX2 and
-// computes tanh in full precision). For contiguous float32 CPU tensors activate() runs nmcmc's
+// their products (timings in BENCHMARKS.md: this LibTorch build dispatches its elementwise kernels
+// at AVX2 and computes tanh in full precision). For contiguous float32 CPU tensors activate() runs nmcmc's
 // own kernels instead: expm1 by range reduction and a degree-7 polynomial (about 1.3 ulp; elu(x)
 // = expm1(x) below zero, tanh(x) = expm1(2|x|) / (expm1(2|x|) + 2) with the sign of x, about
 // 2.7 ulp), compiled for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and baseline x86-64 and picked at

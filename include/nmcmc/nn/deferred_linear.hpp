@@ -38,7 +38,7 @@
 // row made non-finite upstream carries NaN gradients, 0 * inf, which count as nonzero: such a step
 // is skipped as before.) Inside a DeferredWeightGrads scope only, i.e. in training steps, and not
 // with bfloat16 GEMMs (LibTorch's bfloat16 matmul makes a new oneDNN primitive, JIT-compiled AMX
-// kernels, for every new row count: a step took 0.065-0.085 s against 0.052-0.057 s without);
+// kernels, for every new row count, which cost more than the rows saved: BENCHMARKS.md);
 // set_skip_zero_gradient_rows(false) turns it off (tests, A/B).
 //
 // Note [Bfloat16 matmul]
@@ -46,7 +46,7 @@
 // accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in its own
 // dtype (the layer's, float32), which the result keeps; its backward pass multiplies the same way.
 // On a CPU with AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN,
-// such a GEMM runs about 7x faster than float32 (BENCHMARKS.md); without AMX it is slower, which
+// such a GEMM runs several times faster than float32 (BENCHMARKS.md); without AMX it is slower, which
 // is why the models' default `matmul = auto` asks cpu_has_fast_bf16_matmul(). `auto` uses
 // bfloat16 only where no gradient is recorded (sampling, and the no-grad passes of training):
 // sampling stays exact in either precision, but a model trained with bfloat16 gradients may be a

@@ -2,18 +2,17 @@
 /// Float32 GEMMs through oneDNN with the weights kept in its blocked layout.
 //
 // Note [oneDNN GEMM]
-// A training step of Funnel-1 at batch 128 spends ~65 % of its time in OpenBLAS (perf), a quarter
-// of that packing operands: OpenBLAS copies both matrices into its panel layout on every call, and
+// A training step of Funnel-1 spends most of its time in OpenBLAS, a good part of it packing
+// operands (profiles in BENCHMARKS.md, "Float32 at equal precision"): OpenBLAS copies both matrices into its panel layout on every call, and
 // each weight matrix is multiplied 36 times per step (12 uses, each forward, input gradient and
 // weight gradient) while it does not change. oneDNN's matmul primitive (brgemm kernels for
-// AVX-512), called directly, takes a weight already reordered into its blocked layout; on one core
-// of the Sapphire Rapids machines here a 128 x 512 by 512 x 512 float32 product took 300 us so
-// against OpenBLAS's 411 (349 with the weight in plain layout). linear() therefore multiplies
+// AVX-512), called directly, takes a weight already reordered into its blocked layout, and on one
+// core is faster than OpenBLAS for these shapes (BENCHMARKS.md, same section). linear() multiplies
 // float32 CPU tensors through oneDNN when this build has it and one thread runs (GemmBackend):
 // forward products and input gradients against cached reordered weights (re-made when the
 // weight's version counter moves, i.e. once per optimiser step). The weight gradients stay with
 // LibTorch's accumulating addmm_ (Note [Deferred weight gradients]): their left operand is
-// transposed, and twelve accumulations took 5.2 ms in oneDNN against OpenBLAS's 4.8. Same float32
+// transposed, and there oneDNN was not faster (measured: BENCHMARKS.md). Same float32
 // arithmetic, another summation order: results differ from OpenBLAS's in the last bits, and a row's result does not depend on the other rows'
 // values (Note [Bfloat16 matmul] says why that is what exactness needs).
 // Needs oneDNN's headers at build time (Debian's libdnnl-dev: the oneDNN that Debian's LibTorch
