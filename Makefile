@@ -6,7 +6,7 @@ export CCACHE_MAXSIZE := 5G
 export CCACHE_BASEDIR := $(CURDIR)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: all deps configure build test demo ebm bench example reference clean
+.PHONY: all deps configure build test test-long demo ebm bench example reference clean
 
 all: build
 
@@ -21,10 +21,17 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
-# The whole suite: unit, statistical and CLI tests, then the installed-package example.
+# The whole suite: unit, statistical and CLI tests, then the installed-package example. The
+# long checks (label "long": the posteriordb suite's samplers, minutes per posterior) run apart:
+# `make test-long`.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE long
 	$(MAKE) --no-print-directory example
+
+# posteriordb's reference posteriors sampled by NUTS and by the learned sampler with its
+# defaults; every mean within 5 MCSE and every sd within 10 % (scripts/posteriordb.py check).
+test-long: build
+	cd $(BUILD) && ctest --output-on-failure -L long
 
 # Installs the library into $(BUILD)/install, builds the examples against it and runs them:
 # custom_target (sample your own density) and train_custom_target (register it, train the

@@ -11,11 +11,45 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/core/enum_names.hpp"
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 
 namespace nmcmc::cli {
+
+/// CLI11's check for an enum's names: the UsageError's message for a wrong one.
+template <typename E>
+CLI::Validator enum_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          (void)parse_enum<E>(s);
+          return {};
+        } catch (const UsageError& e) {
+          return e.what();
+        }
+      },
+      "", "");
+}
+
+/// An option that takes one of an enum's names (core/enum_names.hpp): a name that is not one of
+/// them is refused at parsing with the choices ("--sampler: unknown sampler 'gibbs' (choose ...)").
+template <typename E>
+CLI::Option* add_enum_option(CLI::App* cmd, const std::string& name, E& field, const std::string& help) {
+  auto* o = cmd->add_option_function<std::string>(name, [&field](const std::string& s) { field = parse_enum<E>(s); },
+                                                  help + " (" + enum_choices<E>() + ")");
+  o->check(enum_validator<E>());
+  o->default_str(enum_name(field));
+  return o;
+}
+template <typename E>
+CLI::Option* add_enum_option(CLI::App* cmd, const std::string& name, std::optional<E>& field, const std::string& help) {
+  auto* o = cmd->add_option_function<std::string>(name, [&field](const std::string& s) { field = parse_enum<E>(s); },
+                                                  help + " (" + enum_choices<E>() + ")");
+  o->check(enum_validator<E>());
+  return o;
+}
 
 /// The whole command line, as typed (recorded in outputs).
 const std::string& command_line();

@@ -25,7 +25,7 @@ Command add_info_command(CLI::App& app) {
             std::cout << "float32 GEMMs: "
                       << (onednn_gemm_available()
                               ? "oneDNN with reordered weights where LibTorch and the BLAS run one thread "
-                                "(OPENBLAS_NUM_THREADS=1), LibTorch's BLAS otherwise (NMCMC_GEMM=onednn|openblas forces either)"
+                                "(OPENBLAS_NUM_THREADS=1), LibTorch's BLAS otherwise (model.gemm = auto; onednn or libtorch forces either)"
                               : "LibTorch's BLAS (this build has no oneDNN: libdnnl-dev)")
                       << "\n";
             std::cout << "data directory: " << data_directory() << "\n";

@@ -25,7 +25,7 @@ struct SampleArgs {
 int run(SampleArgs a, const CLI::App* cmd) {
   SampleRequest r;
   // A learned sampler runs on its model's own target unless one is given (then it must agree).
-  r.target = a.options.sampler == "learned" && !TargetArgs::given(cmd) ? json() : a.target.spec();
+  r.target = a.options.sampler == SamplerKind::kLearned && !TargetArgs::given(cmd) ? json() : a.target.spec();
   a.options.dtype = a.compute.dtype;
   a.options.device = a.compute.device;
   torch::TensorOptions device = a.compute.options();  // validates, applies --threads
@@ -72,12 +72,14 @@ Command add_sample_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "sample a target with a baseline or learned sampler; write Stan-CSV and a summary");
   a->target.add(cmd);
   a->compute.add(cmd, "float32 | float64 (default float32; the learned sampler: the model's)");
-  cmd->add_option("--sampler", a->options.sampler, "rwm | mala | hmc | nuts | learned")->capture_default_str();
+  add_enum_option(cmd, "--sampler", a->options.sampler, "the sampler");
   cmd->add_option("--model", a->options.model, "checkpoint of a trained sampler (with --sampler learned)");
-  cmd->add_option("--matmul", a->options.matmul,
-                  "the learned sampler's GEMMs: auto | native | bfloat16 (default: the model's model.matmul; "
-                  "auto: bfloat16 on a CPU with AMX-BF16); exact in either")
-      ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
+  add_enum_option(cmd, "--matmul", a->options.matmul,
+                  "the learned sampler's GEMMs' precision (default: the model's model.matmul; auto: bfloat16 on a "
+                  "CPU with AMX-BF16); exact in either");
+  add_enum_option(cmd, "--gemm", a->options.gemm,
+                  "where the learned sampler's float32 GEMMs run (default: the model's model.gemm; auto: oneDNN "
+                  "with one thread, LibTorch's BLAS otherwise)");
   cmd->add_option("--step-size", a->options.step_size, "initial step size (default: found automatically)");
   cmd->add_option("--leapfrog", a->options.leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--max-depth", a->options.max_depth, "NUTS: maximum tree depth")->capture_default_str();

@@ -87,6 +87,15 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                            result.steps, result.seconds, result.grads,
                            matmul_summary(config.model.matmul, options.dtype().toScalarType(), options.device()), a.output,
                            log_path);
+  if (result.skipped > 0) {
+    std::cerr << fmt::format("nmcmc: WARNING: {} of {} training steps were skipped because the gradient was not finite; "
+                             "see the 'skipped' column of {}\n",
+                             result.skipped, result.steps, log_path);
+  }
+  if (result.bad_rows > 0) {
+    std::cout << fmt::format("{} proposals met a non-finite energy or gradient and were rejected (not trained on)\n",
+                             result.bad_rows);
+  }
   if (comm->world_size() > 1) {
     std::cout << fmt::format("data-parallel over {} processes ({} shards per batch): rank 0 spent {:.1f} s ({:.1f} %) in "
                              "{} collectives moving {:.1f} MB\n",

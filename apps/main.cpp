@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   // an older stamp; a spec written within the second before is drawn again (harmless).
   const auto start = std::filesystem::file_time_type::clock::now() - std::chrono::seconds(1);
   nmcmc::tune_allocator();  // Note [Allocator policy]
-  nmcmc::apply_gemm_environment();
+  nmcmc::warn_gemm_environment();
   set_command_line(argc, argv);
   CLI::App app{"nmcmc: neural-network MCMC that maximises proposal entropy (Li, Chen & Sommer 2021)"};
   app.require_subcommand(1);

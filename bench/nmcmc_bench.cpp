@@ -43,21 +43,26 @@ struct LearnedSetup {
   nmcmc::TrainConfig cfg;
   std::shared_ptr<nmcmc::Target> target;
   nmcmc::LearnedSampler sampler{nullptr};
-  LearnedSetup(const std::string& config, int64_t batch, const std::string& matmul)
+  LearnedSetup(const std::string& config, int64_t batch, const std::string& matmul, const std::string& gemm,
+               bool keep_zero_rows)
       : cfg(nmcmc::parse_train_config(nmcmc::read_train_config_file(config))),
         target(nmcmc::make_target(cfg.target, torch::kFloat32)) {
     auto model = cfg.model;
     model.dim = target->dim();
-    if (!matmul.empty()) model.matmul = matmul;
+    if (!matmul.empty()) model.matmul = nmcmc::parse_enum<nmcmc::MatmulOption>(matmul);
+    if (!gemm.empty()) model.gemm = nmcmc::parse_enum<nmcmc::GemmBackend>(gemm);
     cfg.train.batch = batch;
     cfg.train.steps = 1000000;
     sampler = nmcmc::LearnedSampler(model);
+    nmcmc::LinearPolicy policy = sampler->linear_policy();
+    policy.skip_zero_gradient_rows = !keep_zero_rows;
+    sampler->set_linear_policy(policy);
   }
 };
 
 int main(int argc, char** argv) {
   nmcmc::tune_allocator();  // Note [Allocator policy], as the nmcmc program
-  nmcmc::apply_gemm_environment();
+  nmcmc::warn_gemm_environment();
   CLI::App app{"nmcmc speed benchmarks"};
   app.require_subcommand(1);
   std::string config, mode = "train", target_json = R"({"name":"icg"})", sampler = "hmc";
@@ -69,9 +74,11 @@ int main(int argc, char** argv) {
   learned->add_option("--mode", mode);
   learned->add_option("--reps", reps);
   learned->add_option("--threads", threads);
-  std::string trace, matmul;
+  std::string trace, matmul, gemm;
   learned->add_option("--matmul", matmul, "the model's matmul option (default: the config's, else auto)")
       ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
+  learned->add_option("--gemm", gemm, "the model's gemm option (default: the config's, else auto; A/B of the backends)")
+      ->check(CLI::IsMember({"auto", "onednn", "libtorch"}));
   bool keep_zero_rows = false;
   learned->add_flag("--keep-zero-rows", keep_zero_rows,
                     "multiply every row in the backward pass, also those of zero gradient (Note [Zero-gradient rows]; A/B)");
@@ -102,7 +109,7 @@ int main(int argc, char** argv) {
 
   if (*dist) {
     auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
-    LearnedSetup setup(config, batch, matmul);
+    LearnedSetup setup(config, batch, matmul, gemm, keep_zero_rows);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);
     trainer.broadcast_from_root();
@@ -175,9 +182,8 @@ int main(int argc, char** argv) {
   }
 
   if (*learned) {
-    if (keep_zero_rows) nmcmc::set_skip_zero_gradient_rows(false);
-    const uint64_t skipped_before = nmcmc::zero_gradient_rows_skipped();
-    LearnedSetup setup(config, batch, matmul);
+    const uint64_t skipped_before = nmcmc::test_hooks::zero_gradient_rows_skipped();
+    LearnedSetup setup(config, batch, matmul, gemm, keep_zero_rows);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train);
     const double flops_per_row = static_cast<double>(sampler->flops_per_step());
@@ -216,14 +222,14 @@ int main(int argc, char** argv) {
                 {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}, {"matmul", sampler->options().matmul},
                 {"amx_bf16", nmcmc::cpu_has_fast_bf16_matmul()},
                 {"malloc", nmcmc::tune_allocator().applied ? "heap-reuse" : "default"},
-                {"zero_rows_skipped_per_step", static_cast<double>(nmcmc::zero_gradient_rows_skipped() - skipped_before) /
+                {"zero_rows_skipped_per_step", static_cast<double>(nmcmc::test_hooks::zero_gradient_rows_skipped() - skipped_before) /
                                                    static_cast<double>(mode == "train" ? reps + 1 : 1)}};
     std::cout << out.dump() << std::endl;
     return 0;
   }
   auto target = nmcmc::make_target(json::parse(target_json), torch::kFloat32);
   nmcmc::MetropolisHastings kernel(nmcmc::make_baseline_proposal(
-      nmcmc::ProposalOptions().set_sampler(sampler).set_leapfrog(leapfrog).set_step_size(0.01)));
+      nmcmc::ProposalOptions().set_sampler(nmcmc::parse_enum<nmcmc::SamplerKind>(sampler)).set_leapfrog(leapfrog).set_step_size(0.01)));
   at::Generator gen = nmcmc::make_generator(1);
   nmcmc::ChainState s = kernel.init(*target, torch::zeros({chains, target->dim()}));
   for (int i = 0; i < 20; ++i) s = kernel.step(*target, s, gen).first;

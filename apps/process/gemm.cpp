@@ -1,23 +1,17 @@
 #include "nmcmc/process/gemm.hpp"
 
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 
 namespace nmcmc {
 
-GemmBackend apply_gemm_environment() {
-  GemmBackend backend = GemmBackend::kAuto;
+bool warn_gemm_environment() {
   const char* env = std::getenv("NMCMC_GEMM");
-  if (env != nullptr && std::strcmp(env, "openblas") == 0) {
-    backend = GemmBackend::kLibTorch;
-  } else if (env != nullptr && std::strcmp(env, "onednn") == 0) {
-    backend = GemmBackend::kOneDnn;
-  } else if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
-    std::cerr << "nmcmc: NMCMC_GEMM=" << env << " is not one of auto, onednn, openblas; using auto\n";
-  }
-  set_gemm_backend(backend);
-  return backend;
+  if (env == nullptr || *env == '\0') return false;
+  std::cerr << "nmcmc: NMCMC_GEMM=" << env
+            << " is no longer read: the GEMM backend is the model's (model.gemm in a config, --gemm on `nmcmc "
+               "sample`: auto | onednn | libtorch)\n";
+  return true;
 }
 
 }  // namespace nmcmc

@@ -28,6 +28,7 @@ import shutil as _shutil
 import sys as _sys
 import tempfile as _tempfile
 import time as _time
+import warnings as _warnings
 from typing import List as _List, Optional as _Optional
 
 import torch  # before _nmcmc: it loads the LibTorch both share
@@ -258,7 +259,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
            max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
            dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
-           matmul: _Optional[str] = None, progress: bool = True) -> Run:
+           matmul: _Optional[str] = None, gemm: _Optional[str] = None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense", diag by default for NUTS), then `draws` per chain.
@@ -269,10 +270,13 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     has them, everything else from Stan's uniform(-2, 2)), "uniform", "exact", "zero" or "buffer";
     init_x: explicit starting points [n, D] (rows cycled over the chains).
     matmul: the learned sampler's GEMMs, "auto" | "native" | "bfloat16" (default: its model's
-    model.matmul); exact in either.
+    model.matmul); exact in either. gemm: where its float32 GEMMs run, "auto" | "onednn" |
+    "libtorch" (default: its model's model.gemm).
     Ctrl-C raises KeyboardInterrupt."""
     if matmul is not None and sampler != "learned":
         raise ValueError("nmcmc.sample: matmul= goes with sampler='learned'")
+    if gemm is not None and sampler != "learned":
+        raise ValueError("nmcmc.sample: gemm= goes with sampler='learned'")
     if sampler == "learned":
         if model is None:
             raise ValueError("nmcmc.sample: sampler='learned' needs model= (from nmcmc.train or nmcmc.Model.load)")
@@ -291,6 +295,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "max_depth": int(max_depth), "chains": int(chains), "warmup": int(warmup), "draws": int(draws),
         "seed": int(seed), "init": init, "dtype": _dtype_name(dtype), "device": str(device),
         "output": None if output is None else _os.fspath(output), "formats": formats, "matmul": matmul,
+        "gemm": gemm,
     }
     request = {"target": None if target is None else _spec_of(target), "options": options}
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
@@ -403,6 +408,9 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     m.training = result
     if result["interrupted"] and not result.get("saved", True):
         raise KeyboardInterrupt("nmcmc.train: interrupted in the preconditioner warm-up; nothing was written")
+    if result.get("skipped", 0) > 0:
+        _warnings.warn(f"nmcmc.train: {result['skipped']} of {result['steps']} training steps were skipped because "
+                       f"the gradient was not finite (see the 'skipped' column of {log})", RuntimeWarning)
     if result["interrupted"]:
         print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "
               f"(resume=True continues it)", file=_sys.stderr)

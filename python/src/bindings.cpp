@@ -13,7 +13,6 @@
 #include "nmcmc/services/compare.hpp"
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/figures.hpp"
-#include "nmcmc/process/gemm.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/version.hpp"
 
@@ -121,6 +120,8 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   d["grads"] = res.grads;
   d["interrupted"] = res.interrupted || interrupted_by_signal;
   d["saved"] = res.saved;
+  d["skipped"] = res.skipped;
+  d["bad_rows"] = res.bad_rows;
   if (!res.preconditioner.is_null()) d["preconditioner"] = py::module_::import("json").attr("loads")(res.preconditioner.dump());
   return d;
 }
@@ -166,9 +167,7 @@ std::string report(const std::string& run_dir, std::optional<std::string> output
 
 PYBIND11_MODULE(_nmcmc, m) {
   m.doc() = "nmcmc's C++ core (use the nmcmc package, not this module)";
-  // Importing nmcmc leaves the process's malloc alone (nmcmc.tune_allocator() opts in); NMCMC_GEMM
-  // in the environment picks the float32 GEMM backend, as for the nmcmc program.
-  nmcmc::apply_gemm_environment();
+  // Importing nmcmc leaves the process's malloc alone (nmcmc.tune_allocator() opts in).
   py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
   py::register_exception<nmcmc::DataError>(m, "DataError", PyExc_ValueError);
   py::register_exception<nmcmc::IoError>(m, "IoError", PyExc_OSError);

@@ -168,7 +168,15 @@ def test_train_save_load_sample_and_compare(tmp_path):
     result = nmcmc.compare(t, model=more, chains=2, warmup=50, draws=100, output=str(tmp_path / "cmp"),
                            progress=False)
     assert set(result["samplers"]) == {"nuts", "hmc", "mala", "learned"}
-    assert "| learned |" in result["table"]
+    assert "| learned" in result["table"]
+    learned = result["samplers"]["learned"]
+    # compare runs it as a user would: from its own chains, never from a box its flow has not seen
+    assert learned["start"].startswith("its own chains")
+    # a run that has not converged gets no ESS ratio and no break-even
+    assert isinstance(learned["converged"], bool)
+    if not (learned["converged"] and result["samplers"]["nuts"]["converged"]):
+        assert "Not converged" in result["table"] and "Sampling alone" not in result["table"]
+        assert learned["break_even_draws_vs_nuts"] is None
     assert json.load(open(tmp_path / "cmp" / "compare.json"))["samplers"]["nuts"]["grads_per_draw"] > 0
 
 

@@ -101,6 +101,9 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   j["step_size"] = r.step_size;
   j["accept_rate"] = r.accept_stat.mean().item<double>();
   j["divergences"] = r.divergent.sum().item<int64_t>();
+  // Note [A density may fail]: the points where the density raised (rejected, as non-finite ones)
+  j["density_failures"] = target.density_failures();
+  if (target.density_failures() > 0) j["first_density_failure"] = target.first_density_failure();
   j["grads_per_step"] = grads_per_step;
   j["energies_per_step"] = static_cast<double>(r.energies_sampling) / static_cast<double>(s);
   j["grads_warmup_per_chain"] = r.grads_warmup;
@@ -194,6 +197,11 @@ std::string format_summary(const json& j, int64_t rows) {
                    j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
                    j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
                    j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
+  if (j.value("density_failures", int64_t{0}) > 0) {
+    line(fmt::format("the density raised an error at {} points (those proposals were rejected, as where it is not "
+                     "finite); the first: {}",
+                     j["density_failures"].get<int64_t>(), j["first_density_failure"].get<std::string>().substr(0, 300)));
+  }
   if (j.contains("paper_ess")) {
     const auto& p = j["paper_ess"];
     std::string s = fmt::format("paper ESS (true moments): min {:.4f}/MH step", p["ess_per_step_min"].get<double>());

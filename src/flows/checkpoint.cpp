@@ -65,10 +65,10 @@ torch::Tensor load_buffer(const std::string& path) {
 
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
                             torch::TensorOptions options, bool dtype_given,
-                            const std::optional<std::string>& matmul) {
-  if (matmul) check_matmul_option(*matmul);
+                            const std::optional<MatmulOption>& matmul, const std::optional<GemmBackend>& gemm) {
   auto [sampler, meta] = load_model(model_path);
   if (matmul) sampler->set_matmul(*matmul);
+  if (gemm) sampler->set_gemm(*gemm);
   const json trained_on = meta.at("target");
   if (target_spec) {
     auto probe = make_target(*target_spec, options);

@@ -27,9 +27,16 @@ std::string variant_name(Variant v) {
   return "full";
 }
 
-std::string resolve_precondition(const std::string& precondition, int64_t dim) {
-  if (precondition != "auto") return precondition;
-  return dim <= kDenseMaxDim ? "dense" : "lowrank";
+Precondition resolve_precondition(Precondition precondition, int64_t dim) {
+  if (precondition != Precondition::kAuto) return precondition;
+  return dim <= kDenseMaxDim ? Precondition::kDense : Precondition::kLowRank;
+}
+
+LinearPolicy LearnedOptions::linear_policy() const {
+  LinearPolicy p;
+  p.matmul = matmul;
+  p.gemm = gemm;
+  return p;
 }
 
 LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
@@ -37,19 +44,10 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
   if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");
-  if (o.precondition != "none" && o.precondition != "diag" && o.precondition != "dense" && o.precondition != "lowrank" &&
-      o.precondition != "auto") {
-    throw UsageError("model: precondition must be none, diag, dense, lowrank or auto, got '" + o.precondition + "'");
-  }
-  if (o.learn_precondition && o.precondition == "none") {
+  if (o.learn_precondition && o.precondition == Precondition::kNone) {
     throw UsageError("model: learn_precondition needs precondition diag, dense, lowrank or auto");
   }
   if (o.precondition_rank < 1) throw UsageError("model: precondition_rank must be positive");
-  check_matmul_option(o.matmul);
-  static const std::vector<std::string> acts = {"elu", "relu", "tanh", "softplus", "silu"};
-  if (std::find(acts.begin(), acts.end(), o.activation) == acts.end()) {
-    throw UsageError("model: activation must be elu, relu, tanh, softplus or silu");
-  }
   return o;
 }
 
@@ -57,8 +55,7 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
 
 LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
-  TORCH_CHECK(o.precondition == "none" || o.precondition == "diag" || o.precondition == "dense" ||
-                  o.precondition == "lowrank",
+  TORCH_CHECK(o.precondition != Precondition::kAuto,
               "the learned sampler needs precondition none, diag, dense or lowrank (resolve auto first: "
               "resolve_precondition)");
   const int64_t d = o.dim, k = 2 * o.steps;
@@ -82,27 +79,27 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   const bool grad = o.variant == Variant::kFull;
   const int64_t in = d + half_max + (grad ? d : 0);
   net_sqt_ = register_module("net_sqt", StepMLP(k, in, o.hidden, (grad ? 3 : 2) * half_max, o.shared_layers,
-                                                 o.activation, /*tanh_last=*/true, o.matmul));
+                                                 o.activation, /*tanh_last=*/true, o.linear_policy()));
   if (grad) {
-    net_r_ = register_module("net_r", StepMLP(k, d + half_max, o.hidden, d, o.shared_layers, o.activation, false, o.matmul));
+    net_r_ = register_module("net_r", StepMLP(k, d + half_max, o.hidden, d, o.shared_layers, o.activation, false, o.linear_policy()));
   }
   if (o.variant == Variant::kLangevin) {
-    net_drift_ = register_module("net_drift", StepMLP(1, d, o.hidden, 2 * d, o.shared_layers, o.activation, true, o.matmul));
+    net_drift_ = register_module("net_drift", StepMLP(1, d, o.hidden, 2 * d, o.shared_layers, o.activation, true, o.linear_policy()));
   }
-  if (o.precondition != "none") {
+  if (o.precondition != Precondition::kNone) {
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
     auto reg = [&](const std::string& name, torch::Tensor t) {
       return o.learn_precondition ? register_parameter(name, t) : register_buffer(name, t);
     };
     pre_shift_ = register_buffer("precondition_shift", torch::zeros({d}, f64));
     pre_log_scale_ = reg("precondition_log_scale", torch::zeros({d}, f64));
-    if (o.precondition == "dense") {
+    if (o.precondition == Precondition::kDense) {
       // L = L0 M: L0 (from the warm-up) fixed, M = tril(B, -1) + diag(exp(s)) learned from the
       // identity, so that the optimiser's steps are in whitened units whatever the target's scales.
       pre_base_ = register_buffer("precondition_base", torch::eye(d, f64));
       pre_lower_ = reg("precondition_lower", torch::zeros({d, d}, f64));
     }
-    if (o.precondition == "lowrank") {
+    if (o.precondition == Precondition::kLowRank) {
       const int64_t k = std::min(o.precondition_rank, d - 1);
       pre_directions_ = register_buffer("precondition_directions", torch::eye(d, f64).narrow(1, 0, k).clone());
       pre_log_eigen_ = reg("precondition_log_eigen", torch::zeros({k}, f64));
@@ -183,13 +180,29 @@ void LearnedSamplerImpl::set_eps(double eps) {
   log_eps_.fill_(std::log(eps));
 }
 
-void LearnedSamplerImpl::set_matmul(const std::string& matmul) {
-  check_matmul_option(matmul);
+void LearnedSamplerImpl::set_matmul(MatmulOption matmul) {
   options_.matmul = matmul;
+  LinearPolicy p = linear_policy();
+  p.matmul = matmul;
+  set_linear_policy(p);
+}
+
+void LearnedSamplerImpl::set_gemm(GemmBackend gemm) {
+  options_.gemm = gemm;
+  LinearPolicy p = linear_policy();
+  p.gemm = gemm;
+  set_linear_policy(p);
+}
+
+void LearnedSamplerImpl::set_linear_policy(const LinearPolicy& policy) {
+  options_.matmul = policy.matmul;
+  options_.gemm = policy.gemm;
   for (StepMLP* net : {&net_sqt_, &net_r_, &net_drift_}) {
-    if (*net) (*net)->set_matmul(matmul);
+    if (*net) (*net)->set_policy(policy);
   }
 }
+
+LinearPolicy LearnedSamplerImpl::linear_policy() const { return net_sqt_->policy(); }
 
 void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const torch::Tensor& covariance) {
   TORCH_CHECK(preconditioned(), "set_preconditioner: the model has precondition = none");
@@ -205,11 +218,11 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
   if (!torch::isfinite(m).all().item<bool>() || !torch::isfinite(c).all().item<bool>()) {
     throw DataError("preconditioner: the shift or covariance is not finite");
   }
-  if (options_.precondition == "diag") {
+  if (options_.precondition == Precondition::kDiag) {
     torch::Tensor var = c.dim() == 1 ? c : c.diagonal();
     if (!(var > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
     pre_log_scale_.copy_(0.5 * var.log());
-  } else if (options_.precondition == "lowrank") {
+  } else if (options_.precondition == Precondition::kLowRank) {
     torch::Tensor var = c.dim() == 1 ? c : c.diagonal();
     if (!(var > 0).all().item<bool>()) throw DataError("preconditioner: the variances must be positive");
     if (c.dim() == 1) {
@@ -240,8 +253,8 @@ void LearnedSamplerImpl::set_preconditioner(const torch::Tensor& shift, const to
 
 void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift, const torch::Tensor& variances,
                                                      const torch::Tensor& directions, const torch::Tensor& eigenvalues) {
-  TORCH_CHECK(options_.precondition == "lowrank", "set_low_rank_preconditioner: the model's precondition is ",
-              options_.precondition);
+  TORCH_CHECK(options_.precondition == Precondition::kLowRank, "set_low_rank_preconditioner: the model's precondition is ",
+              enum_name(options_.precondition));
   const int64_t d = options_.dim, k = pre_directions_.size(1);
   torch::NoGradGuard no_grad;
   torch::Tensor m = shift.to(torch::kCPU, torch::kFloat64).reshape({-1});
@@ -443,7 +456,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_latent(Target& target, 
 torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tensor& x_from, const torch::Tensor& grad_from,
                                               const torch::Tensor& x_to) {
   if (!preconditioned()) return log_density_latent(target, x_from, grad_from, x_to);
-  if (options_.precondition == "lowrank") {
+  if (options_.precondition == Precondition::kLowRank) {
     Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition,
                             pre_directions_, pre_log_eigen_);
     LatentTarget view(target, a);
@@ -488,8 +501,8 @@ int64_t LearnedSamplerImpl::flops_per_step() const {
   // Preconditioner: per proposal about 4 (diag) or 4 D (dense) multiply-adds per coordinate
   // (to and from the flow's coordinates, the gradients and the reverse pass's solves).
   if (preconditioned()) {
-    const int64_t per = options_.precondition == "dense"     ? 4 * options_.dim
-                        : options_.precondition == "lowrank" ? 4 + 8 * pre_directions_.size(1)
+    const int64_t per = options_.precondition == Precondition::kDense     ? 4 * options_.dim
+                        : options_.precondition == Precondition::kLowRank ? 4 + 8 * pre_directions_.size(1)
                                                              : 4;
     total += 2 * options_.dim * per;
   }

@@ -12,9 +12,16 @@
 namespace nmcmc {
 
 StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
-                         std::string activation, bool tanh_last, std::string matmul)
-    : activation_(std::move(activation)), tanh_last_(tanh_last), matmul_(std::move(matmul)), in_(in), hidden_(hidden), out_(out) {
-  check_matmul_option(matmul_);
+                         Activation activation, bool tanh_last, LinearPolicy policy)
+    : in_caches_(static_cast<size_t>(substeps)),
+      shared_caches_(static_cast<size_t>(shared_layers)),
+      out_caches_(static_cast<size_t>(substeps)),
+      activation_(activation),
+      tanh_last_(tanh_last),
+      policy_(policy),
+      in_(in),
+      hidden_(hidden),
+      out_(out) {
   // Initialised like torch.nn.Linear (uniform +-1/sqrt(fan_in)) from a fixed generator, so that a
   // model is a deterministic function of its options; output layers start at zero.
   at::Generator gen = make_generator(0x5eed0000ULL + static_cast<uint64_t>(in * 131 + out));
@@ -47,22 +54,12 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
   }
 }
 
-void StepMLPImpl::set_matmul(std::string matmul) {
-  check_matmul_option(matmul);
-  matmul_ = std::move(matmul);
-}
-
 torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
   // h is a fresh layer output that nothing else holds: elu, relu and tanh run in place, whose
   // backward formulas use the result (elu: grad * (out + 1) below zero, no exp; out-of-place elu's
   // backward recomputes exp(input), which was 8 % of a Funnel-1 training step at batch 128).
   // elu and tanh: nmcmc's vectorised kernels for float32 (Note [Fast activations]).
-  if (last && tanh_last_) return nmcmc::activate(h, Activation::kTanh);
-  if (activation_ == "elu") return nmcmc::activate(h, Activation::kElu);
-  if (activation_ == "relu") return h.relu_();
-  if (activation_ == "tanh") return nmcmc::activate(h, Activation::kTanh);
-  if (activation_ == "softplus") return torch::softplus(h);
-  return torch::silu(h);
+  return nmcmc::activate(h, last && tanh_last_ ? Activation::kTanh : activation_);
 }
 
 torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
@@ -70,26 +67,29 @@ torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
   // nmcmc::linear: inside a training step's DeferredWeightGrads scope the weight gradients of all
   // uses are accumulated into one buffer per weight (Note [Deferred weight gradients]).
   // matmul: bfloat16 GEMMs where they are fast (Note [Bfloat16 matmul]).
-  const Matmul m = resolve_matmul(matmul_, input);
-  const bool fusable_act = activation_ == "elu" || activation_ == "tanh";
+  const Matmul m = resolve_matmul(policy_.matmul, input);
+  const bool fusable_act = activation_ == Activation::kElu || activation_ == Activation::kTanh;
   if (m == Matmul::kBFloat16 && !torch::GradMode::is_enabled() && fusable_act && input.is_cpu() &&
       input.scalar_type() == torch::kFloat) {
     // Sampling: the hidden layers stay in bfloat16, each layer's bias, activation and cast in
     // one pass (bias_activate_bf16; bit for bit the path below).
     auto act = [&](bool last) {
-      return (last && tanh_last_) || activation_ == "tanh" ? Activation::kTanh : Activation::kElu;
+      return last && tanh_last_ ? Activation::kTanh : activation_;
     };
-    torch::Tensor hb = bias_activate_bf16(input.to(torch::kBFloat16).mm(cached_bf16(w_in_[k])), b_in_[k], act(shared_.empty()));
+    torch::Tensor hb =
+        bias_activate_bf16(input.to(torch::kBFloat16).mm(bf16_weight(w_in_[k], &in_caches_[k])), b_in_[k], act(shared_.empty()));
     for (size_t i = 0; i < shared_.size(); ++i) {
-      hb = bias_activate_bf16(hb.mm(cached_bf16(shared_[i]->weight).t()), shared_[i]->bias, act(i + 1 == shared_.size()));
+      hb = bias_activate_bf16(hb.mm(bf16_weight(shared_[i]->weight, &shared_caches_[i]).t()), shared_[i]->bias,
+                              act(i + 1 == shared_.size()));
     }
-    return bias_add_bf16(hb.mm(cached_bf16(w_out_[k])), b_out_[k]);
+    return bias_add_bf16(hb.mm(bf16_weight(w_out_[k], &out_caches_[k])), b_out_[k]);
   }
-  torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, m), shared_.empty());
+  torch::Tensor h = activate(linear(input, w_in_[k], b_in_[k], false, policy_, &in_caches_[k]), shared_.empty());
   for (size_t i = 0; i < shared_.size(); ++i) {
-    h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true, m), i + 1 == shared_.size());
+    h = activate(linear(h, shared_[i]->weight, shared_[i]->bias, /*transposed=*/true, policy_, &shared_caches_[i]),
+                 i + 1 == shared_.size());
   }
-  return linear(h, w_out_[k], b_out_[k], false, m);
+  return linear(h, w_out_[k], b_out_[k], false, policy_, &out_caches_[k]);
 }
 
 int64_t StepMLPImpl::flops_per_row() const {

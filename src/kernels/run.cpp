@@ -49,10 +49,13 @@ torch::Tensor finite_starting_points(Target& target, torch::Tensor x0, const std
   }
   if (bad.any().item<bool>()) {
     const int64_t chain = bad.nonzero()[0][0].item<int64_t>();
+    const std::string raised = target.first_density_failure().empty()
+                                   ? std::string()
+                                   : " (the density raised: " + target.first_density_failure() + ")";
     throw UsageError(fmt::format(
-        "the target's energy or gradient is not finite at the starting point of chain {}{}: give starting points "
+        "the target's energy or gradient is not finite at the starting point of chain {}{}{}: give starting points "
         "inside the support (init_x, or --init zero|exact where they apply)",
-        chain + 1, random ? " after 100 random draws (" + scheme + ")" : ""));
+        chain + 1, random ? " after 100 random draws (" + scheme + ")" : "", raised));
   }
   return x0;
 }

@@ -147,6 +147,7 @@ torch::Tensor bias_activate_bf16(const torch::Tensor& y, const torch::Tensor& bi
               "bias_activate_bf16: bias must be float32 [", y.size(1), "]");
   TORCH_CHECK(!(torch::GradMode::is_enabled() && (y.requires_grad() || bias.requires_grad())),
               "bias_activate_bf16: no gradients (sampling only)");
+  TORCH_CHECK(a == Activation::kElu || a == Activation::kTanh, "bias_activate_bf16: elu or tanh only");
   const torch::Tensor b = bias.contiguous();
   torch::Tensor out = torch::empty_like(y);
   if (a == Activation::kElu) {
@@ -169,6 +170,14 @@ torch::Tensor bias_add_bf16(const torch::Tensor& y, const torch::Tensor& bias) {
 }
 
 torch::Tensor activate(torch::Tensor h, Activation a) {
+  // relu runs in place (its backward formula uses the result); softplus and silu out of place.
+  switch (a) {
+    case Activation::kRelu: return h.relu_();
+    case Activation::kSoftplus: return torch::softplus(h);
+    case Activation::kSilu: return torch::silu(h);
+    case Activation::kElu:
+    case Activation::kTanh: break;
+  }
   if (!fast_path(h)) return a == Activation::kElu ? torch::elu_(h) : h.tanh_();
   if (torch::GradMode::is_enabled() && h.requires_grad()) {
     return ActivationFn::apply(h, static_cast<int64_t>(a));

@@ -45,16 +45,10 @@ bool cpu_has_fast_bf16_matmul() {
   return fast;
 }
 
-void check_matmul_option(const std::string& option) {
-  if (option != "auto" && option != "native" && option != "bfloat16") {
-    throw UsageError("model: matmul must be auto, native or bfloat16, got '" + option + "'");
-  }
-}
-
-Matmul resolve_matmul(const std::string& option, const torch::Tensor& input) {
-  if (option == "bfloat16") return input.is_floating_point() ? Matmul::kBFloat16 : Matmul::kNative;
+Matmul resolve_matmul(MatmulOption option, const torch::Tensor& input) {
+  if (option == MatmulOption::kBFloat16) return input.is_floating_point() ? Matmul::kBFloat16 : Matmul::kNative;
   // auto: only without gradients (Note [Bfloat16 matmul]: bfloat16 training is an opt-in).
-  if (option == "auto" && !torch::GradMode::is_enabled() && input.scalar_type() == torch::kFloat && input.is_cpu() &&
+  if (option == MatmulOption::kAuto && !torch::GradMode::is_enabled() && input.scalar_type() == torch::kFloat && input.is_cpu() &&
       cpu_has_fast_bf16_matmul()) {
     return Matmul::kBFloat16;
   }
@@ -89,42 +83,9 @@ std::mutex g_mutex;
 std::unordered_map<int64_t, std::weak_ptr<Impl>> g_scopes;  // open scopes by id
 int64_t g_next_id = 1;
 
-/// Bfloat16 copies of weights, cached while the weight is unchanged (Note [Bfloat16 matmul]):
-/// per thread (each data-parallel rank run as a thread has its own), keyed by the weight's
-/// TensorImpl (the entry holds the weight, so the address is not reused while cached) and checked
-/// against its version counter (in-place updates: the optimiser's step, copy_, load) and storage
-/// (set_data). Entries whose weight nothing else holds any more are dropped as the cache grows.
-struct CastEntry {
-  torch::Tensor weight;
-  uint32_t version = 0;
-  const void* data = nullptr;
-  torch::Tensor copy;
-};
-thread_local std::unordered_map<const c10::TensorImpl*, CastEntry> t_casts;
-
-torch::Tensor bf16_weight(const torch::Tensor& weight) {
+torch::Tensor bf16_copy(const torch::Tensor& weight) {
   torch::NoGradGuard no_grad;
-  const c10::TensorImpl* key = weight.unsafeGetTensorImpl();
-  const uint32_t version = weight._version();
-  auto it = t_casts.find(key);
-  if (it != t_casts.end()) {
-    const CastEntry& e = it->second;
-    if (e.version == version && e.data == weight.data_ptr() && e.copy.sizes() == weight.sizes() &&
-        e.copy.device() == weight.device()) {
-      return e.copy;
-    }
-  }
-  if (t_casts.size() >= 64) {
-    for (auto i = t_casts.begin(); i != t_casts.end();) {
-      i = i->second.weight.use_count() <= 1 ? t_casts.erase(i) : std::next(i);
-    }
-  }
-  CastEntry& e = t_casts[key];
-  e.weight = weight;
-  e.version = version;
-  e.data = weight.data_ptr();
-  e.copy = weight.detach().to(torch::kBFloat16).contiguous();
-  return e.copy;
+  return weight.detach().to(torch::kBFloat16).contiguous();
 }
 
 /// [C, in] (bfloat16) times the layer's weight (bfloat16, as laid out), bias added in `dtype`.
@@ -133,15 +94,16 @@ torch::Tensor bf16_affine(const torch::Tensor& xb, const torch::Tensor& wb, cons
 }
 
 /// input [M, in] @ W + bias through oneDNN (Note [oneDNN GEMM]).
-torch::Tensor onednn_linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias, bool transposed) {
+torch::Tensor onednn_linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias, bool transposed,
+                            WeightCache* cache) {
   torch::Tensor out = torch::empty({input.size(0), transposed ? weight.size(0) : weight.size(1)}, input.options());
-  onednn_gemm_weight(input.detach(), weight, transposed, out, bias.detach().contiguous());
+  onednn_gemm_weight(input.detach(), weight, transposed, out, bias.detach().contiguous(), cache);
   return out;
 }
 
 /// Whether linear() multiplies these through oneDNN: float32 CPU matrices (Note [oneDNN GEMM]).
-bool use_onednn(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias) {
-  return onednn_gemm_enabled() && input.is_cpu() && input.scalar_type() == torch::kFloat && input.dim() == 2 &&
+bool use_onednn(GemmBackend backend, const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias) {
+  return onednn_gemm_enabled(backend) && input.is_cpu() && input.scalar_type() == torch::kFloat && input.dim() == 2 &&
          weight.is_cpu() && weight.scalar_type() == torch::kFloat && weight.dim() == 2 && bias.defined() &&
          bias.scalar_type() == torch::kFloat;
 }
@@ -166,7 +128,6 @@ void add_to_grad(const torch::Tensor& param, const torch::Tensor& g) {
   }
 }
 
-std::atomic<bool> g_skip_zero_rows{true};
 std::atomic<uint64_t> g_rows_skipped{0};
 
 /// Whether row `r` (n values) has an entry other than +-0 (NaN counts): blocks of 16 values OR'ed
@@ -193,19 +154,15 @@ bool row_nonzero(const T* r, int64_t n) {
   return false;
 }
 
-/// The smallest layer (inputs x outputs) whose backward products leave rows out: below it the scan,
-/// gathers and scatter cost about what the rows save (measured: German's 128 x 128 layers trained
-/// 10-15 % slower at batch 256 and 2-3 % at batch 2048 when they compacted; Funnel-1's 512 x 512
-/// layers 6 % faster). Leaving rows out must also save 64 times that many multiply-adds.
-std::atomic<int64_t> g_min_layer{int64_t{1} << 16};
-
 /// The rows of a [M, N] output gradient with a nonzero entry, when they are at most 7/8 of them
-/// in a layer with `in` inputs of at least g_min_layer weights, leaving out enough rows; empty
-/// otherwise (Note [Zero-gradient rows]).
-bool rows_with_gradient(const torch::Tensor& g, int64_t in, std::vector<int64_t>& rows) {
+/// in a layer with `in` inputs of at least `min_layer` weights (the policy's zero_rows_min_layer:
+/// below it the scan, gathers and scatter cost about what the rows save; measured: German's 128 x
+/// 128 layers trained 10-15 % slower at batch 256 and 2-3 % at batch 2048 when they compacted,
+/// Funnel-1's 512 x 512 layers 6 % faster), leaving out at least 64 x min_layer multiply-adds;
+/// empty otherwise (Note [Zero-gradient rows]).
+bool rows_with_gradient(const torch::Tensor& g, int64_t in, int64_t min_layer, std::vector<int64_t>& rows) {
   rows.clear();
-  const int64_t min_layer = g_min_layer.load(std::memory_order_relaxed);
-  if (!g_skip_zero_rows.load(std::memory_order_relaxed) || !g.is_cpu() || g.dim() != 2 || !g.is_contiguous() ||
+  if (!g.is_cpu() || g.dim() != 2 || !g.is_contiguous() ||
       g.size(0) < 8 || g.size(1) == 0 || (g.scalar_type() != torch::kFloat && g.scalar_type() != torch::kDouble) ||
       in * g.size(1) < min_layer) {
     return false;
@@ -263,19 +220,23 @@ torch::Tensor scatter_rows(const torch::Tensor& part, const std::vector<int64_t>
 struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool transposed, bool bf16,
-                               bool onednn, int64_t scope, int64_t entry) {
+                               bool onednn, int64_t skip_rows_min_layer, int64_t scope, int64_t entry, WeightCache* cache) {
     ctx->saved_data["transposed"] = transposed;
     ctx->saved_data["bf16"] = bf16;
     ctx->saved_data["onednn"] = onednn;
+    ctx->saved_data["skip_rows_min_layer"] = skip_rows_min_layer;  // -1: rows are not left out
+    // the layer's cache, for the backward pass's product with the reordered weight (the layer
+    // outlives its graphs: the model holds both)
+    ctx->saved_data["cache"] = reinterpret_cast<int64_t>(cache);
     ctx->saved_data["scope"] = scope;
     ctx->saved_data["entry"] = entry;
     if (bf16) {  // saved: the bfloat16 input and weight, which the backward GEMMs multiply
-      torch::Tensor xb = input.to(torch::kBFloat16), wb = bf16_weight(weight);
+      torch::Tensor xb = input.to(torch::kBFloat16), wb = bf16_weight(weight, cache);
       ctx->save_for_backward({xb, wb});
       return bias_add_bf16(xb.mm(transposed ? wb.t() : wb), bias);  // one pass (Note [Fast activations])
     }
     ctx->save_for_backward({input, weight});
-    if (onednn) return onednn_linear(input, weight, bias, transposed);
+    if (onednn) return onednn_linear(input, weight, bias, transposed, cache);
     return torch::addmm(bias, input, transposed ? weight.t() : weight);
   }
 
@@ -292,7 +253,9 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     std::vector<int64_t> rows;
     // Not with bfloat16 GEMMs: LibTorch's bfloat16 matmul makes a oneDNN primitive for every new
     // row count, which cost more than the rows saved.
-    const bool compact = !bf16 && rows_with_gradient(g_all, saved[0].size(1), rows);
+    const int64_t min_layer = ctx->saved_data["skip_rows_min_layer"].toInt();
+    auto* cache = reinterpret_cast<WeightCache*>(ctx->saved_data["cache"].toInt());
+    const bool compact = !bf16 && min_layer >= 0 && rows_with_gradient(g_all, saved[0].size(1), min_layer, rows);
     const torch::Tensor g = compact ? gather_rows(g_all, rows) : g_all;
     const torch::Tensor input = compact ? gather_rows(saved[0], rows) : saved[0];  // bfloat16 when bf16
     const torch::Tensor gm = bf16 ? g.to(torch::kBFloat16) : g;  // the GEMMs' operand
@@ -301,7 +264,7 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
       if (onednn) {  // g W^T against the cached reordered weight (Note [oneDNN GEMM]); the weight
                      // gradients below stay with LibTorch's GEMM (OpenBLAS's addmm_ was faster)
         grad_input = torch::empty({g.size(0), input.size(1)}, g.options());
-        onednn_gemm_weight(g, weight, /*transpose=*/!transposed, grad_input);
+        onednn_gemm_weight(g, weight, /*transpose=*/!transposed, grad_input, torch::Tensor(), cache);
       } else {
         grad_input = transposed ? gm.mm(weight) : gm.mm(weight.t());
         if (bf16) grad_input = grad_input.to(g.scalar_type());
@@ -312,7 +275,8 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
     if (!scope) {  // the scope has ended: ordinary gradients
       torch::Tensor gw = ctx->needs_input_grad(1) ? weight_grad(input, gm, transposed).to(g.scalar_type()) : torch::Tensor();
       torch::Tensor gb = ctx->needs_input_grad(2) ? g.sum(0) : torch::Tensor();
-      return {grad_input, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      return {grad_input, gw, gb, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+              torch::Tensor(), torch::Tensor()};
     }
     if (torch::GradMode::is_enabled()) {
       throw std::logic_error(
@@ -341,49 +305,54 @@ struct DeferredLinearFn : public torch::autograd::Function<DeferredLinearFn> {
       e.bias_sum.add_(g.sum(0));
     }
     return {grad_input, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device, bool training) {
+std::string matmul_dtype_name(MatmulOption option, torch::Dtype dtype, torch::Device device, bool training) {
   const torch::Tensor probe = torch::empty({0}, torch::TensorOptions().dtype(dtype).device(device));
   torch::AutoGradMode mode(training);
   if (resolve_matmul(option, probe) == Matmul::kBFloat16) return "bfloat16";
   return dtype == torch::kFloat64 ? "float64" : dtype == torch::kFloat32 ? "float32" : std::string(c10::toString(dtype));
 }
 
-std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch::Device device) {
+std::string matmul_summary(MatmulOption option, torch::Dtype dtype, torch::Device device) {
   const std::string train = matmul_dtype_name(option, dtype, device, true);
   const std::string sample = matmul_dtype_name(option, dtype, device, false);
   return train == sample ? train : train + " in training, " + sample + " in sampling";
 }
 
-torch::Tensor cached_bf16(const torch::Tensor& weight) { return bf16_weight(weight); }
+torch::Tensor bf16_weight(const torch::Tensor& weight, WeightCache* cache) {
+  if (cache == nullptr) return bf16_copy(weight);
+  WeightCache::Impl& c = cache->impl();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (!c.bf16_source.matches(weight) || c.bf16.sizes() != weight.sizes() || c.bf16.device() != weight.device()) {
+    c.bf16 = bf16_copy(weight);
+    c.bf16_source.take(weight);
+  }
+  return c.bf16;
+}
 
-bool set_skip_zero_gradient_rows(bool skip) { return g_skip_zero_rows.exchange(skip); }
-
-int64_t set_zero_gradient_rows_min_layer(int64_t weights) { return g_min_layer.exchange(weights); }
-
-uint64_t zero_gradient_rows_skipped() { return g_rows_skipped.load(); }
+uint64_t test_hooks::zero_gradient_rows_skipped() { return g_rows_skipped.load(); }
 
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-                     bool transposed, Matmul matmul) {
-  const bool bf16 = matmul == Matmul::kBFloat16;
+                     bool transposed, const LinearPolicy& policy, WeightCache* cache) {
+  const bool bf16 = resolve_matmul(policy.matmul, input) == Matmul::kBFloat16;
   std::shared_ptr<Impl> scope;
   const bool weight_grads = torch::GradMode::is_enabled() && (weight.requires_grad() || bias.requires_grad());
   if (weight_grads && weight.requires_grad() && bias.requires_grad()) scope = t_active;
-  const bool onednn = !bf16 && use_onednn(input, weight, bias);
+  const bool onednn = !bf16 && use_onednn(policy.gemm, input, weight, bias);
   if (!scope) {
     // oneDNN where no gradient is recorded (sampling); gradients outside a training step's scope
     // (e.g. double backward) go through autograd's addmm.
     if (onednn && !(torch::GradMode::is_enabled() && (weight_grads || input.requires_grad()))) {
-      return onednn_linear(input, weight, bias, transposed);
+      return onednn_linear(input, weight, bias, transposed, cache);
     }
     if (!bf16) return torch::addmm(bias, input, transposed ? weight.t() : weight);
     // Gradients to the weight outside a scope (e.g. create_graph): autograd through the casts.
-    torch::Tensor wb = weight_grads ? weight.to(torch::kBFloat16) : bf16_weight(weight);
+    torch::Tensor wb = weight_grads ? weight.to(torch::kBFloat16) : bf16_weight(weight, cache);
     return bf16_affine(input.to(torch::kBFloat16), wb, bias, transposed);
   }
   int64_t entry = 0;
@@ -404,7 +373,8 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, co
     }
     entry = static_cast<int64_t>(it->second);
   }
-  return DeferredLinearFn::apply(input, weight, bias, transposed, bf16, onednn, scope->id, entry);
+  const int64_t skip_rows_min_layer = policy.skip_zero_gradient_rows ? policy.zero_rows_min_layer : -1;
+  return DeferredLinearFn::apply(input, weight, bias, transposed, bf16, onednn, skip_rows_min_layer, scope->id, entry, cache);
 }
 
 DeferredWeightGrads::DeferredWeightGrads() : impl_(std::make_shared<Impl>()) {

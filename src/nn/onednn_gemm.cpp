@@ -23,12 +23,6 @@ namespace nmcmc {
 namespace {
 std::atomic<uint64_t> g_calls{0};
 
-/// The backend; the program sets it from NMCMC_GEMM at start (apps/process/gemm.hpp).
-std::atomic<int>& mode() {
-  static std::atomic<int> m{static_cast<int>(GemmBackend::kAuto)};
-  return m;
-}
-
 /// The BLAS's own thread count (OpenBLAS keeps its own pool, which LibTorch's --threads does not
 /// limit; OPENBLAS_NUM_THREADS does); 1 when it is not OpenBLAS.
 int blas_threads() {
@@ -43,8 +37,8 @@ int blas_threads() {
 // One thread only: with OpenBLAS's pool on the other core, oneDNN on OpenMP threads contended with
 // its spinning workers, and oneDNN on two threads with OpenBLAS on one was no faster than OpenBLAS
 // on two (measured: BENCHMARKS.md, Note [oneDNN GEMM]).
-bool onednn_gemm_enabled() {
-  switch (static_cast<GemmBackend>(mode().load(std::memory_order_relaxed))) {
+bool onednn_gemm_enabled(GemmBackend backend) {
+  switch (backend) {
     case GemmBackend::kOneDnn: return true;
     case GemmBackend::kLibTorch: return false;
     case GemmBackend::kAuto: break;
@@ -54,23 +48,11 @@ bool onednn_gemm_enabled() {
 
 bool onednn_gemm_available() { return true; }
 
-uint64_t onednn_gemm_calls() { return g_calls.load(); }
-
-GemmBackend set_gemm_backend(GemmBackend backend) {
-  return static_cast<GemmBackend>(mode().exchange(static_cast<int>(backend)));
-}
+uint64_t test_hooks::onednn_gemm_calls() { return g_calls.load(); }
 
 namespace {
 
 using dt = dnnl::memory::data_type;
-
-/// A weight reordered into oneDNN's blocked layout, kept while the weight is unchanged.
-struct Packed {
-  torch::Tensor weight;  // held, so that its address is not reused while cached
-  uint32_t version = 0;
-  const void* data = nullptr;
-  dnnl::memory memory;
-};
 
 /// The primitives for one shape (M, K, N, the left operand's strides), with and without bias. The
 /// blocked weight layout they take depends on K and N only (checked when used): one reordered copy
@@ -84,7 +66,6 @@ struct Primitives {
 struct State {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::unordered_map<std::string, Packed> packed;          // by weight and layout
   std::unordered_map<std::string, Primitives> primitives;  // by shape
 };
 
@@ -126,39 +107,35 @@ Primitives& primitives_for(State& s, const torch::Tensor& a, int64_t k, int64_t 
   return s.primitives.emplace(key, Primitives{dnnl::matmul(pd), dnnl::matmul(pdb), pd.weights_desc()}).first->second;
 }
 
-/// `weight` (multiplied as weight^T when `transpose`) in the layout `layout`, reordered when it or the weight changed.
-const dnnl::memory& packed_for(State& s, const torch::Tensor& weight, bool transpose, const dnnl::memory::desc& layout) {
-  const std::string key = std::to_string(reinterpret_cast<uintptr_t>(weight.unsafeGetTensorImpl())) + (transpose ? 't' : 'n');
-  auto it = s.packed.find(key);
-  const uint32_t version = weight._version();
-  if (it != s.packed.end() && it->second.version == version && it->second.data == weight.data_ptr() &&
-      it->second.weight.sizes() == weight.sizes() && it->second.memory.get_desc() == layout) {
-    return it->second.memory;
-  }
-  if (it == s.packed.end()) {
-    if (s.packed.size() >= 64) {  // drop the copies of weights nothing else holds any more
-      for (auto i = s.packed.begin(); i != s.packed.end();) {
-        i = i->second.weight.use_count() <= 1 ? s.packed.erase(i) : std::next(i);
-      }
-    }
-    it = s.packed.emplace(key, Packed{}).first;
-  }
-  Packed& p = it->second;
+/// `weight` (multiplied as weight^T when `transpose`) reordered into `layout`.
+dnnl::memory reordered(State& s, const torch::Tensor& weight, bool transpose, const dnnl::memory::desc& layout) {
   const torch::Tensor wc = (transpose ? weight.t() : weight).detach();
   dnnl::memory plain(desc_of(wc), s.engine, wc.data_ptr());
-  p.memory = dnnl::memory(layout, s.engine);
-  dnnl::reorder(plain, p.memory).execute(s.stream, plain, p.memory);
+  dnnl::memory out(layout, s.engine);
+  dnnl::reorder(plain, out).execute(s.stream, plain, out);
   s.stream.wait();
-  p.weight = weight;
-  p.version = version;
-  p.data = weight.data_ptr();
-  return p.memory;
+  return out;
+}
+
+/// The reordered weight from the layer's cache (Note [Linear-layer policy]), made again when the
+/// weight or the layout changed; a fresh one without a cache.
+dnnl::memory packed_for(State& s, const torch::Tensor& weight, bool transpose, const dnnl::memory::desc& layout,
+                        WeightCache* cache) {
+  if (cache == nullptr) return reordered(s, weight, transpose, layout);
+  WeightCache::Impl& c = cache->impl();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const int i = transpose ? 1 : 0;
+  auto* held = static_cast<dnnl::memory*>(c.packed[i].get());
+  if (held != nullptr && c.packed_source[i].matches(weight) && held->get_desc() == layout) return *held;
+  c.packed[i] = std::make_shared<dnnl::memory>(reordered(s, weight, transpose, layout));
+  c.packed_source[i].take(weight);
+  return *static_cast<dnnl::memory*>(c.packed[i].get());
 }
 
 }  // namespace
 
 void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
-                        const torch::Tensor& bias) {
+                        const torch::Tensor& bias, WeightCache* cache) {
   TORCH_CHECK(weight.is_cpu() && weight.scalar_type() == torch::kFloat && weight.dim() == 2,
               "oneDNN GEMM: the weight must be a float32 CPU matrix");
   const torch::Tensor a = usable(a_in);
@@ -172,7 +149,7 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
   }
   State& s = state();
   Primitives& prims = primitives_for(s, a, k, n);
-  const dnnl::memory& b = packed_for(s, weight, transpose, prims.weights);
+  const dnnl::memory b = packed_for(s, weight, transpose, prims.weights, cache);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(desc_of(a), s.engine, a.data_ptr())},
                                              {DNNL_ARG_WEIGHTS, b},
                                              {DNNL_ARG_DST, dnnl::memory(desc_of(c), s.engine, c.data_ptr())}};
@@ -184,15 +161,13 @@ void onednn_gemm_weight(const torch::Tensor& a_in, const torch::Tensor& weight, 
 
 #else
 
-bool onednn_gemm_enabled() { return false; }
+bool onednn_gemm_enabled(GemmBackend) { return false; }
 
 bool onednn_gemm_available() { return false; }
 
-uint64_t onednn_gemm_calls() { return 0; }
+uint64_t test_hooks::onednn_gemm_calls() { return 0; }
 
-GemmBackend set_gemm_backend(GemmBackend) { return GemmBackend::kLibTorch; }
-
-void onednn_gemm_weight(const torch::Tensor&, const torch::Tensor&, bool, torch::Tensor&, const torch::Tensor&) {
+void onednn_gemm_weight(const torch::Tensor&, const torch::Tensor&, bool, torch::Tensor&, const torch::Tensor&, WeightCache*) {
   throw std::runtime_error("onednn_gemm_weight: this build of nmcmc has no oneDNN (install libdnnl-dev and rebuild)");
 }
 

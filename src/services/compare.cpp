@@ -29,6 +29,9 @@ namespace {
 double num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : NAN; }
 
 /// One sampler's row: the figures every sampler is compared on.
+/// Above this R-hat, or below this accept rate, a run is reported as not converged.
+constexpr double kMaxRhat = 1.01, kMinAccept = 0.05;
+
 json row(const SampleResult& r, Target& target) {
   json s = summarise(r, target);
   const double draws = s["draws"].get<double>() * s["chains"].get<double>();
@@ -48,6 +51,10 @@ json row(const SampleResult& r, Target& target) {
     out["paper_ess_per_grad"] = g > 0 ? s["paper_ess"]["ess_per_step_min"].get<double>() / g : NAN;
   }
   out["max_rhat"] = s["max_rhat"];
+  // A run whose chains disagree (R-hat above 1.01) or that barely moves has no efficiency to
+  // compare: its ESS figures are not estimates of anything.
+  const double rhat = s["max_rhat"].get<double>(), accept = s["accept_rate"].get<double>();
+  out["converged"] = std::isfinite(rhat) && rhat <= kMaxRhat && accept >= kMinAccept;
   out["divergences"] = s["divergences"];
   out["seconds_warmup"] = s["seconds_warmup"];
   out["seconds_sampling"] = s["seconds_sampling"];
@@ -131,30 +138,47 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   base.set_init(target->has_sampler() ? "exact" : "uniform");
   std::vector<std::pair<std::string, torch::Tensor>> traces;
   int64_t trace_dim = -1;
+  torch::Tensor nuts_last;  // where NUTS's chains ended: draws from the target
   auto run = [&](const std::string& name, Kernel& kernel, RunOptions run_options) {
     tell(fmt::format("-- {}", name));
     SampleResult r = run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
+    if (name == "nuts" && r.draws.size(0) > 0) nuts_last = r.draws.select(0, r.draws.size(0) - 1).to(target->options());
     traces.emplace_back(name + ": chain 1", r.draws);
   };
   // NUTS as Stan runs it by default (diagonal metric, target accept 0.8); HMC and MALA with the
   // same adaptation (step size by dual averaging, diagonal metric over Stan's windows).
   Nuts nuts;
   run("nuts", nuts, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
-  MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler("hmc").set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
+  MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
   run("hmc", hmc, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
-  MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler("mala")));
-  run("mala", mala, RunOptions(base).set_adapt_mass(true).set_target_accept(default_target_accept("mala")));
+  MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kMala)));
+  run("mala", mala, RunOptions(base).set_adapt_mass(true).set_target_accept(default_target_accept(SamplerKind::kMala)));
   if (learned) {
     MetropolisHastings kernel(learned->proposal);
-    run("learned", kernel, base);  // its step size is learned: warm-up is burn-in only
+    // As a user runs it: from its own chains (the buffer saved with the model) when it has them,
+    // else from where NUTS's chains ended; never from a box its flow has not seen (a trained flow
+    // may reject every proposal from there). Its step size is learned: warm-up is burn-in only.
+    RunOptions lo(base);
+    torch::Tensor buffer = load_buffer(*model);
+    std::string start = "NUTS's last draws";
+    if (buffer.defined() && buffer.size(0) > 0) {
+      lo.set_init_x(buffer.to(target->options()));
+      start = "its own chains (the buffer saved with the model)";
+    } else if (nuts_last.defined()) {
+      lo.set_init_x(nuts_last);
+    }
+    tell(fmt::format("   (the learned sampler starts from {})", start));
+    run("learned", kernel, lo);
     json& l = results["samplers"]["learned"];
+    l["start"] = start;
     l["training"] = training;
     const json& n = results["samplers"]["nuts"];
     auto be = break_even_draws(training["grads_total"].get<double>(), num(l, "grads_per_draw"), num(l, "bulk_ess_per_draw"),
                                num(n, "grads_per_draw"), num(n, "bulk_ess_per_draw"));
-    l["break_even_draws_vs_nuts"] = be ? json(*be) : json(nullptr);
+    const bool both = l.value("converged", false) && n.value("converged", false);
+    l["break_even_draws_vs_nuts"] = be && both ? json(*be) : json(nullptr);
   }
   if (comm->world_size() > 1) results["world_size"] = comm->world_size();
   if (!root) return results;
@@ -183,7 +207,8 @@ std::string compare_table(const json& results) {
       return std::isfinite(v) ? fmt::format("{:.4g}", v) : std::string("n/a");
     };
     out += fmt::format("| {} | {:.3f} | {:.1f} | {:.4g} | {:.4g} | {:.4g} | {:.4g} | {:.4g} | {:.4g} | {} | {} | {:.3f} | {} |\n",
-                       name, num(r, "accept"), num(r, "grads_per_draw"), num(r, "bulk_ess_per_draw"),
+                       r.value("converged", true) ? std::string(name) : std::string(name) + " (not converged)",
+                       num(r, "accept"), num(r, "grads_per_draw"), num(r, "bulk_ess_per_draw"),
                        num(r, "bulk_ess_per_grad"), num(r, "bulk_ess_per_second"), num(r, "tail_ess_per_draw"),
                        num(r, "tail_ess_per_grad"), num(r, "tail_ess_per_second"), paper("paper_ess_per_draw"),
                        paper("paper_ess_per_grad"), num(r, "max_rhat"), r.value("divergences", int64_t{0}));
@@ -195,9 +220,18 @@ std::string compare_table(const json& results) {
                        t.value("steps", 0), num(t, "grads_total"), t.value("grads_per_row", 0), t.value("batch", 0),
                        num(t, "seconds"));
     const json& nuts = results["samplers"]["nuts"];
+    const bool converged = l.value("converged", true) && nuts.value("converged", true);
     const double ratio = num(l, "bulk_ess_per_grad") / num(nuts, "bulk_ess_per_grad");
-    out += fmt::format("Sampling alone, it gets {:.3g}x NUTS's bulk-ESS per gradient. ", ratio);
-    if (l["break_even_draws_vs_nuts"].is_number()) {
+    if (!converged) {
+      out += fmt::format("Not converged ({}: max R-hat above {} or accept rate below {}): no ESS ratio or break-even for "
+                         "it; run longer, or train the learned sampler longer.\n",
+                         !l.value("converged", true) ? "the learned sampler" : "NUTS", kMaxRhat, kMinAccept);
+    } else {
+      out += fmt::format("Sampling alone, it gets {:.3g}x NUTS's bulk-ESS per gradient. ", ratio);
+    }
+    if (!converged) {
+      // no break-even for a run that is not converged
+    } else if (l["break_even_draws_vs_nuts"].is_number()) {
       out += fmt::format("Break-even (training + sampling gradients per unit of ESS below NUTS's): from {:.3g} draws on.\n",
                          l["break_even_draws_vs_nuts"].get<double>());
     } else {

@@ -56,7 +56,7 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
   auto learned = run_sampler(*target, learned_kernel, run, 1, sample_progress);
   // HMC with as many gradients per MH step as the learned sampler (4N), adapted step size.
   const int64_t grads = sampler->grads_per_step();
-  MetropolisHastings hmc_kernel(make_baseline_proposal(ProposalOptions().set_sampler("hmc").set_leapfrog(grads).set_jitter(0.2)));
+  MetropolisHastings hmc_kernel(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(grads).set_jitter(0.2)));
   RunOptions hrun = run;
   hrun.set_warmup(1000).set_adapt_step(true).set_target_accept(0.8);
   auto hmc = run_sampler(*target, hmc_kernel, hrun, 1, sample_progress);

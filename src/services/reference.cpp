@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 ReferenceResult compute_reference(const ReferenceOptions& a, const ProgressFn& progress) {
   auto options = torch::TensorOptions().dtype(torch::kFloat64);
   auto target = make_target({{"name", "logistic"}, {"dataset", a.dataset}}, options);
-  auto proposal = make_baseline_proposal(ProposalOptions().set_sampler("hmc").set_leapfrog(a.leapfrog).set_jitter(a.jitter));
+  auto proposal = make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(a.leapfrog).set_jitter(a.jitter));
   MetropolisHastings kernel(proposal);
   RunOptions run;
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_adapt_mass(true).set_target_accept(0.8);

@@ -278,9 +278,10 @@ json run_experiment(Run& run, const std::string& name) {
     entry["learned"]["authors_constants_ess_5k_mean"] = 5000.0 * ratio.mean().item<double>();
   }
   const json bl = settings["baseline"];
-  for (const std::string b : {"mala", "hmc"}) {
+  for (const SamplerKind kind : {SamplerKind::kMala, SamplerKind::kHmc}) {
+    const std::string b = enum_name(kind);
     ProposalOptions po;
-    po.set_sampler(b).set_leapfrog(10).set_jitter(b == "hmc" ? 0.2 : 0.0);
+    po.set_sampler(kind).set_leapfrog(10).set_jitter(kind == SamplerKind::kHmc ? 0.2 : 0.0);
     SampleResult r = evaluate(*target, make_baseline_proposal(po), chains, bl["warmup"], bl["draws"], true, 2);
     entry[b] = measures(r, *target, 0, 0);
     say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),

@@ -32,17 +32,17 @@ Prepared prepare(const SampleRequest& request) {
   (void)formats;
   std::unique_ptr<Kernel> kernel;
   // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
-  const bool nuts = a.sampler == "nuts";
+  const bool nuts = a.sampler == SamplerKind::kNuts;
   if (a.metric && a.adapt_mass && *a.metric != "diag") throw UsageError("--adapt-mass means --metric diag");
   const MetricKind metric = parse_metric(a.metric.value_or(a.adapt_mass || nuts ? "diag" : "unit"));
   json target_spec = request.target;
   json model_meta;
-  const bool learned = a.sampler == "learned";
+  const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricKind::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
   if (learned) {
     if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
     LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
-                                     options, a.dtype.has_value(), a.matmul);
+                                     options, a.dtype.has_value(), a.matmul, a.gemm);
     kernel = std::make_unique<MetropolisHastings>(lr.proposal);
     target_spec = lr.target_spec;
     model_meta = lr.meta;
@@ -50,6 +50,7 @@ Prepared prepare(const SampleRequest& request) {
   } else {
     if (a.model) throw UsageError("--model goes with --sampler learned");
     if (a.matmul) throw UsageError("--matmul goes with --sampler learned (its networks' GEMMs)");
+    if (a.gemm) throw UsageError("--gemm goes with --sampler learned (its networks' GEMMs)");
     if (request.target.is_null()) throw UsageError("give a target");
     kernel = make_baseline_kernel(ProposalOptions()
                                       .set_sampler(a.sampler)

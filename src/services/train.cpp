@@ -59,17 +59,17 @@ TrainConfig parse_train_config(const json& j) {
 
 json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
                             const TrainProgressFn& progress, const std::function<bool()>& should_stop) {
-  const std::string kind = sampler->options().precondition;
-  TORCH_CHECK(kind != "none", "warm_up_preconditioner: the model has precondition = none");
+  const Precondition kind = sampler->options().precondition;
+  TORCH_CHECK(kind != Precondition::kNone, "warm_up_preconditioner: the model has precondition = none");
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
   RunOptions ro;
   ro.chains = o.precondition_chains;
   ro.warmup = o.precondition_warmup;
   // 0: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
   // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients, BENCHMARKS.md).
-  ro.draws = o.precondition_draws > 0 ? o.precondition_draws : kind == "lowrank" ? 400 : 100;
+  ro.draws = o.precondition_draws > 0 ? o.precondition_draws : kind == Precondition::kLowRank ? 400 : 100;
   ro.adapt_mass = true;
-  ro.dense_mass = kind == "dense";
+  ro.dense_mass = kind == Precondition::kDense;
   ro.target_accept = default_target_accept(o.precondition_sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
@@ -97,10 +97,10 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
   }
   torch::Tensor draws = r.draws.reshape({-1, target.dim()});  // [S C, D] float64
   if (!torch::isfinite(draws).all().item<bool>() || !r.inv_mass.defined()) {
-    throw DataError("preconditioner warm-up: the " + o.precondition_sampler +
+    throw DataError("preconditioner warm-up: the " + enum_name(o.precondition_sampler) +
                     " chains produced non-finite draws or no metric; set model.precondition = none");
   }
-  if (kind == "lowrank") {
+  if (kind == Precondition::kLowRank) {
     // A factor-analysis fit of the warm-up draws' covariance: unique variances and the wide factors.
     auto fit = [&](const torch::Tensor& d) {
       LowRankFactors f = low_rank_factors(d, sampler->options().precondition_rank, ro.chains);
@@ -243,6 +243,14 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   result.grads = result.log.empty() ? 0 : result.log.back().grads;
   result.comm = comm->stats();
   result.shards = trainer.shards();
+  result.skipped = trainer.skipped_steps();
+  result.bad_rows = trainer.bad_rows();
+  if (result.steps > 0 && result.skipped == result.steps) {
+    throw DataError(fmt::format("training learned nothing: all {} steps were skipped because the gradient was not "
+                                "finite (the density overflows or fails where the proposals go?); the checkpoint {} "
+                                "holds the untrained proposal",
+                                result.steps, output));
+  }
   return result;
 }
 

@@ -115,24 +115,38 @@ std::optional<Moments> module_reference(const torch::jit::Module& m, const std::
   return r;
 }
 
-/// Runs the module once on a small batch and turns every way it can be unusable into one message.
+/// Runs the module on a small batch and turns every way it can be unusable into one message. A
+/// density may raise on part of the space (Note [A density may fail]): when the batch raises, single
+/// points (zero, then random ones in [-2, 2]^D) are tried, and only a module that raises at all of
+/// them is refused.
 void check_module(torch::jit::Module& m, const std::string& where, int64_t dim, torch::TensorOptions options) {
-  const int64_t c = 3;
   at::Generator gen = make_generator(12345);
-  torch::Tensor x = (torch::rand({c, dim}, gen, torch::kFloat64) * 4.0 - 2.0).to(options).requires_grad_(true);
   const std::string label = where_label(where);
   const std::string dtype = std::string(c10::toString(options.dtype().toScalarType()));
+  torch::Tensor x;
   torch::IValue out;
-  try {
-    torch::AutoGradMode grad(true);
-    out = m.forward({x});
-  } catch (const c10::Error& e) {
-    throw UsageError(label + ": forward failed on a [" + std::to_string(c) + ", " + std::to_string(dim) + "] " + dtype +
-                     " batch: " + brief(e));
-  } catch (const std::exception& e) {
-    throw UsageError(label + ": forward failed on a [" + std::to_string(c) + ", " + std::to_string(dim) + "] " + dtype +
-                     " batch: " + e.what());
+  std::string first_error;
+  for (int attempt = 0; attempt < 22; ++attempt) {
+    torch::Tensor probe = attempt == 0   ? torch::rand({3, dim}, gen, torch::kFloat64) * 4.0 - 2.0
+                          : attempt == 1 ? torch::zeros({1, dim}, torch::kFloat64)
+                                         : torch::rand({1, dim}, gen, torch::kFloat64) * 4.0 - 2.0;
+    x = probe.to(options).requires_grad_(true);
+    try {
+      torch::AutoGradMode grad(true);
+      out = m.forward({x});
+      break;
+    } catch (const c10::Error& e) {
+      if (first_error.empty()) first_error = brief(e);
+    } catch (const std::exception& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+    out = torch::IValue();
   }
+  if (out.isNone()) {
+    throw UsageError(label + ": forward failed on a [3, " + std::to_string(dim) + "] " + dtype +
+                     " batch, at zero and at 20 random points in [-2, 2]^" + std::to_string(dim) + ": " + first_error);
+  }
+  const int64_t c = x.size(0);
   if (!out.isTensor()) {
     throw UsageError(label + ": forward must return a Tensor U(x) of shape [C]; it returned a " + out.tagKind());
   }
@@ -194,7 +208,8 @@ torch::Tensor TorchScriptTarget::compute_energy(const torch::Tensor& x) const {
   try {
     out = module_->forward({x});
   } catch (const c10::Error& e) {
-    throw DataError(where_label(spec_.at("module").get<std::string>()) + ": forward failed: " + brief(e));
+    // the density's own failure at these points (Note [A density may fail]): those rows are rejected
+    throw std::runtime_error(where_label(spec_.at("module").get<std::string>()) + ": forward raised: " + brief(e));
   }
   if (!out.isTensor()) throw DataError(where_label(spec_.at("module").get<std::string>()) + ": forward returned no Tensor");
   torch::Tensor u = out.toTensor();

@@ -51,19 +51,20 @@ TrainingStep ProposalTrainer::step(Target& target, const std::vector<ShardInput>
   clear_grads(module);
   TrainingStep out;
   DeferredWeightGrads deferred;  // Note [Deferred weight gradients]
-  double finite = 0, bad = 0, rows = 0;
+  double finite = 0, bad = 0, rows = 0, bad_rows = 0;
   for (const ShardInput& in : shards) {
     TORCH_CHECK(in.gen != nullptr, "ProposalTrainer::step: a shard without a generator");
     ObjectiveTerms t = entropy_objective(target, *model_, in.x, in.u_x, in.grad_x, beta_.value(), *in.gen, create_graph);
     finite += static_cast<double>(t.rows_finite);
     bad += std::isfinite(t.loss_value) ? 0.0 : 1.0;
     rows += static_cast<double>(in.x.size(0));
+    bad_rows += static_cast<double>(t.rows_bad);
     out.shards.push_back(std::move(t));
   }
   // The whole batch's counts (every shard of every rank), so that each shard's loss is weighted by
   // its share of the finite rows: the gradient of the mean over the batch's finite rows. With one
   // shard on one process the weight is exactly 1 and this is the plain step.
-  const std::vector<double> counts = parallel::all_reduce_doubles(comm, {finite, bad, rows});
+  const std::vector<double> counts = parallel::all_reduce_doubles(comm, {finite, bad, rows, bad_rows});
   const double all_finite = counts[0], all_rows = counts[2];
   const bool skip = counts[1] > 0;
   double accept = 0, loss = 0, entropy = 0;
@@ -88,6 +89,7 @@ TrainingStep ProposalTrainer::step(Target& target, const std::vector<ShardInput>
   comm.all_reduce_sum(grads);
   const std::vector<double> totals = parallel::all_reduce_doubles(comm, {accept, loss, entropy, stop ? 1.0 : 0.0});
   out.rows = static_cast<int64_t>(all_rows);
+  out.rows_bad = static_cast<int64_t>(counts[3]);
   out.accept = totals[0];
   out.loss = skip ? NAN : totals[1];
   out.entropy = totals[2];

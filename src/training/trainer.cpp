@@ -34,7 +34,8 @@ TrainOptions TrainOptions::from_json(const json& j) {
   if (o.data != "auto" && o.data != "exact" && o.data != "buffer") throw UsageError("train: data must be auto, exact or buffer");
   if (o.buffer_size != 0 && o.buffer_size < o.batch) throw UsageError("train: buffer_size must be at least the batch");
   if (o.checkpoint_every < 1 || o.log_every < 1) throw UsageError("train: checkpoint_every and log_every must be positive");
-  if (o.precondition_sampler != "nuts" && o.precondition_sampler != "hmc" && o.precondition_sampler != "mala") {
+  if (o.precondition_sampler != SamplerKind::kNuts && o.precondition_sampler != SamplerKind::kHmc &&
+      o.precondition_sampler != SamplerKind::kMala) {
     throw UsageError("train: precondition_sampler must be nuts, hmc or mala");
   }
   if (o.precondition_warmup < 20 || o.precondition_draws < 0 || o.precondition_chains < 1) {
@@ -198,6 +199,7 @@ TrainStats Trainer::step(bool stop) {
   }
   TrainingStep r = core_.step(target_, inputs, /*create_graph=*/!options_.stop_grad, *comm_, stop);
   if (r.skipped) ++skipped_;
+  bad_rows_ += r.rows_bad;
   stop_agreed_ = r.stop;
   torch::NoGradGuard no_grad;
   if (use_buffer_) {
@@ -263,6 +265,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   meta["beta"] = core_.beta().value();
   meta["grads"] = grads_;
   meta["skipped"] = skipped_;
+  meta["bad_rows"] = bad_rows_;
   meta["elapsed"] = elapsed_;
   meta["shards"] = options_.shards;
   meta["world_size"] = comm_->world_size();
@@ -319,6 +322,7 @@ json Trainer::load(const std::string& path) {
   core_.beta().set_value(meta.at("beta"));
   grads_ = meta.at("grads");
   skipped_ = meta.value("skipped", 0);
+  bad_rows_ = meta.value("bad_rows", int64_t{0});
   elapsed_ = meta.value("elapsed", 0.0);
   log_.clear();
   for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));

@@ -72,6 +72,8 @@ TEST(Cli, InfoSaysWhereGemmsRunAndTheMallocPolicy) {
   CliRun bad = run_with_prefix("NMCMC_MALLOC=sometimes NMCMC_GEMM=mkl ", "info");
   EXPECT_EQ(bad.code, 0) << bad.out;
   EXPECT_NE(bad.out.find("NMCMC_MALLOC=sometimes is not one of"), std::string::npos) << bad.out;
+  // NMCMC_GEMM is no longer read (the backend is the model's): said, not silently ignored.
+  EXPECT_NE(bad.out.find("NMCMC_GEMM=mkl is no longer read"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, BadInputGetsOneClearLineAndExitCode) {

@@ -160,7 +160,7 @@ TEST(Invariance, LearnedWithBfloat16Networks) {
   // the proposal stays exact.
   for (Variant v : {Variant::kFull, Variant::kLangevin}) {
     auto s = test_support::perturbed_sampler(
-        LearnedOptions().set_dim(20).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.2).set_matmul("bfloat16"), 7);
+        LearnedOptions().set_dim(20).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.2).set_matmul(MatmulOption::kBFloat16), 7);
     auto r = invariance(kFunnel3, std::make_shared<LearnedProposal>(s), 107);
     std::cout << "  bfloat16 " << variant_name(v) << ": " << r.describe() << "\n";
     EXPECT_TRUE(r.passes()) << variant_name(v) << ": " << r.describe();
@@ -171,18 +171,23 @@ TEST(Invariance, LearnedFloat32WithOneDnnGemms) {
   // Note [oneDNN GEMM]: a float32 model whose layers multiply through oneDNN (reordered weights)
   // is exact too; the count shows the path was taken.
   if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
-  const GemmBackend before = set_gemm_backend(GemmBackend::kOneDnn);
   for (Variant v : {Variant::kFull, Variant::kLangevin}) {
-    auto s = test_support::perturbed_sampler(
-        LearnedOptions().set_dim(20).set_variant(v).set_hidden(32).set_steps(2).set_eps(0.2).set_matmul("native"), 7);
+    auto s = test_support::perturbed_sampler(LearnedOptions()
+                                                 .set_dim(20)
+                                                 .set_variant(v)
+                                                 .set_hidden(32)
+                                                 .set_steps(2)
+                                                 .set_eps(0.2)
+                                                 .set_matmul(MatmulOption::kNative)
+                                                 .set_gemm(GemmBackend::kOneDnn),
+                                             7);
     s->to(torch::kFloat32);
-    const uint64_t calls = onednn_gemm_calls();
+    const uint64_t calls = test_hooks::onednn_gemm_calls();
     auto r = invariance(kFunnel3, std::make_shared<LearnedProposal>(s), 108, torch::kFloat32);
     std::cout << "  float32 oneDNN " << variant_name(v) << ": " << r.describe() << "\n";
-    EXPECT_GT(onednn_gemm_calls(), calls) << variant_name(v);
+    EXPECT_GT(test_hooks::onednn_gemm_calls(), calls) << variant_name(v);
     EXPECT_TRUE(r.passes()) << variant_name(v) << ": " << r.describe();
   }
-  set_gemm_backend(before);
 }
 
 TEST(Invariance, LearnedAfterShortTraining) {
@@ -265,7 +270,7 @@ namespace {
 const json kRotated6 = {{"name", "rotated_icg"}, {"dim", 6}, {"seed", 53}, {"eigenvalues", "covariance"}};
 /// Random networks and L from the target's covariance with every other variance doubled (close
 /// but not exact, as a warm-up's estimate is).
-LearnedSampler preconditioned(const std::string& kind, Variant v, uint64_t seed) {
+LearnedSampler preconditioned(Precondition kind, Variant v, uint64_t seed) {
   auto target = make_target(kRotated6, kF64);
   torch::Tensor cov = dynamic_cast<GaussianTarget*>(target.get())->covariance();
   torch::Tensor f = torch::tensor({1.0, 1.41, 1.0, 1.41, 1.0, 1.41}, kF64);
@@ -278,7 +283,7 @@ LearnedSampler preconditioned(const std::string& kind, Variant v, uint64_t seed)
 }  // namespace
 
 TEST(Invariance, PreconditionedLearnedWithRandomNetworks) {
-  for (const std::string kind : {"dense", "diag", "lowrank"}) {
+  for (const Precondition kind : {Precondition::kDense, Precondition::kDiag, Precondition::kLowRank}) {
     for (Variant v : {Variant::kFull, Variant::kLangevin}) {
       auto r = invariance(kRotated6, std::make_shared<LearnedProposal>(preconditioned(kind, v, 8)), 131);
       std::cout << "  " << kind << " " << variant_name(v) << ": " << r.describe() << "\n";
@@ -289,7 +294,7 @@ TEST(Invariance, PreconditionedLearnedWithRandomNetworks) {
 
 TEST(InvariancePower, PreconditionedWithADiagonalReverseFails) {
   // The reverse density computed with diag(L) only (a forgotten off-diagonal) must fail.
-  for (const std::string kind : {"dense", "lowrank"}) {
+  for (const Precondition kind : {Precondition::kDense, Precondition::kLowRank}) {
     for (Variant v : {Variant::kFull, Variant::kLangevin}) {
       auto s = preconditioned(kind, v, 8);
       auto r = invariance(kRotated6, std::make_shared<test_support::BrokenFlow>(s.ptr(), test_support::FlowDefect::kDiagonalReverse), 131);

@@ -243,7 +243,7 @@ TEST(LearnedProposal, StepSizeAdaptationIsRefusedNotIgnored) {
   EXPECT_THROW(run_sampler(*t, kernel, RunOptions(run).set_adapt_step(true), 1), UsageError);
   EXPECT_THROW(run_sampler(*t, kernel, RunOptions(run).set_adapt_mass(true), 1), UsageError);
   // A baseline with a tunable step size adapts it by default.
-  MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler("mala").set_step_size(1e-4)));
+  MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kMala).set_step_size(1e-4)));
   EXPECT_GT(run_sampler(*t, mala, run, 1).step_size, 1e-3);
 }
 
@@ -259,7 +259,7 @@ torch::Tensor test_covariance(int64_t d, uint64_t seed) {
   return a.matmul(a.t()) + torch::diag(torch::linspace(0.2, 2.0, d, kF64));
 }
 /// The perturbed sampler with a preconditioner (m, L from test_covariance).
-LearnedSampler preconditioned_sampler(int64_t d, Variant v, const std::string& kind, uint64_t seed, double scale = 0.3) {
+LearnedSampler preconditioned_sampler(int64_t d, Variant v, Precondition kind, uint64_t seed, double scale = 0.3) {
   auto s = test_support::perturbed_sampler(LearnedOptions()
                                                .set_dim(d)
                                                .set_variant(v)
@@ -280,7 +280,7 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
   at::Generator g0 = make_generator(3);
   torch::Tensor x = t->sample(32, g0);
   const torch::Tensor cov = test_covariance(6, 4);
-  for (const std::string kind : {"dense", "diag", "lowrank"}) {
+  for (const Precondition kind : {Precondition::kDense, Precondition::kDiag, Precondition::kLowRank}) {
     for (bool identity : {true, false}) {
       for (Variant v : {Variant::kFull, Variant::kLangevin}) {
         LearnedSampler s(LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.4)
@@ -293,14 +293,16 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
           s->set_preconditioner(torch::zeros({6}, kF64), cov);
           // lowrank: L L^T is the factor-analysis fit with at most 2 factors, not cov itself.
           torch::Tensor l = s->precondition_matrix();
-          mala->set_inv_mass(kind == "dense" ? cov : kind == "diag" ? cov.diagonal().clone() : l.matmul(l.t()));
+          mala->set_inv_mass(kind == Precondition::kDense  ? cov
+                             : kind == Precondition::kDiag ? cov.diagonal().clone()
+                                                           : l.matmul(l.t()));
         }
         auto learned = std::make_shared<LearnedProposal>(s);
         MetropolisHastings kl(learned), km(mala);
         ChainState sl = kl.init(*t, x), sm = km.init(*t, x);
         at::Generator ga = make_generator(5), gb = make_generator(5);  // same z0 for both
         ProposalResult a = learned->propose(*t, sl, ga), b = mala->propose(*t, sm, gb);
-        if (kind == "lowrank" && !identity) {
+        if (kind == Precondition::kLowRank && !identity) {
           // MALA's noise is C z with C = chol(L L^T); the flow's is L z0. Give the flow the z0 with
           // L z0 = C z (also standard normal: C^-1 L is orthogonal), so both propose the same x'.
           torch::NoGradGuard no_grad;
@@ -327,7 +329,7 @@ TEST(Preconditioner, LogDetIsTheWholeMapsJacobian) {
   // entropy the objective maximises (so a learned L is trained on the exact entropy).
   auto t = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
   at::Generator gen = make_generator(2);
-  for (const std::string kind : {"dense", "diag", "lowrank"}) {
+  for (const Precondition kind : {Precondition::kDense, Precondition::kDiag, Precondition::kLowRank}) {
     for (Variant v : {Variant::kFull, Variant::kNoGrad}) {
       auto s = preconditioned_sampler(5, v, kind, 20, 1.0);
       torch::Tensor x = t->sample(1, gen), z0 = torch::randn({1, 5}, gen, kF64);
@@ -348,7 +350,7 @@ TEST(Preconditioner, LogDetIsTheWholeMapsJacobian) {
 TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
   auto t = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, kF64);
   at::Generator gen = make_generator(6);
-  for (const std::string kind : {"dense", "diag", "lowrank"}) {
+  for (const Precondition kind : {Precondition::kDense, Precondition::kDiag, Precondition::kLowRank}) {
     for (Variant v : {Variant::kFull, Variant::kNoGrad, Variant::kLangevin}) {
       auto s = preconditioned_sampler(6, v, kind, 30);
       torch::NoGradGuard no_grad;
@@ -362,7 +364,7 @@ TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
       }
       torch::Tensor fwd = s->log_density(*t, x, eg.grad, p.x_new);
       torch::Tensor rev = s->log_density(*t, p.x_new, grad_new, x);
-      const std::string what = kind + " " + variant_name(v);
+      const std::string what = enum_name(kind) + " " + variant_name(v);
       // Relative to the size of the log density: these random networks can propose a point whose
       // reverse density is ~exp(-1e75), where two evaluations in double agree to ~1e-15 relative
       // (1e60 absolute; how the last bits fall depends on the CPU's BLAS kernels).
@@ -379,11 +381,13 @@ TEST(Preconditioner, DetailedBalanceIdentityAndRoundTrip) {
 }
 
 TEST(Preconditioner, AutoIsDenseUpToAThousandDimensions) {
-  EXPECT_EQ(resolve_precondition("auto", 2), "dense");
-  EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim), "dense");
-  EXPECT_EQ(resolve_precondition("auto", kDenseMaxDim + 1), "lowrank");
-  EXPECT_EQ(resolve_precondition("none", 5), "none");
-  EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(3).set_precondition("auto")), c10::Error);
+  EXPECT_EQ(resolve_precondition(Precondition::kAuto, 2), Precondition::kDense);
+  EXPECT_EQ(resolve_precondition(Precondition::kAuto, kDenseMaxDim), Precondition::kDense);
+  EXPECT_EQ(resolve_precondition(Precondition::kAuto, kDenseMaxDim + 1), Precondition::kLowRank);
+  EXPECT_EQ(resolve_precondition(Precondition::kNone, 5), Precondition::kNone);
+  EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(3).set_precondition(Precondition::kAuto)), c10::Error);
+  EXPECT_THROW(LearnedOptions::from_json({{"dim", 3}, {"precondition", "full"}}), UsageError);
+  EXPECT_EQ(LearnedOptions::from_json({{"dim", 3}, {"precondition", "lowrank"}}).precondition, Precondition::kLowRank);
 }
 
 // The low-rank L is a factor-analysis fit: L L^T = diag(psi) + W W^T. Where the covariance is
@@ -407,7 +411,7 @@ torch::Tensor fitted(const LowRankFactors& f) {
 TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
   const torch::Tensor cov = factor_covariance(8, 2, 3.0, 9);
   for (int64_t rank : {2, 4}) {
-    LearnedSampler s(LearnedOptions().set_dim(8).set_hidden(8).set_precondition("lowrank").set_precondition_rank(rank));
+    LearnedSampler s(LearnedOptions().set_dim(8).set_hidden(8).set_precondition(Precondition::kLowRank).set_precondition_rank(rank));
     s->to(torch::kFloat64);
     s->set_preconditioner(torch::zeros({8}, kF64), cov);
     torch::Tensor l = s->precondition_matrix();
@@ -470,7 +474,7 @@ TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
     EXPECT_THROW(low_rank_factors(x, 8, 7), c10::Error);  // 1600 rows are not draws of 7 chains
   }
   // Bad factors are refused.
-  LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition("lowrank").set_precondition_rank(5));
+  LearnedSampler s(LearnedOptions().set_dim(6).set_hidden(8).set_precondition(Precondition::kLowRank).set_precondition_rank(5));
   s->to(torch::kFloat64);
   EXPECT_THROW(s->set_low_rank_preconditioner(torch::zeros({6}, kF64), torch::ones({6}, kF64),
                                               torch::ones({6, 2}, kF64), torch::ones({2}, kF64)),
@@ -481,7 +485,7 @@ TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
 }
 
 TEST(Preconditioner, BadInputIsRefused) {
-  LearnedSampler s(LearnedOptions().set_dim(3).set_hidden(8).set_precondition("dense"));
+  LearnedSampler s(LearnedOptions().set_dim(3).set_hidden(8).set_precondition(Precondition::kDense));
   s->to(torch::kFloat64);
   EXPECT_THROW(s->set_preconditioner(torch::zeros({3}, kF64), -torch::eye(3, kF64)), DataError);
   EXPECT_THROW(s->set_preconditioner(torch::zeros({3}, kF64), torch::eye(4, kF64)), DataError);
@@ -498,7 +502,7 @@ TEST(Preconditioner, LearnedLIsTrainedSavedAndLoaded) {
   // learn_precondition: L's entries are parameters that the entropy objective moves (their
   // gradient includes log|det L|); a checkpoint round trip keeps m and L exactly.
   auto t = make_target(tiny_config_target(), torch::kFloat32);
-  auto options = LearnedOptions().set_dim(10).set_hidden(16).set_steps(1).set_eps(0.05).set_precondition("dense")
+  auto options = LearnedOptions().set_dim(10).set_hidden(16).set_steps(1).set_eps(0.05).set_precondition(Precondition::kDense)
                      .set_learn_precondition(true);
   LearnedSampler sampler(options);
   Trainer tr(*t, sampler.ptr(), tiny_train(6));
@@ -514,7 +518,7 @@ TEST(Preconditioner, LearnedLIsTrainedSavedAndLoaded) {
   EXPECT_TRUE(torch::equal(loaded->precondition_matrix(), l1));
   EXPECT_TRUE(torch::equal(loaded->precondition_shift(), sampler->precondition_shift()));
   // A fixed preconditioner is a buffer: not among the parameters the optimiser moves.
-  LearnedSampler fixed(LearnedOptions().set_dim(10).set_hidden(16).set_precondition("dense"));
+  LearnedSampler fixed(LearnedOptions().set_dim(10).set_hidden(16).set_precondition(Precondition::kDense));
   int found = 0;
   for (const auto& b : fixed->named_buffers()) found += b.key().find("precondition") != std::string::npos;
   EXPECT_EQ(found, 4);  // shift, base, log scale, lower
@@ -590,15 +594,14 @@ TEST(LearnedProposal, SetMatmulSwitchesTheNetworksPrecision) {
   at::Generator gen = make_generator(8);
   for (Variant v : {Variant::kFull, Variant::kLangevin}) {
     auto opts = LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3);
-    auto built = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul("bfloat16"), 30);
-    auto switched = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul("native"), 30);
-    auto native = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul("native"), 30);
+    auto built = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul(MatmulOption::kBFloat16), 30);
+    auto switched = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul(MatmulOption::kNative), 30);
+    auto native = test_support::perturbed_sampler(LearnedOptions(opts).set_matmul(MatmulOption::kNative), 30);
     for (auto* s : {&built, &switched, &native}) (*s)->to(torch::kFloat32);
-    switched->set_matmul("bfloat16");
-    EXPECT_EQ(switched->options().matmul, "bfloat16");
+    switched->set_matmul(MatmulOption::kBFloat16);
+    EXPECT_EQ(switched->options().matmul, MatmulOption::kBFloat16);
     EXPECT_EQ(switched->options_json()["matmul"], "bfloat16");
-    EXPECT_THROW(switched->set_matmul("bf16"), UsageError);
-    EXPECT_EQ(switched->options().matmul, "bfloat16");  // a refused value changes nothing
+    EXPECT_EQ(switched->linear_policy().matmul, MatmulOption::kBFloat16);
     torch::NoGradGuard no_grad;
     torch::Tensor x = t->sample(32, gen);
     auto eg = t->energy_and_grad(x);
@@ -609,7 +612,7 @@ TEST(LearnedProposal, SetMatmulSwitchesTheNetworksPrecision) {
     EXPECT_TRUE(torch::equal(ps.x_new, pb.x_new)) << variant_name(v);
     EXPECT_TRUE(torch::equal(ps.log_q_fwd, pb.log_q_fwd)) << variant_name(v);
     EXPECT_FALSE(torch::equal(ps.x_new, pn.x_new)) << variant_name(v);  // it did switch
-    switched->set_matmul("native");
+    switched->set_matmul(MatmulOption::kNative);
     EXPECT_TRUE(torch::equal(switched->propose_from(*t, x, eg.grad, z0, false).x_new, pn.x_new)) << variant_name(v);
   }
 }
@@ -625,9 +628,9 @@ TEST(LearnedProposal, Bfloat16NetworksKeepTheIdentityRowByRow) {
   at::Generator gen = make_generator(6);
   for (Variant v : {Variant::kFull, Variant::kLangevin}) {
     auto s = test_support::perturbed_sampler(
-        LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3).set_matmul("bfloat16"), 30);
+        LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3).set_matmul(MatmulOption::kBFloat16), 30);
     auto native = test_support::perturbed_sampler(
-        LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3).set_matmul("native"), 30);
+        LearnedOptions().set_dim(6).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3).set_matmul(MatmulOption::kNative), 30);
     torch::NoGradGuard no_grad;
     torch::Tensor x = t->sample(64, gen);
     auto eg = t->energy_and_grad(x);

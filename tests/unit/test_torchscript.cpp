@@ -171,7 +171,7 @@ TEST(TorchScript, NanOnPartOfTheSpaceIsRejectedAndCountedAsDivergence) {
                  "    return l + 0.5 * l * l + 0.5 * (x[:, 1:] ** 2).sum(-1)\n");
   auto t = make_target({{"name", "torchscript"}, {"module", path}, {"dim", 2}}, kF64);
   for (const std::string sampler : {"mala", "hmc", "nuts"}) {
-    auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(sampler));
+    auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(parse_enum<SamplerKind>(sampler)));
     RunOptions o;
     o.set_chains(4).set_warmup(300).set_draws(sampler == "mala" ? 4000 : sampler == "hmc" ? 2000 : 1000);
     SampleResult r = run_sampler(*t, *kernel, o, 11);
@@ -186,6 +186,58 @@ TEST(TorchScript, NanOnPartOfTheSpaceIsRejectedAndCountedAsDivergence) {
   }
 }
 
+// Note [A density may fail]: a density that raises where x0 <= 0 (as a Cholesky factorisation
+// raises where a kernel matrix is not positive definite) is sampled as the one above that is NaN
+// there: the failing rows are rejected (divergences), the moments are right, and the summary's
+// count and message say so. Before, the first such point ended the run ("internal error").
+TEST(TorchScript, RaisingOnPartOfTheSpaceIsRejectedLikeNan) {
+  const std::string path = save_module(
+      "halfraise", "def forward(self, x):\n"
+                   "    if bool((x[:, 0] <= 0).any()):\n"
+                   "        raise RuntimeError('x0 must be positive')\n"
+                   "    l = torch.log(x[:, 0])\n"
+                   "    return l + 0.5 * l * l + 0.5 * (x[:, 1:] ** 2).sum(-1)\n");
+  for (const std::string sampler : {"mala", "hmc", "nuts"}) {
+    auto t = make_target({{"name", "torchscript"}, {"module", path}, {"dim", 2}}, kF64);
+    auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(parse_enum<SamplerKind>(sampler)));
+    RunOptions o;
+    o.set_chains(4).set_warmup(300).set_draws(sampler == "mala" ? 4000 : sampler == "hmc" ? 2000 : 1000);
+    SampleResult r = run_sampler(*t, *kernel, o, 11);
+    EXPECT_TRUE(torch::isfinite(r.draws).all().item<bool>()) << sampler;
+    torch::Tensor x0 = r.draws.select(2, 0);
+    ASSERT_TRUE((x0 > 0).all().item<bool>()) << sampler;
+    EXPECT_GT(r.divergent.sum().item<int64_t>(), 0) << sampler;
+    EXPECT_GT(t->density_failures(), 0) << sampler;
+    EXPECT_NE(t->first_density_failure().find("x0 must be positive"), std::string::npos) << t->first_density_failure();
+    torch::Tensor l = x0.log();
+    EXPECT_LT(std::abs(l.mean().item<double>()), 0.2) << sampler;
+    EXPECT_LT(std::abs(l.std().item<double>() - 1.0), 0.2) << sampler;
+  }
+  // Row by row: in a batch with one failing row the others keep their values.
+  auto t = make_target({{"name", "torchscript"}, {"module", path}, {"dim", 2}}, kF64);
+  torch::Tensor x = torch::tensor({{1.5, 0.3}, {-1.0, 0.0}, {0.5, -0.2}}, kF64);
+  EnergyGrad eg = t->energy_and_grad(x);
+  EXPECT_TRUE(std::isnan(eg.energy[1].item<double>()));
+  EXPECT_TRUE(torch::isnan(eg.grad[1]).all().item<bool>());
+  EnergyGrad good = t->energy_and_grad(x.index_select(0, torch::tensor({0, 2})));
+  EXPECT_TRUE(torch::allclose(eg.energy.index_select(0, torch::tensor({0, 2})), good.energy));
+  EXPECT_TRUE(torch::allclose(eg.grad.index_select(0, torch::tensor({0, 2})), good.grad));
+  EXPECT_EQ(t->energy_evals(), 2);  // a batch counts once, row by row or not
+  // A density that raises everywhere cannot start: the message says what it raised.
+  const std::string nowhere = save_module("nowhere", "def forward(self, x):\n"
+                                                      "    if bool((x == x).all()):\n"
+                                                      "        raise RuntimeError('no support')\n"
+                                                      "    return x.sum(-1)\n");
+  auto tn = make_target({{"name", "torchscript"}, {"module", nowhere}, {"dim", 2}}, kF64);
+  at::Generator gen = make_generator(5);
+  try {
+    finite_starting_points(*tn, initial_positions(*tn, "uniform", 4, gen), "uniform", gen);
+    ADD_FAILURE() << "no starting point can be found";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no support"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TorchScript, StartingPointsOutsideTheSupport) {
   // Finite only for x0 > 1: uniform(-2, 2) starts are drawn again (Stan's rule) and succeed;
   // a given starting point outside the support is refused, never replaced.
@@ -196,7 +248,7 @@ TEST(TorchScript, StartingPointsOutsideTheSupport) {
   torch::Tensor x0 = finite_starting_points(*t, initial_positions(*t, "uniform", 8, gen), "uniform", gen);
   EXPECT_TRUE((x0.select(1, 0) > 1.0).all().item<bool>());
   EXPECT_THROW(finite_starting_points(*t, torch::zeros({2, 2}, kF64), "", gen), UsageError);
-  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler("mala"));
+  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kMala));
   RunOptions o;
   o.set_chains(2).set_warmup(5).set_draws(5).set_init_x(torch::zeros({1, 2}, kF64));
   EXPECT_THROW(run_sampler(*t, *kernel, o, 1), UsageError);

@@ -65,15 +65,17 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
   }
 }
 
-/// Leaves the rows of zero gradient out of every layer however small (Note [Zero-gradient rows]:
-/// by default only in layers of 2^16 weights or more), for the test's lifetime.
-struct SkipZeroRowsOfSmallLayers {
-  int64_t previous = set_zero_gradient_rows_min_layer(0);
-  ~SkipZeroRowsOfSmallLayers() { set_zero_gradient_rows_min_layer(previous); }
-};
+/// A policy that leaves the rows of zero gradient out of every layer however small (Note
+/// [Zero-gradient rows]: by default only in layers of 2^16 weights or more).
+LinearPolicy small_layers_skip(MatmulOption matmul = MatmulOption::kNative) {
+  LinearPolicy p;
+  p.matmul = matmul;
+  p.zero_rows_min_layer = 0;
+  return p;
+}
 
 StepMLP random_mlp() {
-  StepMLP mlp(3, 6, 16, 6, 2, "elu", true);
+  StepMLP mlp(3, 6, 16, 6, 2, Activation::kElu, true, small_layers_skip());
   mlp->to(torch::kFloat64);
   torch::NoGradGuard no_grad;
   at::Generator gen = make_generator(9);
@@ -145,7 +147,6 @@ TEST(DeferredWeightGrads, EqualAutogradsGradients) {
 // products inside a training step's scope. The gradients equal those of the other rows alone
 // (computed with skipping off), and the skipping is seen to happen.
 TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
-  SkipZeroRowsOfSmallLayers small;
   StepMLP mlp = random_mlp();
   at::Generator gen = make_generator(11);
   const torch::Tensor x_all = torch::randn({16, 6}, gen, kF64);
@@ -164,17 +165,19 @@ TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
     return torch::where(m, per_row, torch::zeros_like(per_row)).sum();
   };
   // Reference: only the live rows, every row multiplied.
-  const bool previous = set_skip_zero_gradient_rows(false);
+  LinearPolicy every_row = small_layers_skip();
+  every_row.skip_zero_gradient_rows = false;
+  mlp->set_policy(every_row);
   const torch::Tensor idx = torch::tensor(live, torch::kLong);
   torch::Tensor x_live = x_all.index_select(0, idx).clone().requires_grad_();
   loss_of(x_live, torch::ones({5}, torch::kBool)).backward();
   const std::vector<torch::Tensor> ref = grads_of(*mlp);
   const torch::Tensor ref_dx = x_live.grad().clone();
   for (const auto& g : ref) ASSERT_TRUE(g.defined());
-  set_skip_zero_gradient_rows(true);
+  mlp->set_policy(small_layers_skip());
 
   clear_grads(*mlp);
-  const uint64_t skipped = zero_gradient_rows_skipped();
+  const uint64_t skipped = test_hooks::zero_gradient_rows_skipped();
   torch::Tensor x = x_all.clone().requires_grad_();
   {
     DeferredWeightGrads deferred;  // a training step's scope
@@ -182,27 +185,29 @@ TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
     deferred.flush();
   }
   // 24 uses (2 passes x 3 sub-steps x 4 layers), each with 11 rows of zero output gradient
-  EXPECT_EQ(zero_gradient_rows_skipped() - skipped, 24u * 11);
+  EXPECT_EQ(test_hooks::zero_gradient_rows_skipped() - skipped, 24u * 11);
   expect_close(grads_of(*mlp), ref, 1e-12);
   EXPECT_LE((x.grad().index_select(0, idx) - ref_dx).abs().max().item<double>(), 1e-12);
   EXPECT_EQ(x.grad().index_select(0, (~mask).nonzero().squeeze(1)).abs().max().item<double>(), 0.0);
   // By default layers this small (16 x 16) multiply every row: leaving rows out would save less
   // than the gathers cost.
   {
-    const int64_t small_layers = set_zero_gradient_rows_min_layer(int64_t{1} << 16);
+    mlp->set_policy(LinearPolicy());
     clear_grads(*mlp);
-    const uint64_t before = zero_gradient_rows_skipped();
+    const uint64_t before = test_hooks::zero_gradient_rows_skipped();
     torch::Tensor x2 = x_all.clone().requires_grad_();
     {
       DeferredWeightGrads deferred;
       loss_of(x2, mask).backward();
       deferred.flush();
     }
-    EXPECT_EQ(zero_gradient_rows_skipped(), before);
+    EXPECT_EQ(test_hooks::zero_gradient_rows_skipped(), before);
     expect_close(grads_of(*mlp), ref, 1e-12);
-    set_zero_gradient_rows_min_layer(small_layers);
   }
-  set_skip_zero_gradient_rows(previous);
+  // The setting is the model's, not the process's: another model in the same process is unaffected.
+  StepMLP other = random_mlp();
+  EXPECT_EQ(other->policy().zero_rows_min_layer, 0);
+  EXPECT_EQ(LinearPolicy().zero_rows_min_layer, int64_t{1} << 16);
 }
 
 // FusedAdam takes torch's Adam steps (float64 to rounding, float32 to a few ulps) and its state
@@ -309,7 +314,6 @@ TEST(FusedAdam, ClipAndStepEqualsClipGradNormThenStep) {
 // gradients dropped rather than zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
 // torch's Adam, for the full and the Langevin variant in float64.
 TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
-  SkipZeroRowsOfSmallLayers small;
   auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1}}, kF64);
   for (Variant v : {Variant::kFull, Variant::kLangevin}) {
     SCOPED_TRACE(variant_name(v));
@@ -318,13 +322,14 @@ TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
     LearnedSampler plain = test_support::perturbed_sampler(opts, 21);
     fast->to(torch::kFloat64);
     plain->to(torch::kFloat64);
+    fast->set_linear_policy(small_layers_skip(opts.matmul));
     auto adam = torch::optim::AdamOptions(1e-2);
     const double clip = 0.5;  // small enough that clipping acts
     ProposalTrainer trainer(fast.ptr(), adam, BetaController(0.5, 1e-3, 1e3, 0.3, 0.7), clip);
     torch::optim::Adam reference(plain->parameters(), adam);
     at::Generator data = make_generator(3), g1 = make_generator(7), g2 = make_generator(7);
     double beta = 0.5;
-    const uint64_t skipped = zero_gradient_rows_skipped();
+    const uint64_t skipped = test_hooks::zero_gradient_rows_skipped();
     for (int step = 0; step < 4; ++step) {
       torch::Tensor x = target->sample(9, data);
       auto [u, grad] = target->energy_and_grad(x);
@@ -341,7 +346,7 @@ TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
     }
     // Rows accepted with probability one left the reverse pass's products (Note [Zero-gradient
     // rows]); the plain step, outside a scope, multiplied every row.
-    EXPECT_GT(zero_gradient_rows_skipped(), skipped);
+    EXPECT_GT(test_hooks::zero_gradient_rows_skipped(), skipped);
     auto pf = fast->parameters(), pp = plain->parameters();
     ASSERT_EQ(pf.size(), pp.size());
     double moved = 0;
@@ -359,34 +364,39 @@ TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {
 // ---- Note [Bfloat16 matmul] ----
 
 TEST(Bfloat16Matmul, OptionsAreCheckedAndResolved) {
-  EXPECT_THROW(check_matmul_option("fast"), UsageError);
+  using M = MatmulOption;
+  EXPECT_THROW(parse_enum<MatmulOption>("fast"), UsageError);
   EXPECT_THROW(LearnedOptions::from_json({{"dim", 4}, {"matmul", "bf16"}}), UsageError);
-  EXPECT_EQ(LearnedOptions::from_json({{"dim", 4}}).matmul, "auto");
-  EXPECT_EQ(LearnedOptions::from_json(LearnedOptions().set_dim(4).set_matmul("bfloat16").to_json()).matmul, "bfloat16");
+  EXPECT_THROW(LearnedOptions::from_json({{"dim", 4}, {"gemm", "mkl"}}), UsageError);
+  EXPECT_THROW(LearnedOptions::from_json({{"dim", 4}, {"matmul", 1}}), UsageError);
+  EXPECT_EQ(LearnedOptions::from_json({{"dim", 4}}).matmul, M::kAuto);
+  EXPECT_EQ(LearnedOptions::from_json({{"dim", 4}}).gemm, GemmBackend::kAuto);
+  EXPECT_EQ(LearnedOptions::from_json(LearnedOptions().set_dim(4).set_matmul(M::kBFloat16).to_json()).matmul, M::kBFloat16);
+  EXPECT_EQ(LearnedOptions().set_dim(4).set_gemm(GemmBackend::kLibTorch).to_json().at("gemm"), "libtorch");
   const torch::Tensor f32 = torch::zeros({2, 2}), f64 = torch::zeros({2, 2}, kF64);
-  EXPECT_EQ(resolve_matmul("native", f32), Matmul::kNative);
-  EXPECT_EQ(resolve_matmul("bfloat16", f32), Matmul::kBFloat16);
-  EXPECT_EQ(resolve_matmul("bfloat16", f64), Matmul::kBFloat16);
-  EXPECT_EQ(resolve_matmul("auto", f64), Matmul::kNative);  // auto never lowers a float64 model
+  EXPECT_EQ(resolve_matmul(M::kNative, f32), Matmul::kNative);
+  EXPECT_EQ(resolve_matmul(M::kBFloat16, f32), Matmul::kBFloat16);
+  EXPECT_EQ(resolve_matmul(M::kBFloat16, f64), Matmul::kBFloat16);
+  EXPECT_EQ(resolve_matmul(M::kAuto, f64), Matmul::kNative);  // auto never lowers a float64 model
   const bool fast = cpu_has_fast_bf16_matmul();
   {
     torch::AutoGradMode training(true);  // auto trains in the model's own precision
-    EXPECT_EQ(resolve_matmul("auto", f32), Matmul::kNative);
-    EXPECT_EQ(resolve_matmul("bfloat16", f32), Matmul::kBFloat16);
-    EXPECT_EQ(matmul_dtype_name("auto", torch::kFloat32, torch::kCPU, true), "float32");
-    EXPECT_EQ(matmul_dtype_name("bfloat16", torch::kFloat32, torch::kCPU, true), "bfloat16");
+    EXPECT_EQ(resolve_matmul(M::kAuto, f32), Matmul::kNative);
+    EXPECT_EQ(resolve_matmul(M::kBFloat16, f32), Matmul::kBFloat16);
+    EXPECT_EQ(matmul_dtype_name(M::kAuto, torch::kFloat32, torch::kCPU, true), "float32");
+    EXPECT_EQ(matmul_dtype_name(M::kBFloat16, torch::kFloat32, torch::kCPU, true), "bfloat16");
   }
   {
     torch::NoGradGuard sampling;  // and samples in bfloat16 where that is fast
-    EXPECT_EQ(resolve_matmul("auto", f32), fast ? Matmul::kBFloat16 : Matmul::kNative);
-    EXPECT_EQ(resolve_matmul("auto", f64), Matmul::kNative);
-    EXPECT_EQ(resolve_matmul("native", f32), Matmul::kNative);
+    EXPECT_EQ(resolve_matmul(M::kAuto, f32), fast ? Matmul::kBFloat16 : Matmul::kNative);
+    EXPECT_EQ(resolve_matmul(M::kAuto, f64), Matmul::kNative);
+    EXPECT_EQ(resolve_matmul(M::kNative, f32), Matmul::kNative);
   }
-  EXPECT_EQ(matmul_dtype_name("auto", torch::kFloat32, torch::kCPU, false), fast ? "bfloat16" : "float32");
-  EXPECT_EQ(matmul_summary("auto", torch::kFloat32, torch::kCPU),
+  EXPECT_EQ(matmul_dtype_name(M::kAuto, torch::kFloat32, torch::kCPU, false), fast ? "bfloat16" : "float32");
+  EXPECT_EQ(matmul_summary(M::kAuto, torch::kFloat32, torch::kCPU),
             fast ? "float32 in training, bfloat16 in sampling" : "float32");
-  EXPECT_EQ(matmul_summary("bfloat16", torch::kFloat32, torch::kCPU), "bfloat16");
-  EXPECT_EQ(matmul_summary("native", torch::kFloat64, torch::kCPU), "float64");
+  EXPECT_EQ(matmul_summary(M::kBFloat16, torch::kFloat32, torch::kCPU), "bfloat16");
+  EXPECT_EQ(matmul_summary(M::kNative, torch::kFloat64, torch::kCPU), "float64");
 }
 
 // The product is a bfloat16 GEMM's (bfloat16 operands, float32 accumulation, result rounded to
@@ -401,15 +411,17 @@ TEST(Bfloat16Matmul, LinearMultipliesInBfloat16AndFollowsWeightUpdates) {
     torch::Tensor wr = (transposed ? weight.t() : weight).to(torch::kBFloat16).to(torch::kFloat);
     return x.to(torch::kBFloat16).to(torch::kFloat).mm(wr);
   };
+  WeightCache cache;  // the layer's: its copies must follow the weight
+  const LinearPolicy bf16{MatmulOption::kBFloat16};
   auto check = [&](const torch::Tensor& weight, bool transposed) {
-    torch::Tensor out = linear(x, weight, b, transposed, Matmul::kBFloat16);
+    torch::Tensor out = linear(x, weight, b, transposed, bf16, &cache);
     ASSERT_EQ(out.scalar_type(), torch::kFloat);
     torch::Tensor exact = reference(weight, transposed);
     const double scale = exact.abs().max().item<double>();
     // the result is the rounded product: within one bfloat16 ulp (2^-8 relative) of it
     EXPECT_LE(((out - b) - exact).abs().max().item<double>(), scale * std::pow(2.0, -7));
     // and it is not the float32 product of the unrounded operands
-    torch::Tensor native = linear(x, weight, b, transposed, Matmul::kNative);
+    torch::Tensor native = linear(x, weight, b, transposed, LinearPolicy{MatmulOption::kNative, GemmBackend::kLibTorch});
     EXPECT_GT((out - native).abs().max().item<double>(), scale * 1e-5);
     EXPECT_LE((out - native).abs().max().item<double>(), scale * 5e-2);
   };
@@ -425,8 +437,8 @@ TEST(Bfloat16Matmul, LinearMultipliesInBfloat16AndFollowsWeightUpdates) {
 // buffer) gives the gradients autograd computes through the casts, to bfloat16 rounding, and
 // they are not the native gradients.
 TEST(Bfloat16Matmul, DeferredGradientsEqualAutogradThroughTheCasts) {
-  StepMLP mlp(3, 6, 16, 6, 2, "elu", true, "bfloat16");
-  StepMLP native(3, 6, 16, 6, 2, "elu", true, "native");
+  StepMLP mlp(3, 6, 16, 6, 2, Activation::kElu, true, LinearPolicy{MatmulOption::kBFloat16});
+  StepMLP native(3, 6, 16, 6, 2, Activation::kElu, true, LinearPolicy{MatmulOption::kNative});
   mlp->to(torch::kFloat64);
   native->to(torch::kFloat64);
   {
@@ -526,7 +538,7 @@ TEST(FastActivations, AccurateNanSafeAndDifferentiable) {
 // bit for bit what the differentiable path computes.
 TEST(Bfloat16Matmul, FusedSamplingPathEqualsTheDifferentiableOne) {
   for (const bool tanh_last : {false, true}) {
-    StepMLP mlp(2, 6, 48, 5, 2, "elu", tanh_last, "bfloat16");
+    StepMLP mlp(2, 6, 48, 5, 2, Activation::kElu, tanh_last, LinearPolicy{MatmulOption::kBFloat16});
     mlp->to(torch::kFloat32);
     at::Generator gen = make_generator(11);
     {
@@ -539,7 +551,7 @@ TEST(Bfloat16Matmul, FusedSamplingPathEqualsTheDifferentiableOne) {
     torch::NoGradGuard no_grad;
     torch::Tensor fused = mlp->forward(1, x);
     EXPECT_TRUE(torch::equal(fused, with_graph.detach())) << (fused - with_graph).abs().max();
-    StepMLP native(2, 6, 48, 5, 2, "elu", tanh_last, "native");
+    StepMLP native(2, 6, 48, 5, 2, Activation::kElu, tanh_last, LinearPolicy{MatmulOption::kNative});
     native->to(torch::kFloat32);
     auto p = mlp->parameters(), q = native->parameters();
     for (size_t i = 0; i < p.size(); ++i) q[i].copy_(p[i]);
@@ -553,23 +565,17 @@ TEST(Bfloat16Matmul, FusedSamplingPathEqualsTheDifferentiableOne) {
 // LibTorch's (OpenBLAS) to float32 rounding, follow in-place and set_data updates of the weight
 // (a stale cached copy fails the second and third checks), give a row the same bits whatever the
 // other rows hold, and the training step's gradients (deferred, in a scope) equal OpenBLAS's.
-namespace {
-struct OneDnnSwitch {  // restores the process-wide setting
-  GemmBackend before = set_gemm_backend(GemmBackend::kOneDnn);
-  ~OneDnnSwitch() { set_gemm_backend(before); }
-};
-}  // namespace
-
 TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
-  OneDnnSwitch restore;
   if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
   torch::NoGradGuard no_grad;
   at::Generator gen = make_generator(13);
   torch::Tensor x = torch::randn({33, 40}, gen, torch::TensorOptions());
   torch::Tensor w = torch::randn({40, 24}, gen, torch::TensorOptions());
   torch::Tensor b = torch::randn({24}, gen, torch::TensorOptions());
+  WeightCache cache;  // the layer's: its reordered copies must follow the weight
+  const LinearPolicy onednn{MatmulOption::kNative, GemmBackend::kOneDnn};
   auto check = [&](const torch::Tensor& weight, bool transposed) {
-    torch::Tensor out = linear(x, weight, b, transposed, Matmul::kNative);
+    torch::Tensor out = linear(x, weight, b, transposed, onednn, &cache);
     torch::Tensor exact = torch::addmm(b.to(torch::kFloat64), x.to(torch::kFloat64),
                                        (transposed ? weight.t() : weight).to(torch::kFloat64));
     const double scale = exact.abs().max().item<double>();
@@ -583,37 +589,37 @@ TEST(OneDnnGemm, LinearEqualsLibTorchAndFollowsWeightUpdates) {
   w.set_data(torch::randn({40, 24}, gen, torch::TensorOptions()));  // new storage
   check(w, false);
   // The path is taken, and the automatic choice follows the threads (Note [oneDNN GEMM]).
-  const uint64_t calls = onednn_gemm_calls();
-  (void)linear(x, w, b, false, Matmul::kNative);
-  EXPECT_GT(onednn_gemm_calls(), calls);
-  set_gemm_backend(GemmBackend::kLibTorch);
-  EXPECT_FALSE(onednn_gemm_enabled());
-  set_gemm_backend(GemmBackend::kAuto);
+  const uint64_t calls = test_hooks::onednn_gemm_calls();
+  (void)linear(x, w, b, false, onednn, &cache);
+  EXPECT_GT(test_hooks::onednn_gemm_calls(), calls);
+  const uint64_t calls2 = test_hooks::onednn_gemm_calls();
+  (void)linear(x, w, b, false, LinearPolicy{MatmulOption::kNative, GemmBackend::kLibTorch}, &cache);
+  EXPECT_EQ(test_hooks::onednn_gemm_calls(), calls2);  // libtorch: not through oneDNN
+  EXPECT_FALSE(onednn_gemm_enabled(GemmBackend::kLibTorch));
   const int threads = at::get_num_threads();
   at::set_num_threads(2);
-  EXPECT_FALSE(onednn_gemm_enabled());  // two LibTorch threads: LibTorch's GEMM
+  EXPECT_FALSE(onednn_gemm_enabled(GemmBackend::kAuto));  // two LibTorch threads: LibTorch's GEMM
   at::set_num_threads(threads);
-  set_gemm_backend(GemmBackend::kOneDnn);
-  EXPECT_TRUE(onednn_gemm_enabled());
+  EXPECT_TRUE(onednn_gemm_enabled(GemmBackend::kOneDnn));
   // A row's bits do not depend on the other rows (same batch size, same place).
-  torch::Tensor base = linear(x, w, b, false, Matmul::kNative);
+  torch::Tensor base = linear(x, w, b, false, onednn, &cache);
   torch::Tensor x2 = torch::randn({33, 40}, gen, torch::TensorOptions());
   x2[5] = x[5];
   x2[32] = x[32];
-  torch::Tensor again = linear(x2, w, b, false, Matmul::kNative);
+  torch::Tensor again = linear(x2, w, b, false, onednn, &cache);
   EXPECT_TRUE(torch::equal(again[5], base[5]));
   EXPECT_TRUE(torch::equal(again[32], base[32]));
   EXPECT_FALSE(torch::equal(again, base));
 }
 
 TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
-  SkipZeroRowsOfSmallLayers small;
-  OneDnnSwitch restore;
   if (!onednn_gemm_available()) GTEST_SKIP() << "this build has no oneDNN";
-  auto run = [](bool onednn) {
-    set_gemm_backend(onednn ? GemmBackend::kOneDnn : GemmBackend::kLibTorch);
+  auto run = [](bool onednn, bool skip_rows) {
+    LinearPolicy policy = small_layers_skip();
+    policy.gemm = onednn ? GemmBackend::kOneDnn : GemmBackend::kLibTorch;
+    policy.skip_zero_gradient_rows = skip_rows;
     // wide enough that the two GEMMs sum in different orders (at width 16 they agree bit for bit)
-    StepMLP mlp(3, 6, 160, 6, 2, "elu", true);
+    StepMLP mlp(3, 6, 160, 6, 2, Activation::kElu, true, policy);
     {
       torch::NoGradGuard no_grad;
       at::Generator pg = make_generator(9);
@@ -643,12 +649,10 @@ TEST(OneDnnGemm, TrainingGradientsEqualOpenBlasOnes) {
     g.push_back(x.grad().clone());
     return g;
   };
-  const uint64_t skipped = zero_gradient_rows_skipped();
-  const std::vector<torch::Tensor> with = run(true);
-  EXPECT_GT(zero_gradient_rows_skipped(), skipped);
-  const bool previous = set_skip_zero_gradient_rows(false);  // the reference multiplies every row
-  const std::vector<torch::Tensor> without = run(false);
-  set_skip_zero_gradient_rows(previous);
+  const uint64_t skipped = test_hooks::zero_gradient_rows_skipped();
+  const std::vector<torch::Tensor> with = run(true, true);
+  EXPECT_GT(test_hooks::zero_gradient_rows_skipped(), skipped);
+  const std::vector<torch::Tensor> without = run(false, false);  // the reference multiplies every row
   expect_close(with, without, 1e-4);
   // They are different computations (another summation order), not the same call twice.
   double differ = 0.0;
@@ -713,4 +717,95 @@ TEST(EntropyObjective, GradientMatchesFiniteDifferences) {
     }
     EXPECT_GT(checked, 10);
   }
+}
+
+// ---- Note [Non-finite rows in training] ----
+
+namespace {
+/// N(0, I) in 4-d whose energy is NaN where x0 > 1 (a density that overflows or raises there).
+class Holey : public Target {
+ public:
+  explicit Holey(bool hole) : Target(kF64), hole_(hole) {}
+  std::string name() const override { return "holey"; }
+  int64_t dim() const override { return 4; }
+  nlohmann::json spec() const override { return {{"name", "holey"}}; }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override {
+    torch::Tensor u = 0.5 * (x * x).sum(1);
+    if (!hole_) return u;
+    return torch::where(x.select(1, 0) > 1.0, torch::full_like(u, NAN), u);
+  }
+
+ private:
+  bool hole_;
+};
+}  // namespace
+
+// A row whose proposal meets a non-finite energy counts as rejected and adds exactly nothing to the
+// gradient: the gradient equals the one of the same batch on the target without the hole with
+// those rows masked out of the loss (the other rows' computations are the same on both). Before,
+// the step's gradient was NaN and the whole step was skipped.
+TEST(ProposalTrainer, NonFiniteRowsAreRejectedAndAddNothing) {
+  Holey holey(true), plain(false);
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    SCOPED_TRACE(variant_name(v));
+    auto opts = LearnedOptions().set_dim(4).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.8);
+    LearnedSampler a = test_support::perturbed_sampler(opts, 5), b = test_support::perturbed_sampler(opts, 5);
+    at::Generator data = make_generator(2);
+    torch::Tensor x = 0.6 * torch::randn({48, 4}, data, kF64);  // finite starting rows, x0 < 1 mostly
+    x.select(1, 0).clamp_max_(0.9);
+    auto eg = plain.energy_and_grad(x);
+    const double beta = 0.3;
+    at::Generator g1 = make_generator(9), g2 = make_generator(9);
+    ObjectiveTerms t = entropy_objective(holey, *a, x, eg.energy, eg.grad, beta, g1, true);
+    ASSERT_GT(t.rows_bad, 0);
+    ASSERT_LT(t.rows_bad, 48);
+    EXPECT_TRUE(std::isfinite(t.loss_value));
+    t.loss.backward();
+    // the reference: the plain target, the same draws, the bad rows masked out by hand
+    ObjectiveTerms r = entropy_objective(plain, *b, x, eg.energy, eg.grad, beta, g2, true);
+    const Proposed& p = r.proposed;
+    const torch::Tensor good = torch::isfinite(t.log_a);
+    EXPECT_EQ(good.sum().item<int64_t>(), 48 - t.rows_bad);
+    torch::Tensor per_x = torch::clamp_max(log_acceptance(eg.energy, p.energy_new, p.log_q_rev - p.log_q_fwd), 0.0) +
+                          beta * (p.log_det + 4.0 * b->log_eps().to(torch::kFloat64));
+    (-torch::where(good, per_x, torch::zeros_like(per_x)).sum() / good.sum().to(torch::kFloat64)).backward();
+    auto pa = a->parameters(), pb = b->parameters();
+    double largest = 0;
+    for (size_t k = 0; k < pa.size(); ++k) {
+      if (!pb[k].grad().defined()) continue;
+      ASSERT_TRUE(pa[k].grad().defined()) << k;
+      ASSERT_TRUE(torch::isfinite(pa[k].grad()).all().item<bool>()) << k;
+      EXPECT_LE((pa[k].grad() - pb[k].grad()).abs().max().item<double>(), 1e-10 * (1 + pb[k].grad().abs().max().item<double>()))
+          << k;
+      largest = std::max(largest, pb[k].grad().abs().max().item<double>());
+    }
+    EXPECT_GT(largest, 1e-6);  // a real gradient, not two zeros
+    // The bad rows are rejected: the buffer keeps them where they were.
+    at::Generator g3 = make_generator(4);
+    torch::Tensor moved = advance_rows(x, eg.energy, t, g3);
+    const torch::Tensor bad = ~good;
+    EXPECT_TRUE(torch::equal(moved.index({bad}), x.index({bad})));
+  }
+}
+
+// Through the trainer: no step is skipped, and the bad rows are counted.
+TEST(ProposalTrainer, StepsWithNonFiniteRowsAreNotSkipped) {
+  Holey holey(true);
+  auto opts = LearnedOptions().set_dim(4).set_hidden(16).set_steps(1).set_eps(0.8);
+  LearnedSampler s = test_support::perturbed_sampler(opts, 6);
+  ProposalTrainer trainer(s.ptr(), torch::optim::AdamOptions(1e-3), BetaController(0.3, 1e-3, 1e3, 0.03, 0.7), 10.0);
+  at::Generator data = make_generator(3), gen = make_generator(8);
+  int64_t bad = 0;
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor x = 0.6 * torch::randn({64, 4}, data, kF64);
+    x.select(1, 0).clamp_max_(0.9);
+    auto eg = holey.energy_and_grad(x);
+    TrainingStep r = trainer.step(holey, {{x, eg.energy, eg.grad, &gen}}, true, *parallel::single_process());
+    EXPECT_FALSE(r.skipped) << step;
+    EXPECT_TRUE(std::isfinite(r.loss)) << step;
+    bad += r.rows_bad;
+  }
+  EXPECT_GT(bad, 0);
 }

@@ -24,6 +24,16 @@ struct EnergyGrad {
 
 /// A target density, batched over chains (x is [C, D]).
 ///
+/// Note [A density may fail]
+/// A user's density may raise on part of the space (a Cholesky factorisation of a kernel matrix
+/// that is not numerically positive definite, a solver that does not converge), as Stan models
+/// routinely do. energy() and energy_and_grad() then evaluate the batch row by row, and each row
+/// that raises gets a NaN energy and gradient: the kernels reject it as they reject any
+/// non-finite proposal (counted as a divergence), starting points that fail are drawn again,
+/// and training leaves such rows out (Note [Non-finite rows in training]). nmcmc's own usage,
+/// data and I/O errors and running out of memory still end the run. density_failures() counts
+/// the rows that raised and first_density_failure() keeps the first message, for the summary.
+///
 /// Subclasses implement compute_energy (and may override compute_energy_and_grad with an
 /// analytic gradient). Every public evaluation is counted: energy_evals() and grad_evals()
 /// count evaluations per chain, so a call on a [C, D] batch counts once. That makes ESS per
@@ -61,6 +71,9 @@ class Target {
   int64_t energy_evals() const { return n_energy_; }
   int64_t grad_evals() const { return n_grad_; }
   void reset_counters() { n_energy_ = 0; n_grad_ = 0; }
+  /// Rows at which the density raised so far (Note [A density may fail]), and the first message.
+  int64_t density_failures() const { return n_failed_; }
+  const std::string& first_density_failure() const { return first_failure_; }
 
  protected:
   /// U(x) for x [C, D] -> [C]; must be differentiable in x with torch ops.
@@ -72,8 +85,11 @@ class Target {
   torch::TensorOptions options_;
 
  private:
+  void note_failure(const std::string& message);
   int64_t n_energy_ = 0;
   int64_t n_grad_ = 0;
+  int64_t n_failed_ = 0;
+  std::string first_failure_;
 };
 
 /// The D labels of a target's parameters in outputs: its parameter_names(), else x.1 ... x.D.

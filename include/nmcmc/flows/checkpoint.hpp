@@ -45,9 +45,10 @@ struct LearnedRun {
 /// Loads the checkpoint at `model_path` (DataError if unreadable). A given `target_spec` must
 /// describe the model's own target (UsageError otherwise). The model runs in `options`' dtype
 /// when `dtype_given`, else in the dtype it was trained in; its networks multiply as `matmul`
-/// says (auto | native | bfloat16) when given, else as its checkpoint says.
+/// and `gemm` say when given, else as its checkpoint says (Note [Linear-layer policy]).
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<nlohmann::json>& target_spec,
                             torch::TensorOptions options, bool dtype_given,
-                            const std::optional<std::string>& matmul = std::nullopt);
+                            const std::optional<MatmulOption>& matmul = std::nullopt,
+                            const std::optional<GemmBackend>& gemm = std::nullopt);
 
 }  // namespace nmcmc

@@ -51,7 +51,10 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/core/enum_names.hpp"
 #include "nmcmc/flows/model.hpp"
+#include "nmcmc/nn/activations.hpp"
+#include "nmcmc/nn/policy.hpp"
 
 namespace nmcmc {
 
@@ -63,9 +66,25 @@ std::string variant_name(Variant v);
 inline void to_json(nlohmann::json& j, Variant v) { j = variant_name(v); }
 inline void from_json(const nlohmann::json& j, Variant& v) { v = parse_variant(j.get<std::string>()); }
 
+/// The affine preconditioner's form (Note [Affine preconditioner]); `auto` is resolved before a
+/// model is built (resolve_precondition).
+enum class Precondition { kNone, kDiag, kDense, kLowRank, kAuto };
+template <>
+struct EnumNames<Precondition> {
+  static constexpr const char* what = "precondition";
+  static std::vector<std::pair<Precondition, const char*>> values() {
+    return {{Precondition::kNone, "none"},
+            {Precondition::kDiag, "diag"},
+            {Precondition::kDense, "dense"},
+            {Precondition::kLowRank, "lowrank"},
+            {Precondition::kAuto, "auto"}};
+  }
+};
+NMCMC_ENUM_JSON(Precondition)
+
 /// "auto": dense up to kDenseMaxDim dimensions (L costs O(D^2) per proposal), lowrank above.
 constexpr int64_t kDenseMaxDim = 1000;
-std::string resolve_precondition(const std::string& precondition, int64_t dim);
+Precondition resolve_precondition(Precondition precondition, int64_t dim);
 
 /// A factor-analysis fit of a covariance, S ~ diag(psi) + W W^T with k' <= k factors, in the form the
 /// low-rank L takes: S ~ diag(sqrt psi) (I + Q diag(Lambda - 1) Q^T) diag(sqrt psi) with Q [D, k']
@@ -98,30 +117,35 @@ struct LearnedOptions {
   int64_t hidden = 256;        // MLP width
   int64_t steps = 1;           // N update steps (2N coupling sub-steps)
   int64_t shared_layers = 2;   // hidden-to-hidden layers shared across sub-steps
-  std::string activation = "elu";  // elu | relu | tanh | softplus | silu
+  Activation activation = Activation::kElu;
   double eps = 0.1;            // initial step size (learned, stored as log eps)
   uint64_t mask_seed = 0;      // seed of the random half-half masks
-  std::string precondition = "none";  // none | diag | dense | lowrank | auto: Note [Affine preconditioner]
+  Precondition precondition = Precondition::kNone;  // Note [Affine preconditioner]
   bool learn_precondition = false;    // L is trained with the entropy objective (else fixed)
   int64_t precondition_rank = 16;     // lowrank: k factors (at most D - 1)
-  std::string matmul = "auto";        // auto | native | bfloat16: the networks' GEMMs (Note [Bfloat16 matmul])
+  MatmulOption matmul = MatmulOption::kAuto;  // the networks' GEMMs' precision (Note [Bfloat16 matmul])
+  GemmBackend gemm = GemmBackend::kAuto;      // where their float32 GEMMs run (Note [oneDNN GEMM])
   LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
   LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
   LearnedOptions& set_hidden(int64_t h) { hidden = h; return *this; }
   LearnedOptions& set_steps(int64_t n) { steps = n; return *this; }
   LearnedOptions& set_shared_layers(int64_t n) { shared_layers = n; return *this; }
-  LearnedOptions& set_activation(std::string a) { activation = std::move(a); return *this; }
+  LearnedOptions& set_activation(Activation a) { activation = a; return *this; }
   LearnedOptions& set_eps(double e) { eps = e; return *this; }
   LearnedOptions& set_mask_seed(uint64_t s) { mask_seed = s; return *this; }
-  LearnedOptions& set_precondition(std::string p) { precondition = std::move(p); return *this; }
+  LearnedOptions& set_precondition(Precondition p) { precondition = p; return *this; }
   LearnedOptions& set_learn_precondition(bool b) { learn_precondition = b; return *this; }
   LearnedOptions& set_precondition_rank(int64_t k) { precondition_rank = k; return *this; }
-  LearnedOptions& set_matmul(std::string m) { matmul = std::move(m); return *this; }
+  LearnedOptions& set_matmul(MatmulOption m) { matmul = m; return *this; }
+  LearnedOptions& set_gemm(GemmBackend g) { gemm = g; return *this; }
+  /// The networks' linear-layer policy (Note [Linear-layer policy]).
+  LinearPolicy linear_policy() const;
   nlohmann::json to_json() const;
   static LearnedOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hidden, steps, shared_layers, activation,
-                                                eps, mask_seed, precondition, learn_precondition, precondition_rank, matmul)
+                                                eps, mask_seed, precondition, learn_precondition, precondition_rank, matmul,
+                                                gemm)
 
 /// An MLP whose first and last layers have separate weights per sub-step k and whose middle
 /// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden
@@ -129,21 +153,23 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hi
 class StepMLPImpl : public torch::nn::Module {
  public:
   StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t out, int64_t shared_layers,
-              std::string activation, bool tanh_last, std::string matmul = "native");
+              Activation activation, bool tanh_last, LinearPolicy policy = {});
   /// input [C, in] -> [C, out] for sub-step k.
   torch::Tensor forward(int64_t k, const torch::Tensor& input);
   /// Flops (multiply-adds x 2) per row of one forward call.
   int64_t flops_per_row() const;
-  /// Sets how the layers multiply (auto | native | bfloat16; UsageError otherwise).
-  void set_matmul(std::string matmul);
+  /// How the layers multiply (Note [Linear-layer policy]).
+  const LinearPolicy& policy() const { return policy_; }
+  void set_policy(const LinearPolicy& policy) { policy_ = policy; }
 
  private:
   torch::Tensor activate(torch::Tensor h, bool last) const;
   std::vector<torch::Tensor> w_in_, b_in_, w_out_, b_out_;  // per sub-step: [in, H], [H], [H, out], [out]
   std::vector<torch::nn::Linear> shared_;
-  std::string activation_;
+  std::vector<WeightCache> in_caches_, shared_caches_, out_caches_;  // one per weight (Note [Linear-layer policy])
+  Activation activation_;
   bool tanh_last_;
-  std::string matmul_;
+  LinearPolicy policy_;
   int64_t in_, hidden_, out_;
 };
 TORCH_MODULE(StepMLP);
@@ -162,10 +188,15 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor log_eps() const override { return log_eps_; }
   /// Sets the step size eps (> 0).
   void set_eps(double eps);
-  /// Sets how the networks multiply (options().matmul: auto | native | bfloat16; UsageError
-  /// otherwise), e.g. to sample a model in another precision than it was trained in. The
-  /// proposal stays exact either way (Note [Bfloat16 matmul]).
-  void set_matmul(const std::string& matmul);
+  /// Sets how the networks multiply (options().matmul), e.g. to sample a model in another
+  /// precision than it was trained in. The proposal stays exact either way (Note [Bfloat16 matmul]).
+  void set_matmul(MatmulOption matmul);
+  /// Sets where their float32 GEMMs run (options().gemm; Note [oneDNN GEMM]).
+  void set_gemm(GemmBackend gemm);
+  /// The networks' linear-layer policy (Note [Linear-layer policy]): from the options, with the
+  /// zero-gradient-row settings given here (tests and A/B benchmarks change them).
+  void set_linear_policy(const LinearPolicy& policy);
+  LinearPolicy linear_policy() const;
   bool needs_grad() const override { return options_.variant == Variant::kLangevin; }
   /// Number of coupling sub-steps 2N.
   int64_t substeps() const { return 2 * options_.steps; }
@@ -204,7 +235,7 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor masks() const { return masks_; }
 
   /// Whether the flow runs in preconditioned coordinates (Note [Affine preconditioner]).
-  bool preconditioned() const { return options_.precondition != "none"; }
+  bool preconditioned() const { return options_.precondition != Precondition::kNone; }
   /// Sets m [D] and L from a covariance: [D, D] (L = its Cholesky factor; a diagonal model keeps
   /// only the variances) or variances [D]. DataError if the covariance is not positive definite.
   /// lowrank: the factor-analysis fit of the covariance (low_rank_factors_of_covariance; from [D, D]).

@@ -13,15 +13,34 @@
 // goes through LibTorch's elu_ / tanh_.
 #include <torch/torch.h>
 
+#include <utility>
+#include <vector>
+
+#include "nmcmc/core/enum_names.hpp"
+
 namespace nmcmc {
 
-enum class Activation { kElu, kTanh };
+/// A network's activation (the model option `activation`).
+enum class Activation { kElu, kRelu, kTanh, kSoftplus, kSilu };
+template <>
+struct EnumNames<Activation> {
+  static constexpr const char* what = "activation";
+  static std::vector<std::pair<Activation, const char*>> values() {
+    return {{Activation::kElu, "elu"},
+            {Activation::kRelu, "relu"},
+            {Activation::kTanh, "tanh"},
+            {Activation::kSoftplus, "softplus"},
+            {Activation::kSilu, "silu"}};
+  }
+};
+NMCMC_ENUM_JSON(Activation)
 
-/// The activation of `h`, a fresh tensor nothing else holds (it may be overwritten).
+/// The activation of `h`, a fresh tensor nothing else holds (it may be overwritten): elu and tanh
+/// through the kernels below for float32 CPU tensors, relu in place, softplus and silu LibTorch's.
 /// Differentiable (first and higher order through LibTorch's backward formulas).
 torch::Tensor activate(torch::Tensor h, Activation a);
 
-/// Sampling's fused layer tail (no gradients): bf16(act(float(y) + bias)) for a bfloat16 GEMM
+/// Sampling's fused layer tail (no gradients; elu or tanh): bf16(act(float(y) + bias)) for a bfloat16 GEMM
 /// output y [C, H] and a float32 bias [H]; bit for bit what adding the bias in float32, activate()
 /// and a cast to bfloat16 give, in one pass instead of three (Note [Bfloat16 matmul]).
 torch::Tensor bias_activate_bf16(const torch::Tensor& y, const torch::Tensor& bias, Activation a);

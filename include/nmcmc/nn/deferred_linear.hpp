@@ -39,10 +39,10 @@
 // is skipped as before.) Inside a DeferredWeightGrads scope only, i.e. in training steps, and not
 // with bfloat16 GEMMs (LibTorch's bfloat16 matmul makes a new oneDNN primitive, JIT-compiled AMX
 // kernels, for every new row count, which cost more than the rows saved: BENCHMARKS.md);
-// set_skip_zero_gradient_rows(false) turns it off (tests, A/B).
+// a policy with skip_zero_gradient_rows = false turns it off (tests, A/B).
 //
 // Note [Bfloat16 matmul]
-// With Matmul::kBFloat16, linear() multiplies bfloat16 copies of its input and weight (products
+// With matmul = bfloat16 (MatmulOption::kBFloat16), linear() multiplies bfloat16 copies of its input and weight (products
 // accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in its own
 // dtype (the layer's, float32), which the result keeps; its backward pass multiplies the same way.
 // On a CPU with AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN,
@@ -52,7 +52,7 @@
 // sampling stays exact in either precision, but a model trained with bfloat16 gradients may be a
 // worse sampler (Funnel-3 measured in BENCHMARKS.md), so training in bfloat16 is the explicit
 // `matmul = bfloat16`. The weights' bfloat16 copies are cached while
-// the weights are unchanged (their version counter and storage), so a sampling run casts each
+// the weights are unchanged (their version counter and storage; the layer's WeightCache), so a sampling run casts each
 // weight once and a training step once per weight. The network is then a slightly different
 // function (its outputs to about 3 significant digits), still a deterministic function of each
 // input row: a row's result does not depend on the other rows' values (it may depend on the
@@ -66,46 +66,44 @@
 #include <memory>
 #include <string>
 
+#include "nmcmc/nn/policy.hpp"
+
 namespace nmcmc {
 
-/// How linear() multiplies (Note [Bfloat16 matmul]).
+/// How one linear() call multiplies, resolved from the policy's MatmulOption (Note [Bfloat16 matmul]).
 enum class Matmul { kNative, kBFloat16 };
 
 /// Whether this CPU multiplies bfloat16 in hardware (AMX-BF16) and this LibTorch reaches it through
 /// oneDNN; then a bfloat16 GEMM is several times faster than a float32 one.
 bool cpu_has_fast_bf16_matmul();
 
-/// A model's `matmul` option: "native" (the tensors' own dtype), "bfloat16" (always, training
-/// included), or "auto" (bfloat16 for float32 tensors on a CPU with cpu_has_fast_bf16_matmul()
-/// when no gradient is recorded, i.e. sampling; native while autograd records, i.e. training).
-/// UsageError for anything else.
-void check_matmul_option(const std::string& option);
-/// The multiplication `option` gives a layer whose input is `input`, under the current grad mode.
-Matmul resolve_matmul(const std::string& option, const torch::Tensor& input);
+/// The multiplication `option` gives a layer whose input is `input`, under the current grad mode:
+/// bfloat16 always takes bfloat16 (for floating inputs); auto takes it for float32 CPU inputs on a
+/// CPU with cpu_has_fast_bf16_matmul() when no gradient is recorded (sampling), native otherwise.
+Matmul resolve_matmul(MatmulOption option, const torch::Tensor& input);
 
 /// What a model with this `matmul` option multiplies in for `dtype` on `device` while training
 /// (`training`: autograd recording) or sampling: "bfloat16" or the dtype's own name ("float32",
 /// "float64").
-std::string matmul_dtype_name(const std::string& option, torch::Dtype dtype, torch::Device device, bool training);
+std::string matmul_dtype_name(MatmulOption option, torch::Dtype dtype, torch::Device device, bool training);
 /// Both in words: "bfloat16", "float32", or "float32 in training, bfloat16 in sampling".
-std::string matmul_summary(const std::string& option, torch::Dtype dtype, torch::Device device);
+std::string matmul_summary(MatmulOption option, torch::Dtype dtype, torch::Device device);
 
-/// Whether linear()'s backward pass multiplies only the rows of nonzero output gradient (Note
-/// [Zero-gradient rows]; on by default); returns the previous setting.
-bool set_skip_zero_gradient_rows(bool skip);
-/// The smallest layer (inputs x outputs) that leaves rows out (default 2^16; tests set 0 for small
-/// layers); returns the previous value.
-int64_t set_zero_gradient_rows_min_layer(int64_t weights);
-/// Rows left out that way so far in this process (tests, benchmarks).
-uint64_t zero_gradient_rows_skipped();
-
-/// A bfloat16 copy of `weight`, cached while the weight is unchanged (Note [Bfloat16 matmul]).
-torch::Tensor cached_bf16(const torch::Tensor& weight);
+/// A bfloat16 copy of `weight`, kept in `cache` while the weight is unchanged (Note [Linear-layer
+/// policy]); without a cache, a fresh copy.
+torch::Tensor bf16_weight(const torch::Tensor& weight, WeightCache* cache);
 
 /// input [C, in] -> [C, out]: input @ weight + bias with weight [in, out], or input @ weight^T +
-/// bias with weight [out, in] when `transposed` (torch::nn::Linear's layout). bias [out].
+/// bias with weight [out, in] when `transposed` (torch::nn::Linear's layout). bias [out]. How it
+/// multiplies is `policy`'s (Note [Linear-layer policy]); `cache` (the layer's, may be null) keeps
+/// the weight's derived copies.
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-                     bool transposed, Matmul matmul = Matmul::kNative);
+                     bool transposed, const LinearPolicy& policy, WeightCache* cache = nullptr);
+
+namespace test_hooks {
+/// Rows left out by Note [Zero-gradient rows] so far in this process (tests, benchmarks).
+uint64_t zero_gradient_rows_skipped();
+}  // namespace test_hooks
 
 /// A scope in which linear() defers its weight gradients (Note [Deferred weight gradients]).
 /// A scope belongs to the thread that opens it; scopes do not nest on one thread (a second one is a

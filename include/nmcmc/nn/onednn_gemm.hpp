@@ -8,46 +8,42 @@
 // weight gradient) while it does not change. oneDNN's matmul primitive (brgemm kernels for
 // AVX-512), called directly, takes a weight already reordered into its blocked layout, and on one
 // core is faster than OpenBLAS for these shapes (BENCHMARKS.md, same section). linear() multiplies
-// float32 CPU tensors through oneDNN when this build has it and one thread runs (GemmBackend):
-// forward products and input gradients against cached reordered weights (re-made when the
-// weight's version counter moves, i.e. once per optimiser step). The weight gradients stay with
+// float32 CPU tensors through oneDNN when this build has it and one thread runs (gemm = auto):
+// forward products and input gradients against reordered weights kept in the layer's WeightCache
+// (re-made when the weight's version counter moves, i.e. once per optimiser step). The weight gradients stay with
 // LibTorch's accumulating addmm_ (Note [Deferred weight gradients]): their left operand is
 // transposed, and there oneDNN was not faster (measured: BENCHMARKS.md). Same float32
 // arithmetic, another summation order: results differ from OpenBLAS's in the last bits, and a row's result does not depend on the other rows'
 // values (Note [Bfloat16 matmul] says why that is what exactness needs).
 // Needs oneDNN's headers at build time (Debian's libdnnl-dev: the oneDNN that Debian's LibTorch
-// itself links); without them, or with NMCMC_GEMM=openblas in the environment, LibTorch's GEMM
-// (OpenBLAS, MKL) is used as before.
+// itself links); without them, or with gemm = libtorch, LibTorch's GEMM
+// (OpenBLAS, MKL) is used as before. Which backend a layer uses is its policy's
+// `gemm` (Note [Linear-layer policy]; the model option `gemm`, `nmcmc sample --gemm`).
 #include <torch/torch.h>
 
 #include <cstdint>
+
+#include "nmcmc/nn/policy.hpp"
 
 namespace nmcmc {
 
 /// Whether this build has oneDNN (found at build time, Note [oneDNN GEMM]).
 bool onednn_gemm_available();
 
-/// Where linear() multiplies float32 CPU matrices: kAuto (the default) uses oneDNN when LibTorch
-/// and the BLAS each run one thread (`--threads 1` and OPENBLAS_NUM_THREADS=1, as `reproduce
-/// --jobs` and `launch` give their children), LibTorch's GEMM otherwise; kOneDnn and kLibTorch
-/// force either. The library never reads the environment: the nmcmc program, the benchmarks and
-/// the Python module set it from NMCMC_GEMM at start (apps/process/gemm.hpp).
-enum class GemmBackend { kAuto, kOneDnn, kLibTorch };
+/// Whether a policy's `gemm` multiplies float32 through oneDNN now: onednn (when available),
+/// never with libtorch; auto when LibTorch and the BLAS each run one thread (`--threads 1` and
+/// OPENBLAS_NUM_THREADS=1, as `reproduce --jobs` and `launch` give their children).
+bool onednn_gemm_enabled(GemmBackend backend);
 
+/// c = a W (+ bias) with W = weight, or weight^T when `transpose`; the weight is kept reordered in
+/// `cache` (the layer's; without one it is reordered for this call) while it is unchanged, one
+/// copy for every M, and the primitives are cached by shape (per thread). c contiguous float32 [M, N].
+void onednn_gemm_weight(const torch::Tensor& a, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
+                        const torch::Tensor& bias = torch::Tensor(), WeightCache* cache = nullptr);
+
+namespace test_hooks {
 /// GEMMs run through oneDNN so far in this process (tests).
 uint64_t onednn_gemm_calls();
-
-/// Whether linear() multiplies float32 through oneDNN now.
-bool onednn_gemm_enabled();
-
-/// Sets the backend for the whole process (tests, benchmarks) and returns the previous one; in a
-/// build without oneDNN nothing changes (returns kLibTorch).
-GemmBackend set_gemm_backend(GemmBackend backend);
-
-/// c = a W (+ bias) with W = weight, or weight^T when `transpose`; the weight is kept reordered
-/// while it is unchanged (its version counter and storage), one copy for every M, and the
-/// primitives are cached by shape. c contiguous float32 [M, N].
-void onednn_gemm_weight(const torch::Tensor& a, const torch::Tensor& weight, bool transpose, torch::Tensor& c,
-                        const torch::Tensor& bias = torch::Tensor());
+}  // namespace test_hooks
 
 }  // namespace nmcmc

@@ -25,7 +25,7 @@ namespace nmcmc {
 /// the Python package's nmcmc.sample passes them as JSON (sample_options_from_json). Unset
 /// optionals take the documented defaults.
 struct SampleOptions {
-  std::string sampler = "nuts";        // rwm | mala | hmc | nuts | learned
+  SamplerKind sampler = SamplerKind::kNuts;
   std::optional<std::string> model;    // checkpoint (learned)
   std::optional<std::string> metric;   // unit | diag | dense; unset: diag for nuts (as Stan), else unit
   bool adapt_mass = false;             // = metric diag (the older flag)
@@ -42,14 +42,15 @@ struct SampleOptions {
                                        // has one, else uniform
   std::optional<std::string> dtype;    // float32 | float64; unset: float32, the learned sampler: its model's
   std::string device = "cpu";          // cpu | cuda | cuda:N
-  std::optional<std::string> matmul;   // the learned sampler's GEMMs (auto | native | bfloat16); unset:
-                                       // the checkpoint's model.matmul
+  std::optional<MatmulOption> matmul;  // the learned sampler's GEMMs' precision; unset: the checkpoint's
+                                       // model.matmul
+  std::optional<GemmBackend> gemm;     // where they run; unset: the checkpoint's model.gemm
   std::optional<std::string> output;   // directory for the draws and summary.json
   std::string formats = "csv,netcdf";  // which draw files with output: csv, netcdf or csv,netcdf
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
                                                 no_adapt, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
-                                                dtype, device, matmul, output, formats)
+                                                dtype, device, matmul, gemm, output, formats)
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.
 SampleOptions sample_options_from_json(const nlohmann::json& j);

@@ -48,6 +48,8 @@ struct TrainResult {
   nlohmann::json preconditioner;  // the warm-up's record (checkpoint meta "preconditioner"), or null
   parallel::CommStats comm;       // this rank's collectives (distributed runs)
   int64_t shards = 1;             // shards per batch
+  int64_t skipped = 0;            // steps skipped over the whole run (the gradient was not finite)
+  int64_t bad_rows = 0;           // batch rows rejected for a non-finite energy or gradient, whole run
 };
 
 /// Runs the warm-up of Note [Affine preconditioner] with the training options' precondition_*
@@ -63,6 +65,8 @@ nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, T
 /// `should_stop` is polled between steps: a stop saves a checkpoint first. With a communicator of
 /// N processes all of them call this together (Note [Data parallelism]); rank 0 writes the files.
 /// A checkpoint resumes on any number of processes dividing its shard count (UsageError otherwise).
+/// A run in which every step was skipped (the gradient was never finite: nothing was learned) is a
+/// DataError, after its checkpoint is written.
 TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
                   const std::string& log_path, bool resume, const TrainProgressFn& progress = nullptr,
                   const std::function<bool()>& should_stop = nullptr,

@@ -8,6 +8,15 @@
 // log_acceptance (kernels/proposal.hpp), so training and sampling use one formula. Gradients flow
 // through dU(x + R) (double backward, create_graph) unless the caller stops them. Rows whose log a
 // is not finite are left out of the average.
+//
+// Note [Non-finite rows in training]
+// A density may overflow or raise on part of the space (a long recursion, a Cholesky factor that
+// fails; Target turns a raise into a non-finite row). A row whose proposal's passes met such a
+// value counts as a rejected proposal (log a = -inf, energy_new = +inf, x_new = x) and is left out
+// of the loss, and it adds exactly nothing to the gradient: its values are replaced by zeros
+// before the networks use them and the gradient that the target's backward pass sends to its
+// input is zeroed (objective.cpp, RowGuard). One bad row in a batch no longer makes the step's
+// gradient NaN (which skipped the whole step). Tested: tests/unit/test_training_step.cpp.
 #include <torch/torch.h>
 
 #include "nmcmc/flows/model.hpp"
@@ -23,6 +32,8 @@ struct ObjectiveTerms {
   double loss_value = 0;      // loss.item()
   double accept = 0;          // mean min(1, a)
   int64_t rows_finite = 0;    // rows whose log a is finite (the loss averages over them)
+  int64_t rows_bad = 0;       // rows whose proposal met a non-finite energy or gradient
+                              // (Note [Non-finite rows in training]; rejected, not in the loss)
   Proposed proposed;
 };
 

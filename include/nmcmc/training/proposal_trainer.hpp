@@ -54,6 +54,8 @@ struct TrainingStep {
   std::vector<ObjectiveTerms> shards;  // this rank's, in order
   double loss = 0, accept = 0, entropy = 0;
   int64_t rows = 0;
+  int64_t rows_bad = 0;  // rows (whole batch) whose proposal met a non-finite energy or gradient
+                         // (Note [Non-finite rows in training])
   bool skipped = false;  // the optimiser step was skipped (a shard's loss was not finite, or the gradient)
   bool stop = false;  // some rank asked to stop (the run ends after this step, on every rank)
 };

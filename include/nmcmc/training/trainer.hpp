@@ -18,6 +18,7 @@
 
 #include "nmcmc/flows/checkpoint.hpp"
 #include "nmcmc/io/draws.hpp"
+#include "nmcmc/kernels/factory.hpp"
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
@@ -41,7 +42,7 @@ struct TrainOptions {
   // The warm-up that sets an affine preconditioner (model.precondition diag | dense; Note
   // [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
   // regularised covariance gives L and whose draws give m and the first bootstrap buffer.
-  std::string precondition_sampler = "nuts";  // nuts | hmc | mala
+  SamplerKind precondition_sampler = SamplerKind::kNuts;  // nuts | hmc | mala
   int64_t precondition_warmup = 500;          // adaptation iterations
   int64_t precondition_draws = 0;             // draws after it (for m, L and the buffer); 0: auto, 100
                                               // (400 for lowrank, whose factors need them: BENCHMARKS.md)
@@ -94,6 +95,11 @@ class Trainer {
   /// Makes every rank's model, beta (and so the run) rank 0's: after a warm-up, before step 1.
   void broadcast_from_root() { core_.broadcast_from_root(*comm_); }
   int64_t current_step() const { return step_; }
+  /// Steps whose optimiser step was skipped (the gradient was not finite), over the whole run.
+  int64_t skipped_steps() const { return skipped_; }
+  /// Batch rows rejected because their proposal met a non-finite energy or gradient (Note
+  /// [Non-finite rows in training]), over the whole run.
+  int64_t bad_rows() const { return bad_rows_; }
   double beta() const { return core_.beta().value(); }
   const TrainOptions& options() const { return options_; }
   ProposalModel& model() { return core_.model(); }
@@ -144,6 +150,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t grads_ = 0;
   int64_t skipped_ = 0;
+  int64_t bad_rows_ = 0;
   double elapsed_ = 0;
   std::vector<TrainStats> log_;
 };

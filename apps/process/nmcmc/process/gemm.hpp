@@ -1,12 +1,10 @@
 #pragma once
-/// The float32 GEMM backend as the environment asks for it (NMCMC_GEMM=auto|onednn|openblas):
-/// read by the program, the benchmarks and the Python module at start, never by the library.
-#include "nmcmc/nn/onednn_gemm.hpp"
-
+/// NMCMC_GEMM, which chose the float32 GEMM backend for the whole process until 0.9, is no longer
+/// read: the backend is the model's (model.gemm in a config, `nmcmc sample --gemm`; Note
+/// [Linear-layer policy]). A process that still has it set is told so, once, on stderr.
 namespace nmcmc {
 
-/// Parses NMCMC_GEMM (unset or empty: auto; anything else is reported on stderr once and
-/// taken as auto) and sets the backend with set_gemm_backend; returns what was set.
-GemmBackend apply_gemm_environment();
+/// Whether NMCMC_GEMM is set (then a one-line notice went to stderr).
+bool warn_gemm_environment();
 
 }  // namespace nmcmc
