@@ -33,12 +33,9 @@ struct TrainArgs {
 int run(const TrainArgs& a, const CLI::App* cmd) {
   const bool target_given = TargetArgs::given(cmd);
   if (!a.config && !target_given) throw UsageError("give --config FILE, or a target (--target ..., --module FILE)");
-  // A config, or the defaults of the model and training options; target options replace its target.
-  // Without a config (your own target): the Langevin variant (1 gradient per step) with the
-  // affine preconditioner, learned, and the faster beta controller (README, "The preconditioner").
-  json cfg = a.config ? read_train_config_file(*a.config)
-                      : json{{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}}},
-                             {"train", {{"rho", 0.3}}}};
+  // A config, or (your own target) the defaults of Note [Training budget]; target options replace
+  // its target.
+  json cfg = a.config ? read_train_config_file(*a.config) : default_train_config();
   if (target_given) cfg["target"] = a.target.spec();
   if (!cfg.contains("name") && cfg.contains("target") && cfg["target"].is_object()) cfg["name"] = cfg["target"].value("name", "model");
   if (a.steps) cfg["train"]["steps"] = *a.steps;
@@ -81,6 +78,15 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                                p["refit"].value("warmup", 0) + p["refit"].value("draws", 0), p["refit"].value("grads", 0),
                                p["refit"].value("seconds", 0.0));
     }
+  }
+  if (result.stopped == "plateau") {
+    std::cout << fmt::format("stopped at step {} of {}: the proposal entropy gained less than {} nats per dimension in "
+                             "the last {} steps (train.patience)\n",
+                             result.steps, config.train.steps, config.train.min_gain, config.train.patience);
+  } else if (result.stopped == "time") {
+    std::cout << fmt::format("stopped at step {} of {}: the time budget of {} s of training steps was spent "
+                             "(train.max_seconds)\n",
+                             result.steps, config.train.steps, config.train.max_seconds);
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
                            "model: {}; log: {}\n",

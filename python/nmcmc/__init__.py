@@ -369,16 +369,17 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     config: a training config (dict or the path of a configs/*.json file) whose "target", "model"
     (network: variant, hidden, ...) and "train" (steps, batch, lr, ...) sections are the starting
     point; `target`, `steps`, `batch`, `model` and `options` (more "train" keys) override them.
+    Without a config: the defaults of `nmcmc train --module` (the Langevin variant with the learned
+    affine preconditioner; batch 256, at most 3,000 steps, stopping early when the proposal
+    entropy has stopped improving or after 90 s of training steps: model.training["stopped"] says
+    why; docs/commands.md).
     output: the checkpoint's path (a temporary file if not given; Model.save copies it).
     resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves."""
     cfg = _load_config(config)
     if config is None:
-        # Your own target: the Langevin variant with the affine preconditioner (README, "The
-        # preconditioner"), as `nmcmc train`.
-        cfg.setdefault("model", {}).setdefault("variant", "langevin")
-        cfg["model"].setdefault("precondition", "auto")
-        cfg["model"].setdefault("learn_precondition", True)
-        cfg.setdefault("train", {}).setdefault("rho", 0.3)
+        # Your own target: the defaults `nmcmc train --module` uses (the Langevin variant with the
+        # affine preconditioner, a budget sized to the problem: docs/commands.md, "Training budget").
+        cfg = _json.loads(_C.default_train_config())
     if target is not None:
         cfg["target"] = _spec_of(target)
         if dtype is None and isinstance(target, Target):

@@ -121,6 +121,7 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   d["interrupted"] = res.interrupted || interrupted_by_signal;
   d["saved"] = res.saved;
   d["skipped"] = res.skipped;
+  d["stopped"] = res.stopped;
   d["bad_rows"] = res.bad_rows;
   if (!res.preconditioner.is_null()) d["preconditioner"] = py::module_::import("json").attr("loads")(res.preconditioner.dump());
   return d;
@@ -245,6 +246,7 @@ PYBIND11_MODULE(_nmcmc, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("sample", &sample, py::arg("request"), py::arg("init_x"), py::arg("report"));
   m.def("train", &train);
+  m.def("default_train_config", [] { return nmcmc::default_train_config().dump(); });
   m.def("parse_train_config", [](const std::string& j) { return nmcmc::parse_train_config(json::parse(j)).to_json().dump(); });
   m.def(
       "model_meta",

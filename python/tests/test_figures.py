@@ -113,7 +113,7 @@ def test_report_of_a_nuts_run_and_of_a_compare_directory(tmp_path):
     assert (cmp / "compare_traces.png").exists() and (cmp / "compare_traces.svg").exists()
     run("report", cmp)
     page = (cmp / "report.html").read_text()
-    assert "Sampler comparison" in page and "<td>nuts</td>" in page and "data:image/png" in page
+    assert "Sampler comparison" in page and "<td>nuts" in page and "data:image/png" in page
 
 
 def test_report_of_a_learned_run_has_its_training_curves(tmp_path):

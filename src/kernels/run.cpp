@@ -220,6 +220,24 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   CovarianceEstimator covariance;
   torch::Tensor acc_sum = torch::zeros({}, state.energy.options());
   torch::Tensor warmup_grads_chain;  // [C] when the kernel reports per-chain counts
+  // Note [Stuck chains in warm-up]
+  // The chains share one step size (pooled adaptation). A chain whose random starting point lies
+  // where the density is so steep that every transition at that step size diverges never moves,
+  // and it spoils the metric's estimate for all (on posteriordb's kidiq regression, 3 of 16
+  // uniform(-2, 2) starts stayed put through the whole warm-up and the pooled step size fell to
+  // 0.008). Stan adapts each chain's step size on its own; here, until the first slow window
+  // (the metric's estimate) begins, every 25 iterations a chain whose mean accept statistic over
+  // them was below 0.001 (it could not move) while the median chain's was above 0.1 restarts from
+  // the current position of a moving chain drawn at random. (A fresh random point does not do:
+  // at the step size the moving chains have adapted to, such a point is stuck too.) Warm-up draws
+  // are discarded, so this changes no draw's distribution; the price is that a restarted chain
+  // begins its remaining warm-up (at least the slow and final windows) where another chain was,
+  // which weakens what R-hat can tell about modes that chain never found. Given starting points
+  // are never replaced. (Per-chain step sizes, as Stan's, belong to issue #34.)
+  const bool redraw_stuck = !o.init_x.defined() && (o.init == "uniform" || o.init == "exact") && o.chains > 1;
+  int64_t first_slow = 0;
+  while (first_slow < o.warmup && !schedule.in_slow_window(first_slow)) ++first_slow;
+  torch::Tensor block_accept;  // [C]: each chain's accept statistics over the current 25 iterations
   for (int64_t i = 0; i < o.warmup; ++i) {
     if (stop()) {  // nothing drawn yet: nothing to keep
       res.complete = false;
@@ -232,6 +250,24 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
       warmup_grads_chain = warmup_grads_chain.defined() ? warmup_grads_chain + info.n_grad_chain : info.n_grad_chain.clone();
     }
     if (tune) prop.set_step_size(da.update(info.accept_prob.mean().item<double>()));
+    if (redraw_stuck && i < first_slow) {
+      const torch::Tensor a = info.accept_prob.detach().to(torch::kFloat64).reshape({-1});
+      block_accept = i % 25 == 0 || !block_accept.defined() ? a.clone() : block_accept + a;
+      if ((i + 1) % 25 == 0 && i + 1 < first_slow && block_accept.size(0) == o.chains) {
+        // stuck: a mean accept statistic below 0.001 over the block, while the typical chain moves
+        const torch::Tensor mean = block_accept / 25.0;
+        const torch::Tensor stuck = (mean < 1e-3).to(state.x.device());
+        const int64_t n_stuck = stuck.sum().item<int64_t>();
+        if (n_stuck > 0 && n_stuck < o.chains && mean.median().item<double>() > 0.1) {
+          // each stuck chain takes the position of a moving chain drawn at random
+          const torch::Tensor moving = (~stuck).nonzero().reshape({-1});
+          const torch::Tensor pick =
+              moving.index_select(0, torch::randint(moving.size(0), {o.chains}, gen, moving.options()));
+          const torch::Tensor donors = state.x.index_select(0, pick);
+          state = kernel.init(target, torch::where(stuck.unsqueeze(1), donors, state.x));
+        }
+      }
+    }
     if (o.adapt_mass && schedule.in_slow_window(i)) {
       if (o.dense_mass) covariance.add(state.x);
       else variance.add(state.x);

@@ -57,8 +57,21 @@ TrainConfig parse_train_config(const json& j) {
   return c;
 }
 
-json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
+json default_train_config() {
+  return {{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}}},
+          {"train", {{"rho", 0.3}, {"batch", 256}, {"steps", 3000}, {"patience", 300}, {"min_gain", 0.01}, {"max_seconds", 90}}}};
+}
+
+json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
                             const TrainProgressFn& progress, const std::function<bool()>& should_stop) {
+  // In float64 whatever the model's dtype (Note [Training budget]): in float32 the warm-up's step
+  // size collapsed on correlated posteriors, and the metric with it. Its draws are the model's
+  // first buffer, in the model's dtype.
+  std::shared_ptr<Target> t64;
+  if (model_target.options().dtype() != torch::kFloat64) {
+    t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
+  }
+  Target& target = t64 ? *t64 : model_target;
   const Precondition kind = sampler->options().precondition;
   TORCH_CHECK(kind != Precondition::kNone, "warm_up_preconditioner: the model has precondition = none");
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
@@ -87,7 +100,7 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
     };
   }
   SampleResult r = run_sampler(target, *kernel, ro, o.seed + 7919, adapter);
-  json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains},
+  json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
                  {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
                  {"seconds", r.seconds_warmup + r.seconds_sampling}};
@@ -146,7 +159,10 @@ json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& tr
   if (o.eps_from_warmup) sampler->set_eps(r.step_size);
   // The buffer starts from the last draws of every chain (where the warm-up left them).
   const int64_t want = std::min<int64_t>(r.draws.size(0), (trainer.options().batch + ro.chains - 1) / ro.chains + 1);
-  trainer.seed_buffer(r.draws.narrow(0, r.draws.size(0) - want, want).reshape({-1, target.dim()}).flip(0));
+  trainer.seed_buffer(r.draws.narrow(0, r.draws.size(0) - want, want)
+                          .reshape({-1, target.dim()})
+                          .flip(0)
+                          .to(model_target.options()));
   record["divergent"] = r.divergent.sum().item<int64_t>();
   if (o.eps_from_warmup && o.beta_from_warmup) record["beta"] = trainer.warm_start_beta();
   return record;
@@ -213,17 +229,48 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
     if (comm->is_root()) write_training_log(log_path, trainer.log());
   };
   const bool distributed = comm->world_size() > 1;
+  // Note [Training budget]: the proposal entropy's moving average and when it last gained enough.
+  const TrainOptions& budget = config.train;
+  const double min_gain = budget.min_gain * static_cast<double>(target->dim());
+  double ema = 0, best = -INFINITY;
+  int64_t best_step = trainer.current_step(), entropies = 0;
+  double trained = 0;
   while (trainer.current_step() < total) {
     const bool stop = should_stop && should_stop();
     if (stop && !distributed) {
       checkpoint();
       result.interrupted = true;
+      result.stopped = "interrupted";
       break;
     }
     TrainStats s = trainer.step(stop);
     if (trainer.stop_agreed()) {  // some rank was asked to stop: all save this step and end
       checkpoint();
       result.interrupted = true;
+      result.stopped = "interrupted";
+      break;
+    }
+    trained += s.seconds;
+    if (std::isfinite(s.entropy)) {
+      ema = entropies++ == 0 ? s.entropy : 0.98 * ema + 0.02 * s.entropy;
+      if (ema > best + min_gain) {
+        best = ema;
+        best_step = s.step;
+      }
+    }
+    // Every rank decides alike: the entropy and the step are the all-reduced ones; the time is rank 0's.
+    std::string why;
+    if (budget.patience > 0 && s.step - best_step >= budget.patience && s.step < total) why = "plateau";
+    if (budget.max_seconds > 0 && s.step < total &&
+        parallel::all_reduce_doubles(*comm, {comm->is_root() && trained > budget.max_seconds ? 1.0 : 0.0})[0] > 0) {
+      why = "time";
+    }
+    if (!why.empty()) {
+      checkpoint();
+      result.stopped = why;
+      if (progress) {
+        progress({"train", s, total, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+      }
       break;
     }
     if (s.step % config.train.checkpoint_every == 0 || s.step == total) checkpoint();

@@ -38,6 +38,9 @@ TrainOptions TrainOptions::from_json(const json& j) {
       o.precondition_sampler != SamplerKind::kMala) {
     throw UsageError("train: precondition_sampler must be nuts, hmc or mala");
   }
+  if (o.patience < 0 || !(o.min_gain >= 0) || !(o.max_seconds >= 0) || !std::isfinite(o.max_seconds)) {
+    throw UsageError("train: need patience >= 0, min_gain >= 0 and a finite max_seconds >= 0");
+  }
   if (o.precondition_warmup < 20 || o.precondition_draws < 0 || o.precondition_chains < 1) {
     throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 0 (0: auto) and precondition_chains >= 1");
   }

@@ -315,7 +315,7 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
           a.proposed.x = p.x_new;
           a.log_q_ratio = p.log_q_rev - p.log_q_fwd;
         }
-        const std::string what = kind + (identity ? " identity " : " sigma ") + variant_name(v);
+        const std::string what = enum_name(kind) + (identity ? " identity " : " sigma ") + variant_name(v);
         EXPECT_LT((a.proposed.x - b.proposed.x).abs().max().item<double>(), 1e-12) << what;
         EXPECT_LT((a.log_q_ratio - b.log_q_ratio).abs().max().item<double>(), 1e-9) << what;
         EXPECT_GT((a.proposed.x - x).abs().max().item<double>(), 1e-2) << what;  // it moves

@@ -23,6 +23,16 @@ struct TrainConfig {
 /// Parses and validates a configuration (UsageError on bad values).
 TrainConfig parse_train_config(const nlohmann::json& j);
 
+/// Note [Training budget]
+/// What `nmcmc train --module M` and `nmcmc.train(target)` use without a config, defined once: the
+/// Langevin variant (one gradient per step) with the affine preconditioner, learned, the faster
+/// beta controller, and a budget sized to a user's posterior rather than the paper's GPU runs
+/// (5,000 steps at batch 8,192): batch 256, at most 3,000 steps, stopping when the proposal
+/// entropy has gained less than 0.01 nats per dimension over 300 steps, and after at most 90 s of
+/// training steps. The preconditioner's warm-up runs in float64 whatever the model's dtype (a
+/// float32 warm-up ended at step sizes 50x smaller on correlated regressions; issue #35).
+nlohmann::json default_train_config();
+
 /// Reads a training (or compare) config file: read_config_file, then the file names its target
 /// spec holds (a TorchScript module) made relative to the file's directory (resolve_target_paths).
 nlohmann::json read_train_config_file(const std::string& path);
@@ -48,6 +58,7 @@ struct TrainResult {
   nlohmann::json preconditioner;  // the warm-up's record (checkpoint meta "preconditioner"), or null
   parallel::CommStats comm;       // this rank's collectives (distributed runs)
   int64_t shards = 1;             // shards per batch
+  std::string stopped = "steps";  // why training ended: steps | plateau | time | interrupted
   int64_t skipped = 0;            // steps skipped over the whole run (the gradient was not finite)
   int64_t bad_rows = 0;           // batch rows rejected for a non-finite energy or gradient, whole run
 };

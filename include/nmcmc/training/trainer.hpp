@@ -55,6 +55,13 @@ struct TrainOptions {
   // random stream each; N processes take shards / N each (0: one per process). A checkpoint
   // resumes on any number of processes that divides its shard count.
   int64_t shards = 0;
+  // The budget (Note [Training budget], services/train.hpp): stop before `steps` once the proposal
+  // entropy has stopped improving (its moving average gained less than `min_gain` nats per
+  // dimension in the last `patience` steps; 0: never), or after `max_seconds` of training steps
+  // (0: no limit). The result says why training stopped.
+  int64_t patience = 0;
+  double min_gain = 0.01;
+  double max_seconds = 0;
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
@@ -63,7 +70,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr,
                                                 buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
                                                 precondition_sampler, precondition_warmup, precondition_draws,
                                                 precondition_chains, precondition_refit, eps_from_warmup, beta_from_warmup,
-                                                shards)
+                                                shards, patience, min_gain, max_seconds)
 
 /// One logged training step.
 struct TrainStats {
