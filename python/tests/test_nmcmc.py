@@ -207,3 +207,21 @@ def test_tune_allocator_is_opt_in_and_honours_nmcmc_malloc():
     q = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert q.returncode == 0, q.stderr
     assert "NMCMC_MALLOC=default" in q.stdout
+
+
+def test_training_budget_stops_early_and_says_why(tmp_path):
+    # Note [Training budget]: a plateau (no gain of min_gain nats per dimension in `patience` steps)
+    # or the time budget ends training before `steps`, with a checkpoint and the reason.
+    t = nmcmc.target("icg", dim=4)
+    m = nmcmc.train(t, steps=100000, batch=32, model={"hidden": 16, "precondition": "none", "learn_precondition": False},
+                    options={"patience": 5, "min_gain": 1e6, "max_seconds": 0}, progress=False,
+                    output=str(tmp_path / "p.pt"))
+    assert m.training["stopped"] == "plateau" and m.training["steps"] == 6 and os.path.exists(tmp_path / "p.pt")
+    m = nmcmc.train(t, steps=100000, batch=32, model={"hidden": 16, "precondition": "none", "learn_precondition": False},
+                    options={"patience": 0, "max_seconds": 0.5}, progress=False, output=str(tmp_path / "t.pt"))
+    assert m.training["stopped"] == "time" and 0 < m.training["steps"] < 100000
+    # the defaults for your own target are the one definition both front ends use
+    d = json.loads(nmcmc._C.default_train_config())
+    assert d["train"]["batch"] == 256 and d["train"]["patience"] > 0 and d["train"]["max_seconds"] > 0
+    with pytest.raises(ValueError, match="patience"):
+        nmcmc.train(t, steps=10, options={"patience": -1}, progress=False)

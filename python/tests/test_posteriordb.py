@@ -104,3 +104,15 @@ def test_gaussian_process_raises_where_its_kernel_matrix_fails_and_nmcmc_rejects
     u, g = t.energy_and_grad(x)
     assert math.isnan(u[0]) and torch.isfinite(u[1])
     assert torch.isnan(g[0]).all() and torch.isfinite(g[1]).all()
+
+
+def test_nuts_warm_up_restarts_chains_that_cannot_move():
+    # Note [Stuck chains in warm-up]: on kidiq's regression 3 of these 16 uniform(-2, 2) starts
+    # could not move at the pooled step size; they stayed put through the warm-up (every draw
+    # divergent), the dense metric was estimated from them too, and the step size fell to 0.0098.
+    # Restarted from moving chains, every chain samples and the step size is about 1.
+    t = nmcmc.from_module(posteriordb.scripted("kidiq-kidscore_momiq"), dtype="float64")
+    r = nmcmc.sample(t, "nuts", chains=16, warmup=500, draws=100, metric="dense", seed=1, progress=False)
+    assert int(r.divergent.sum(0).max()) < 10, r.divergent.sum(0).tolist()
+    assert r.step_size > 0.3
+    assert r.summary["max_rhat"] < 1.05

@@ -222,17 +222,16 @@ TEST(TorchScript, RaisingOnPartOfTheSpaceIsRejectedLikeNan) {
   EXPECT_TRUE(torch::allclose(eg.energy.index_select(0, torch::tensor({0, 2})), good.energy));
   EXPECT_TRUE(torch::allclose(eg.grad.index_select(0, torch::tensor({0, 2})), good.grad));
   EXPECT_EQ(t->energy_evals(), 2);  // a batch counts once, row by row or not
-  // A density that raises everywhere cannot start: the message says what it raised.
+  // A density that raises everywhere cannot be sampled: the message says what it raised.
   const std::string nowhere = save_module("nowhere", "def forward(self, x):\n"
                                                       "    assert bool((x > 1e300).all()), 'no support'\n"
                                                       "    return x.sum(-1)\n");
-  auto tn = make_target({{"name", "torchscript"}, {"module", nowhere}, {"dim", 2}}, kF64);
-  at::Generator gen = make_generator(5);
-  try {
-    finite_starting_points(*tn, initial_positions(*tn, "uniform", 4, gen), "uniform", gen);
-    ADD_FAILURE() << "no starting point can be found";
+  try {  // refused when loaded: it raised at every probe point
+    make_target({{"name", "torchscript"}, {"module", nowhere}, {"dim", 2}}, kF64);
+    ADD_FAILURE() << "a module that raises everywhere must be refused";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("no support"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at zero and at 20 random points"), std::string::npos) << e.what();
   }
 }
 
