@@ -487,6 +487,26 @@ TEST(Cli, SigtermStopsASampleRunLikeCtrlC) {
   EXPECT_NE(nmcmc::read_stan_csv(dir + "/chain_1.csv").comments.back().find("incomplete run"), std::string::npos);
 }
 
+// The first Ctrl-C asks for a clean stop (the draws so far are summarised and written); a second
+// one ends the process at once, e.g. while that summary is computed. Here the second comes 50 ms
+// after the first, while 64 chains' draws of a 50-d target are being summarised (the clean stop
+// takes seconds there): the process dies of the signal (the shell sees 130) without the clean
+// stop's message, and the files it had not finished stay .part.
+TEST(Cli, SecondCtrlCEndsTheProcessAtOnce) {
+  const std::string dir = ::testing::TempDir() + "cli_twice";
+  fs::remove_all(dir);
+  const std::string command = std::string(NMCMC_CLI_PATH) +
+                              " sample --target icg --dim 50 --sampler hmc --leapfrog 1 --chains 64 --warmup 10 "
+                              "--draws 1000000 -q -o " + dir;
+  CliRun r = run_with_prefix(
+      "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + dir + "/chain_1.csv.part ] && [ $i -lt 1200 ]; do "
+      "sleep 0.1; i=$((i+1)); done; sleep 4; kill -INT $pid; sleep 0.05; kill -INT $pid; wait $pid' 2>&1 #",
+      "");
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_EQ(r.out.find("interrupted after"), std::string::npos) << r.out;  // not the clean stop
+  EXPECT_FALSE(fs::exists(dir + "/summary.json")) << r.out;
+}
+
 TEST(Cli, InterruptedSampleKeepsWhatWasDrawnAndSaysSo) {
   // SIGINT once sampling has written its first rows (chain_1.csv.part exists; waiting for the
   // file, not a fixed time, keeps this right on a loaded machine): the rows drawn so far are
