@@ -21,7 +21,7 @@ class Ring : public nmcmc::Target {
 
 int main() {
   Ring ring(torch::kFloat64);
-  nmcmc::MetropolisHastings kernel(nmcmc::make_baseline_proposal(nmcmc::ProposalOptions().set_sampler("hmc").set_leapfrog(20)));
+  nmcmc::MetropolisHastings kernel(nmcmc::make_baseline_proposal(nmcmc::ProposalOptions().set_sampler(nmcmc::SamplerKind::kHmc).set_leapfrog(20)));
   auto options = nmcmc::RunOptions().set_chains(16).set_warmup(500).set_draws(1000);
   nmcmc::SampleResult result = nmcmc::run_sampler(ring, kernel, options, /*seed=*/1);
   nlohmann::json summary = nmcmc::summarise(result, ring);
