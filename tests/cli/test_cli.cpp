@@ -36,12 +36,16 @@ CliRun run_with_prefix(const std::string& prefix, const std::string& args) {
 CliRun run(const std::string& args) { return run_with_prefix("", args); }
 /// A shell script that starts `command` in the background, waits (20 ms polls, at most 2 min) for
 /// `file` to exist, sends `signals` (e.g. "-INT" or "-INT -INT"), and waits for the program.
+/// The same with any shell `actions` on $pid once `file` exists (e.g. "sleep 4; kill -INT $pid; ").
+std::string act_when(const std::string& command, const std::string& file, const std::string& actions) {
+  return "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + file + " ] && [ $i -lt 6000 ]; do sleep 0.02; "
+         "i=$((i+1)); done; " + actions + "wait $pid' 2>&1 #";
+}
 std::string signal_when(const std::string& command, const std::string& file, const std::string& signals) {
   std::string kills;
   std::stringstream ss(signals);
   for (std::string sig; ss >> sig;) kills += "kill " + sig + " $pid; ";
-  return "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + file + " ] && [ $i -lt 6000 ]; do sleep 0.02; "
-         "i=$((i+1)); done; " + kills + "wait $pid' 2>&1 #";
+  return act_when(command, file, kills);
 }
 }  // namespace
 
@@ -499,9 +503,7 @@ TEST(Cli, SecondCtrlCEndsTheProcessAtOnce) {
                               " sample --target icg --dim 50 --sampler hmc --leapfrog 1 --chains 64 --warmup 10 "
                               "--draws 1000000 -q -o " + dir;
   CliRun r = run_with_prefix(
-      "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + dir + "/chain_1.csv.part ] && [ $i -lt 1200 ]; do "
-      "sleep 0.1; i=$((i+1)); done; sleep 4; kill -INT $pid; sleep 0.05; kill -INT $pid; wait $pid' 2>&1 #",
-      "");
+      act_when(command, dir + "/chain_1.csv.part", "sleep 4; kill -INT $pid; sleep 0.05; kill -INT $pid; "), "");
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_EQ(r.out.find("interrupted after"), std::string::npos) << r.out;  // not the clean stop
   EXPECT_FALSE(fs::exists(dir + "/summary.json")) << r.out;
@@ -516,10 +518,7 @@ TEST(Cli, InterruptedSampleKeepsWhatWasDrawnAndSaysSo) {
   const std::string command = std::string(NMCMC_CLI_PATH) +
                               " sample --target funnel --dim 10 --sampler nuts --chains 2 --warmup 50 --draws 100000000 "
                               "-q -o " + dir;
-  CliRun r = run_with_prefix(
-      "sh -c '" + command + " & pid=$!; i=0; while [ ! -e " + dir + "/chain_1.csv.part ] && [ $i -lt 1200 ]; do "
-      "sleep 0.1; i=$((i+1)); done; sleep 0.5; kill -INT $pid; wait $pid' 2>&1 #",
-      "");
+  CliRun r = run_with_prefix(act_when(command, dir + "/chain_1.csv.part", "sleep 0.5; kill -INT $pid; "), "");
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_NE(r.out.find("interrupted after"), std::string::npos) << r.out;
   ASSERT_TRUE(fs::exists(dir + "/chain_2.csv")) << r.out;
