@@ -12,6 +12,7 @@ struct CompareArgs {
   ComputeArgs compute;
   CompareOptions options;
   std::optional<std::string> table;
+  std::vector<std::string> nuts_metrics;
   bool quiet = false;
   DistArgs dist;
 };
@@ -20,6 +21,11 @@ int run(CompareArgs& a, const CLI::App* cmd) {
   if (a.table) {
     std::cout << compare_table(read_config_file(*a.table));
     return 0;
+  }
+  for (const auto& m : a.nuts_metrics) {
+    const MetricAdapt metric = parse_enum<MetricAdapt>(m);
+    if (metric == MetricAdapt::kUnit) throw UsageError("--nuts-metrics: NUTS's metrics are diag, dense, fisher-diag or fisher-lowrank");
+    a.options.nuts_metrics.push_back(metric);
   }
   a.compute.options(a.options.dtype);  // validates and applies --threads
   if (a.compute.device != "cpu") throw UsageError("compare runs on the CPU for now (--device cpu)");
@@ -41,7 +47,7 @@ int run(CompareArgs& a, const CLI::App* cmd) {
 
 Command add_compare_command(CLI::App& app) {
   auto a = std::make_shared<CompareArgs>();
-  auto* cmd = app.add_subcommand("compare", "NUTS, HMC, MALA and the learned sampler on one target: ESS per draw, gradient and second");
+  auto* cmd = app.add_subcommand("compare", "NUTS (each metric), HMC, MALA and the learned sampler on one target: ESS per draw, gradient and second, sampling only and all-in");
   a->target.add(cmd);
   a->compute.add(cmd);
   cmd->add_option("--model", a->options.model, "a trained learned sampler (from `nmcmc train`)");
@@ -50,6 +56,10 @@ Command add_compare_command(CLI::App& app) {
   cmd->add_option("--warmup", a->options.warmup, "warm-up steps")->capture_default_str();
   cmd->add_option("--draws", a->options.draws, "draws per chain")->capture_default_str();
   cmd->add_option("--seed", a->options.seed, "random seed")->capture_default_str();
+  cmd->add_option("--nuts-metrics", a->nuts_metrics,
+                  "NUTS's metrics, comma-separated (default: diag,dense,fisher-diag,fisher-lowrank; dense up to D = 1000); "
+                  "the learned sampler is compared with the best")
+      ->delimiter(',');
   cmd->add_option("--leapfrog", a->options.hmc_leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--table", a->table, "only print the table of an existing compare.json");

@@ -84,8 +84,9 @@ Command add_sample_command(CLI::App& app) {
   cmd->add_option("--leapfrog", a->options.leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--max-depth", a->options.max_depth, "NUTS: maximum tree depth")->capture_default_str();
   cmd->add_option("--metric", a->options.metric,
-                  "unit | diag | dense: the metric adapted over Stan's warm-up windows (default: diag for nuts, "
-                  "unit for the others)");
+                  "unit | diag | dense | fisher-diag | fisher-lowrank: the metric adapted over Stan's warm-up "
+                  "windows, from the draws (diag, dense: Stan's) or from draws and gradients (fisher-*: nutpie's; "
+                  "docs/metrics.md); default: diag for nuts, unit for the others");
   cmd->add_option("--jitter", a->options.jitter, "HMC: per-chain step-size jitter j, eps * (1 + j U(-1,1))")->capture_default_str();
   cmd->add_option("--chains", a->options.chains, "number of chains")->capture_default_str();
   cmd->add_option("--warmup", a->options.warmup, "warm-up (adaptation) steps")->capture_default_str();

@@ -9,8 +9,11 @@
         for `nmcmc sample --module DIR/POSTERIOR.pt`, `nmcmc train --module ...` and Python
     scripts/posteriordb.py gradients [POSTERIOR ...]
         E[grad U] = 0 on the reference draws (checks each port, Jacobians included)
-    scripts/posteriordb.py table NUTS.json LEARNED.json
-        the benchmark table of two `check --json` runs (ratios: >1 means the learned sampler wins)
+    scripts/posteriordb.py table NUTS.json LEARNED.json [NUTS_OTHER_METRIC.json ...]
+        the benchmark table of `check --json` runs: the learned sampler against the best NUTS
+        (ratios: >1 means the learned sampler wins)
+    scripts/posteriordb.py metrics DIAG.json OTHER.json ...
+        NUTS's metrics against Stan's diagonal one: bulk-ESS per gradient and per second, medians
     scripts/posteriordb.py check [--sampler nuts|learned] [--only P ...] [--json FILE] [...]
         samples each posterior as a user would (NUTS with Stan's settings, or the learned sampler
         trained with `nmcmc train --module`'s defaults) and checks the moments against the
@@ -87,6 +90,8 @@ def check(args) -> int:
         ref = ports.reference(p)
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
+        if args.sampler == "nuts":
+            row["metric"] = args.metric
         try:
             ok, why = one(nmcmc, p, ref, row, args, t0)
         except Exception as e:  # a run that fails is a failed row, not the end of the suite
@@ -150,31 +155,104 @@ def one(nmcmc, p, ref, row, args, t0):
     return ok, why
 
 
-def table(nuts_json: str, learned_json: str) -> str:
-    """The BENCHMARKS table: NUTS against the learned sampler with its defaults, per posterior."""
-    nuts = {r["posterior"]: r for r in json.load(open(nuts_json))}
-    learned = {r["posterior"]: r for r in json.load(open(learned_json))}
-    # every ratio is NUTS's cost over the learned sampler's: above 1 the learned sampler wins
-    out = ["| posterior | D | moments NUTS / learned | sampling only: bulk-ESS per grad, learned / NUTS | "
-           "all-in, 10k ESS: gradients NUTS / learned | all-in, 10k ESS: seconds NUTS / learned | "
-           "learned: warm-up + training s (why it stopped) | break-even (effective draws, gradients) |", "|---" * 8 + "|"]
-    for p, n in nuts.items():
-        if p not in learned:
-            continue
-        l = learned[p]
-        both = n["passes"] and l["passes"]
+def _cost(r, goal, currency):
+    """The cost of `goal` effective draws at a run's measured rates (Note [All-in accounting])."""
+    return r[f"{currency}_for_{goal}"]
 
-        def ratio(a, b):
-            return f"{a / b:.3g}x" if both and b else "n/a"
-        rn = n["sampling_grads"] / n["min_ess_bulk"]  # gradients per effective draw, sampling
-        rl = l["sampling_grads"] / l["min_ess_bulk"]
-        be = (l["fixed_grads"] - n["fixed_grads"]) / (rn - rl) if both and rl < rn else None
-        out.append(f"| {p} | {n['dim']} | {'pass' if n['passes'] else 'FAIL'} / {'pass' if l['passes'] else 'FAIL'} | "
-                   f"{ratio(l['ess_bulk_per_grad'] or 0, n['ess_bulk_per_grad'] or 0)} | "
-                   f"{ratio(n['grads_for_10000'], l['grads_for_10000'])} | "
-                   f"{ratio(n['seconds_for_10000'], l['seconds_for_10000'])} | "
-                   f"{l.get('training_seconds', 0):.0f} ({l.get('stopped')}) | "
-                   f"{'never' if both and be is None else ('n/a' if be is None else f'{be:.3g}')} |")
+
+def _rate(r, currency):  # sampling cost per effective draw
+    return (r["sampling_grads"] if currency == "grads" else r["sampling_seconds"]) / r["min_ess_bulk"]
+
+
+def _break_even(l, nuts_runs, currency):
+    """Effective draws from which the learned sampler is cheaper than every NUTS run (None: never)."""
+    fixed = "fixed_grads" if currency == "grads" else "fixed_seconds"
+    start = 0.0
+    for n in nuts_runs:
+        saving = _rate(n, currency) - _rate(l, currency)
+        extra = l[fixed] - n[fixed]
+        if saving <= 0:
+            if extra >= 0:
+                return None
+            continue  # cheaper up front but not per draw: only short runs (ignored: the table is about long ones)
+        start = max(start, extra / saving)
+    return start
+
+
+def table(nuts_jsons, learned_json: str) -> str:
+    """The BENCHMARKS table: the learned sampler with its defaults against the best NUTS (of the
+    runs given, one per metric; only those that pass the moment checks), per posterior."""
+    runs = [{r["posterior"]: r for r in json.load(open(f))} for f in nuts_jsons]
+    learned = {r["posterior"]: r for r in json.load(open(learned_json))}
+    # every ratio is the best NUTS's cost over the learned sampler's: above 1 the learned sampler wins
+    out = ["| posterior | D | moments: NUTS runs passing / learned | sampling only: bulk-ESS per grad, learned / best NUTS | "
+           "all-in, 10k ESS: gradients best NUTS / learned | all-in, 10k ESS: seconds best NUTS / learned | "
+           "learned: warm-up + training s (why it stopped) | break-even vs every NUTS (effective draws): gradients; seconds |",
+           "|---" * 8 + "|"]
+    for p, l in learned.items():
+        nuts = [r[p] for r in runs if p in r]
+        ok = [n for n in nuts if n["passes"]]
+        both = l["passes"] and ok
+
+        def best(f, highest=False):
+            v = [(f(n), n.get("metric", "diag")) for n in ok]
+            return (max if highest else min)(v) if v else (float("nan"), "-")
+
+        dim = l["dim"]
+        if not both:
+            out.append(f"| {p} | {dim} | {len(ok)} of {len(nuts)} / {'pass' if l['passes'] else 'FAIL'} | n/a | n/a | n/a | "
+                       f"{l.get('training_seconds', 0):.0f} ({l.get('stopped')}) | n/a |")
+            continue
+        g, gm = best(lambda n: n["ess_bulk_per_grad"] or 0, highest=True)
+        cg, cgm = best(lambda n: _cost(n, 10000, "grads"))
+        cs, csm = best(lambda n: _cost(n, 10000, "seconds"))
+        beg, bes = _break_even(l, ok, "grads"), _break_even(l, ok, "seconds")
+
+        def fmt_be(x):
+            return "never" if x is None else ("always" if x == 0 else f"{x:.3g}")
+        out.append(f"| {p} | {dim} | {len(ok)} of {len(nuts)} / pass | {(l['ess_bulk_per_grad'] or 0) / g:.3g}x ({gm}) | "
+                   f"{cg / _cost(l, 10000, 'grads'):.3g}x ({cgm}) | {cs / _cost(l, 10000, 'seconds'):.3g}x ({csm}) | "
+                   f"{l.get('training_seconds', 0):.0f} ({l.get('stopped')}) | {fmt_be(beg)}; {fmt_be(bes)} |")
+    return "\n".join(out) + "\n"
+
+
+def metrics_table(jsons) -> str:
+    """NUTS with each metric against Stan's diagonal one (the first file), same posteriors: bulk-ESS
+    per gradient and per second of sampling, the ratios to the diagonal metric's, and their medians."""
+    runs = [{r["posterior"]: r for r in json.load(open(f))} for f in jsons]
+    names = [next(iter(r.values())).get("metric", "?") if r else "?" for r in runs]
+    head = "| posterior | D | " + " | ".join(f"{m}: ESS/grad (x diag)" for m in names) + " | " + \
+        " | ".join(f"{m}: ESS/s" for m in names) + " |"
+    out = [head, "|---|---|" + "---|" * (2 * len(names))]
+    ratios = {m: [] for m in names[1:]}
+    for p in runs[0]:
+        rows = [r.get(p) for r in runs]
+        base = rows[0]
+        cells, secs = [], []
+        for m, r in zip(names, rows):
+            if r is None:
+                cells.append("not run")
+                secs.append("")
+                continue
+            if not r["passes"]:
+                cells.append(f"FAIL ({'; '.join(r['why'])[:60]})")
+                secs.append("")
+                continue
+            e = r["ess_bulk_per_grad"]
+            if r is base or not base["passes"]:
+                cells.append(f"{e:.3g}")
+            else:
+                ratios[m].append(e / base["ess_bulk_per_grad"])
+                cells.append(f"{e:.3g} ({e / base['ess_bulk_per_grad']:.2f}x)")
+            secs.append(f"{r['ess_bulk_per_second']:.3g}")
+        out.append(f"| {p} | {base['dim']} | " + " | ".join(cells) + " | " + " | ".join(secs) + " |")
+    out.append("")
+    for m, v in ratios.items():
+        if v:
+            v = sorted(v)
+            med = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+            out.append(f"{m}: median bulk-ESS per gradient {med:.3g}x the diagonal metric's over {len(v)} posteriors "
+                       f"(range {v[0]:.3g}-{v[-1]:.3g})")
     return "\n".join(out) + "\n"
 
 
@@ -190,7 +268,8 @@ def main() -> int:
     c = sub.add_parser("check")
     c.add_argument("--sampler", choices=["nuts", "learned"], default="nuts")
     c.add_argument("--only", nargs="*")
-    c.add_argument("--metric", default="diag", help="nuts: diag (Stan's default) or dense")
+    c.add_argument("--metric", default="diag",
+                   help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--draws", type=int, default=1000)
@@ -201,6 +280,9 @@ def main() -> int:
     t = sub.add_parser("table")
     t.add_argument("nuts_json")
     t.add_argument("learned_json")
+    t.add_argument("more_nuts_json", nargs="*", help="NUTS runs with other metrics: the best is the yardstick")
+    mt = sub.add_parser("metrics")
+    mt.add_argument("jsons", nargs="+", help="NUTS check --json runs, Stan's diagonal metric first")
     a = ap.parse_args()
     if a.cmd == "list":
         for p, (_d, _b, params, kind) in ports.PORTS.items():
@@ -218,7 +300,9 @@ def main() -> int:
     elif a.cmd == "check":
         return check(a)
     elif a.cmd == "table":
-        print(table(a.nuts_json, a.learned_json), end="")
+        print(table([a.nuts_json] + a.more_nuts_json, a.learned_json), end="")
+    elif a.cmd == "metrics":
+        print(metrics_table(a.jsons), end="")
     return 0
 
 

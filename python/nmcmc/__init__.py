@@ -262,7 +262,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
-    metric="unit" | "diag" | "dense", diag by default for NUTS), then `draws` per chain.
+    metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
     With `output` a directory, also writes the draws there as they are drawn, in `formats`: "csv"
     (Stan CSV per chain), "netcdf" (ArviZ InferenceData, inference_data.nc: arviz.from_netcdf or
     xarray.open_dataset(path, group="posterior")) or both, and summary.json.
@@ -420,12 +420,14 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
 
 def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: int = 1000, draws: int = 1000,
             seed: int = 1, dtype: str = "float32", hmc_leapfrog: int = 10, output: _Optional[str] = None,
-            progress: bool = True) -> dict:
-    """Runs NUTS, HMC, MALA and (with `model`, or `config` to train one first) the learned sampler
-    on the same target with the same chains, warm-up and draws; returns what compare.json holds
-    (per sampler: accept, gradients per draw, ESS per draw, per gradient and per second, R-hat,
-    divergences; the learned sampler's break-even against NUTS). result["table"] is the markdown
-    table. Writes compare.json, compare.md and the trace figure into `output` (a temporary
+            nuts_metrics=None, progress: bool = True) -> dict:
+    """Runs NUTS (with each metric in `nuts_metrics`: by default diag, dense, fisher-diag and
+    fisher-lowrank), HMC, MALA and (with `model`, or `config` to train one first) the learned
+    sampler on the same target with the same chains, warm-up and draws; returns what compare.json
+    holds (per sampler: accept, gradients per draw, ESS per draw, per gradient and per second,
+    R-hat, divergences, and "all_in": the cost of 1,000 and 10,000 effective draws with warm-up and
+    training counted; the learned sampler's "vs_best_nuts": ratios and break-evens in gradients
+    and seconds against the best NUTS). result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
     directory if not given)."""
     if isinstance(model, Model):
         model = model.path
@@ -441,7 +443,8 @@ def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: in
             "model": None if model is None else _os.fspath(model),
             "config": None if config is None else _os.fspath(config), "output": _os.fspath(output),
             "chains": int(chains), "warmup": int(warmup), "draws": int(draws), "seed": int(seed),
-            "dtype": _dtype_name(dtype), "hmc_leapfrog": int(hmc_leapfrog)}
+            "dtype": _dtype_name(dtype), "hmc_leapfrog": int(hmc_leapfrog),
+            "nuts_metrics": None if nuts_metrics is None else [str(m) for m in nuts_metrics]}
     result = _json.loads(_C.compare(_json.dumps(opts), _Progress(progress)))
     result["table"] = _C.compare_table(_json.dumps(result))
     result["output"] = _os.fspath(output)

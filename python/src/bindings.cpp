@@ -140,6 +140,9 @@ std::string compare(const std::string& options_json, py::object report) {
   o.seed = j.at("seed").get<uint64_t>();
   o.dtype = j.at("dtype").get<std::string>();
   o.hmc_leapfrog = j.at("hmc_leapfrog").get<int64_t>();
+  if (j.contains("nuts_metrics") && !j["nuts_metrics"].is_null()) {
+    o.nuts_metrics = j["nuts_metrics"].get<std::vector<nmcmc::MetricAdapt>>();
+  }
   PythonHook hook{report};
   json result;
   {

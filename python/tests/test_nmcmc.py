@@ -167,16 +167,28 @@ def test_train_save_load_sample_and_compare(tmp_path):
     assert more.steps == 80
     result = nmcmc.compare(t, model=more, chains=2, warmup=50, draws=100, output=str(tmp_path / "cmp"),
                            progress=False)
-    assert set(result["samplers"]) == {"nuts", "hmc", "mala", "learned"}
-    assert "| learned" in result["table"]
+    # NUTS with every metric that applies (the best is the yardstick), HMC, MALA, the learned sampler
+    assert set(result["samplers"]) == {"nuts", "nuts_dense", "nuts_fisher_diag", "nuts_fisher_lowrank", "hmc", "mala",
+                                       "learned"}
+    assert "| learned" in result["table"] and "| nuts fisher-lowrank" in result["table"]
     learned = result["samplers"]["learned"]
     # compare runs it as a user would: from its own chains, never from a box its flow has not seen
     assert learned["start"].startswith("its own chains")
+    # all-in: its training and preconditioner are part of its fixed cost
+    t = learned["training"]
+    assert learned["all_in"]["fixed_grads"] >= t["grads_total"] + t["preconditioner_grads"] > 0
+    assert learned["all_in"]["fixed_seconds"] >= t["seconds"] + t["preconditioner_seconds"]
+    assert result["samplers"]["nuts"]["all_in"]["fixed_grads"] > 0
     # a run that has not converged gets no ESS ratio and no break-even
     assert isinstance(learned["converged"], bool)
-    if not (learned["converged"] and result["samplers"]["nuts"]["converged"]):
-        assert "Not converged" in result["table"] and "Sampling alone" not in result["table"]
-        assert learned["break_even_draws_vs_nuts"] is None
+    vs = learned["vs_best_nuts"]
+    if not learned["converged"] or not vs["nuts_runs"]:
+        assert "Not converged" in result["table"] and "Against the best NUTS" not in result["table"]
+        assert "break_even_grads" not in vs
+    else:
+        assert "Against the best NUTS" in result["table"]
+        assert vs["break_even_grads"]["kind"] in ("always", "from", "never", "until")
+        assert vs["grads_for_10000"]["nuts"] in vs["nuts_runs"]
     assert json.load(open(tmp_path / "cmp" / "compare.json"))["samplers"]["nuts"]["grads_per_draw"] > 0
 
 

@@ -99,6 +99,10 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   j["complete"] = r.complete;
   j["draws_planned"] = r.draws_planned;
   j["step_size"] = r.step_size;
+  j["metric"] = r.metric;
+  if (r.metric == "low-rank") j["metric_rank"] = r.metric_rank;
+  // Note [Stuck chains in warm-up]: chains that restarted from a moving chain's position
+  j["chains_restarted"] = r.chains_restarted;
   j["accept_rate"] = r.accept_stat.mean().item<double>();
   j["divergences"] = r.divergent.sum().item<int64_t>();
   // Note [A density may fail]: the points where the density raised (rejected, as non-finite ones)
@@ -197,6 +201,14 @@ std::string format_summary(const json& j, int64_t rows) {
                    j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
                    j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
                    j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
+  if (j.value("metric", std::string("unit")) != "unit") {
+    line(fmt::format("metric {}{}", j["metric"].get<std::string>(),
+                     j.contains("metric_rank") ? fmt::format(" (rank {} correction)", j["metric_rank"].get<int64_t>()) : ""));
+  }
+  if (j.value("chains_restarted", int64_t{0}) > 0) {
+    line(fmt::format("{} chain(s) stuck at their starting points restarted from moving chains in early warm-up",
+                     j["chains_restarted"].get<int64_t>()));
+  }
   if (j.value("density_failures", int64_t{0}) > 0) {
     line(fmt::format("the density raised an error at {} points (those proposals were rejected, as where it is not "
                      "finite); the first: {}",

@@ -87,6 +87,11 @@ torch::Tensor VarianceEstimator::regularised_variance() const {
   return (n / (n + 5.0)) * var + 1e-3 * (5.0 / (n + 5.0));
 }
 
+torch::Tensor VarianceEstimator::population_variance() const {
+  TORCH_CHECK(n_ > 0, "VarianceEstimator has no draws");
+  return m2_ / static_cast<double>(n_);
+}
+
 void VarianceEstimator::reset() {
   n_ = 0;
   mean_ = torch::Tensor();
@@ -127,6 +132,115 @@ void CovarianceEstimator::reset() {
   n_ = 0;
   mean_ = torch::Tensor();
   m2_ = torch::Tensor();
+}
+
+torch::Tensor fisher_diagonal(const torch::Tensor& var_x, const torch::Tensor& var_g) {
+  // A coordinate whose gradient never varied (or whose draws never moved) has no scale to learn:
+  // the clamp keeps the metric finite and positive (nutpie clips likewise).
+  torch::Tensor r = (var_x / var_g).sqrt();
+  r = torch::where(torch::isfinite(r), r, torch::ones_like(r));
+  return r.clamp(1e-10, 1e10);
+}
+
+namespace {
+
+/// A^{power} for a symmetric positive definite A [m, m] (eigendecomposition).
+torch::Tensor spd_power(const torch::Tensor& a, double power) {
+  auto [w, v] = torch::linalg::eigh(0.5 * (a + a.t()), "L");
+  return torch::matmul(v * w.clamp_min(1e-300).pow(power), v.t());
+}
+
+/// The leading left singular vectors [D, <= k] of the rows of y [n, D] (as columns), dropping
+/// those of (numerically) zero singular value.
+torch::Tensor leading_directions(const torch::Tensor& y, int64_t k) {
+  auto [u, s, vh] = torch::linalg::svd(y.t(), /*full_matrices=*/false, c10::nullopt);  // u [D, r]
+  const double top = s.numel() > 0 ? s.max().item<double>() : 0.0;
+  const int64_t keep = std::min<int64_t>(k, (s > 1e-10 * top).sum().item<int64_t>());
+  return u.narrow(1, 0, top > 0 ? keep : 0);
+}
+
+}  // namespace
+
+Metric fisher_low_rank(const torch::Tensor& x, const torch::Tensor& g, const LowRankOptions& o) {
+  TORCH_CHECK(x.dim() == 2 && x.sizes() == g.sizes() && x.size(0) >= 2, "fisher_low_rank: x and g are [n, D], n >= 2");
+  TORCH_CHECK(o.max_rank >= 0 && o.gamma > 0 && o.cutoff >= 1, "fisher_low_rank: max_rank >= 0, gamma > 0, cutoff >= 1");
+  const torch::Tensor x64 = x.detach().to(torch::kFloat64).cpu();
+  const torch::Tensor g64 = g.detach().to(torch::kFloat64).cpu();
+  const double n = static_cast<double>(x64.size(0));
+  const int64_t d = x64.size(1);
+  const torch::Tensor xc = x64 - x64.mean(0), gc = g64 - g64.mean(0);  // [n, D]
+  const torch::Tensor scale2 = fisher_diagonal(xc.pow(2).mean(0), gc.pow(2).mean(0));  // sigma^2 [D]
+  const torch::Tensor sigma = scale2.sqrt();
+  const torch::Tensor xs = xc / sigma, gs = gc * sigma;  // the scaled coordinates
+  const torch::Tensor both = torch::cat({leading_directions(xs, o.max_rank), leading_directions(gs, o.max_rank)}, 1);
+  if (both.size(1) == 0) return Metric::low_rank(scale2, torch::zeros({d, 0}, scale2.options()), torch::zeros({0}, scale2.options()));
+  const torch::Tensor q = std::get<0>(torch::linalg::qr(both, "reduced"));  // [D, m] orthonormal
+  const torch::Tensor px = torch::matmul(xs, q), pg = torch::matmul(gs, q);  // [n, m]
+  const torch::Tensor eye = torch::eye(q.size(1), q.options());
+  const torch::Tensor cx = torch::matmul(px.t(), px) / n + o.gamma * eye;
+  const torch::Tensor cg = torch::matmul(pg.t(), pg) / n + o.gamma * eye;
+  // the geometric mean: Sigma Cg Sigma = Cx
+  const torch::Tensor cg_half = spd_power(cg, 0.5), cg_inv_half = spd_power(cg, -0.5);
+  const torch::Tensor mean = torch::matmul(torch::matmul(cg_inv_half, spd_power(torch::matmul(torch::matmul(cg_half, cx), cg_half), 0.5)),
+                                           cg_inv_half);
+  auto [lambda, v] = torch::linalg::eigh(0.5 * (mean + mean.t()), "L");
+  const torch::Tensor keep = ((lambda > o.cutoff) | (lambda < 1.0 / o.cutoff)).nonzero().reshape({-1});
+  return Metric::low_rank(scale2, torch::matmul(q, v.index_select(1, keep)), lambda.index_select(0, keep));
+}
+
+MetricEstimator::MetricEstimator(MetricAdapt kind, LowRankOptions low_rank, int64_t max_rows)
+    : kind_(kind), low_rank_(low_rank), max_rows_(max_rows) {
+  TORCH_CHECK(kind != MetricAdapt::kUnit, "MetricEstimator: the unit metric has nothing to estimate");
+}
+
+void MetricEstimator::add(const torch::Tensor& x, const torch::Tensor& grad) {
+  if (needs_gradients()) {
+    TORCH_CHECK(grad.defined() && grad.sizes() == x.sizes(), "metric ", enum_name(kind_), " needs the chains' gradients");
+  }
+  n_ += x.size(0);
+  switch (kind_) {
+    case MetricAdapt::kUnit: break;
+    case MetricAdapt::kDiag: var_x_.add(x); break;
+    case MetricAdapt::kDense: cov_.add(x); break;
+    case MetricAdapt::kFisherDiag:
+      var_x_.add(x);
+      var_g_.add(grad);
+      break;
+    case MetricAdapt::kFisherLowRank:
+      xs_.push_back(x.detach().to(torch::kFloat64).cpu());
+      gs_.push_back(grad.detach().to(torch::kFloat64).cpu());
+      rows_ += x.size(0);
+      while (rows_ - xs_.front().size(0) >= max_rows_) {  // keep the newest max_rows (at least)
+        rows_ -= xs_.front().size(0);
+        xs_.pop_front();
+        gs_.pop_front();
+      }
+      break;
+  }
+}
+
+Metric MetricEstimator::estimate() const {
+  TORCH_CHECK(n_ > 1, "MetricEstimator needs at least two draws");
+  switch (kind_) {
+    case MetricAdapt::kUnit: return Metric();
+    case MetricAdapt::kDiag: return Metric(var_x_.regularised_variance());
+    case MetricAdapt::kDense: return Metric(cov_.regularised_covariance());
+    case MetricAdapt::kFisherDiag: return Metric(fisher_diagonal(var_x_.population_variance(), var_g_.population_variance()));
+    case MetricAdapt::kFisherLowRank:
+      return fisher_low_rank(torch::cat(std::vector<torch::Tensor>(xs_.begin(), xs_.end())),
+                             torch::cat(std::vector<torch::Tensor>(gs_.begin(), gs_.end())), low_rank_);
+  }
+  return Metric();
+}
+
+void MetricEstimator::reset() {
+  n_ = 0;
+  rows_ = 0;
+  var_x_.reset();
+  var_g_.reset();
+  cov_.reset();
+  xs_.clear();
+  gs_.clear();
 }
 
 }  // namespace nmcmc

@@ -8,9 +8,10 @@ namespace {
 torch::Tensor as64(const torch::Tensor& t) { return t.to(torch::kFloat64); }
 }  // namespace
 
-void ScaledProposal::set_inv_mass(torch::Tensor inv_mass) {
-  metric_ = inv_mass.defined() ? Metric(inv_mass) : Metric();
-  metric64_ = metric_.to(torch::TensorOptions().dtype(torch::kFloat64).device(inv_mass.defined() ? inv_mass.device() : torch::kCPU));
+void ScaledProposal::set_metric(const Metric& metric) {
+  metric_ = metric;
+  const torch::Tensor any = metric.kind() == MetricKind::kUnit ? torch::Tensor() : metric.scale2();
+  metric64_ = metric_.to(torch::TensorOptions().dtype(torch::kFloat64).device(any.defined() ? any.device() : torch::kCPU));
 }
 
 ProposalResult RandomWalk::propose(Target& target, const ChainState& state, at::Generator& gen) {

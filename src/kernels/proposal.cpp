@@ -26,7 +26,7 @@ ChainState MetropolisHastings::init(Target& target, const torch::Tensor& x) cons
 
 void Kernel::set_step_size(double /*eps*/) { TORCH_CHECK(false, "kernel '", name(), "' has no tunable step size"); }
 
-void Kernel::set_inv_mass(torch::Tensor /*inv_mass*/) { TORCH_CHECK(false, "kernel '", name(), "' has no metric to adapt"); }
+void Kernel::set_metric(const Metric& /*metric*/) { TORCH_CHECK(false, "kernel '", name(), "' has no metric to adapt"); }
 
 torch::Tensor Kernel::probe_accept(Target&, const ChainState&, at::Generator&) {
   TORCH_CHECK(false, "kernel '", name(), "' has no trial move for step-size search");
@@ -41,7 +41,7 @@ void Proposal::set_step_size(double /*eps*/) {
   TORCH_CHECK(false, "proposal '", name(), "' has no tunable step size");
 }
 
-void Proposal::set_inv_mass(torch::Tensor /*inv_mass*/) {
+void Proposal::set_metric(const Metric& /*metric*/) {
   TORCH_CHECK(false, "proposal '", name(), "' has no mass matrix to adapt");
 }
 

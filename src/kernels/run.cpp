@@ -206,9 +206,18 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   if (o.adapt_step.value_or(false) && !tunable) {
     throw UsageError("sampler '" + prop.name() + "' has no tunable step size: run it without step-size adaptation");
   }
-  if (o.adapt_mass && !prop.has_metric()) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
-  if (o.adapt_mass && o.dense_mass && !prop.has_dense_metric()) {
-    throw UsageError("sampler '" + prop.name() + "' has no dense metric");
+  const bool adapt_metric = o.metric != MetricAdapt::kUnit;
+  if (adapt_metric && !prop.has_metric()) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
+  if (is_full_rank_metric(o.metric) && !prop.has_dense_metric()) {
+    throw UsageError("sampler '" + prop.name() + "' has no " + enum_name(o.metric) + " metric (diagonal only)");
+  }
+  std::optional<MetricEstimator> estimator;
+  if (adapt_metric) {
+    estimator.emplace(o.metric);
+    if (estimator->needs_gradients() && !state.grad.defined()) {
+      throw UsageError("metric " + enum_name(o.metric) + " is estimated from gradients, which sampler '" + prop.name() +
+                       "' does not compute (use diag or dense)");
+    }
   }
   const bool tune = o.adapt_step.value_or(tunable) && o.warmup > 0;
   if (tune || (tunable && prop.step_size() <= 0)) {
@@ -216,8 +225,6 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   }
   DualAveraging da(prop.step_size(), o.target_accept);
   WarmupSchedule schedule(o.warmup);
-  VarianceEstimator variance;
-  CovarianceEstimator covariance;
   torch::Tensor acc_sum = torch::zeros({}, state.energy.options());
   torch::Tensor warmup_grads_chain;  // [C] when the kernel reports per-chain counts
   // Note [Stuck chains in warm-up]
@@ -265,21 +272,18 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
               moving.index_select(0, torch::randint(moving.size(0), {o.chains}, gen, moving.options()));
           const torch::Tensor donors = state.x.index_select(0, pick);
           state = kernel.init(target, torch::where(stuck.unsqueeze(1), donors, state.x));
+          res.chains_restarted += n_stuck;
         }
       }
     }
-    if (o.adapt_mass && schedule.in_slow_window(i)) {
-      if (o.dense_mass) covariance.add(state.x);
-      else variance.add(state.x);
-    }
-    const int64_t collected = o.dense_mass ? covariance.count() : variance.count();
-    if (o.adapt_mass && schedule.ends_window(i) && collected > 1) {
-      torch::Tensor inv_mass =
-          (o.dense_mass ? covariance.regularised_covariance() : variance.regularised_variance()).to(target.options());
-      prop.set_inv_mass(inv_mass);
-      res.inv_mass = inv_mass.to(torch::kCPU, torch::kFloat64);
-      variance.reset();
-      covariance.reset();
+    if (estimator && schedule.in_slow_window(i)) estimator->add(state.x, state.grad);
+    if (estimator && schedule.ends_window(i) && estimator->count() > 1) {
+      const Metric metric = estimator->estimate();
+      prop.set_metric(metric.to(target.options()));
+      res.inv_mass = metric.inv_mass();
+      res.metric = enum_name(metric.kind());
+      res.metric_rank = metric.kind() == MetricKind::kLowRank ? metric.basis().size(1) : 0;
+      estimator->reset();
       if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));
     }
     report("warmup", i + 1, o.warmup, acc_sum, i + 1, i + 1 == o.warmup);
@@ -408,6 +412,10 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
   r.draws_planned = mine.draws_planned;
   r.names = mine.names;
   r.max_tree_depth = mine.max_tree_depth;
+  r.metric = mine.metric;
+  r.metric_rank = mine.metric_rank;
+  r.chains_restarted =
+      comm.all_gather_rows(torch::tensor({mine.chains_restarted}, torch::kInt64)).sum().item<int64_t>();
   r.seconds_warmup = t[1] / world;  // the ranks run side by side: their mean wall time
   r.seconds_sampling = t[2] / world;
   r.grads_warmup = std::llround(t[3] / total);

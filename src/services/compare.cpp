@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -16,17 +17,35 @@ namespace nmcmc {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-std::optional<double> break_even_draws(double training_grads, double g_learned, double e_learned, double g_nuts,
-                                       double e_nuts) {
-  if (!(e_learned > 0) || !(e_nuts > 0) || !(g_nuts > 0)) return std::nullopt;
-  const double saving = g_nuts * e_learned / e_nuts - g_learned;  // gradients saved per draw
-  if (!(saving > 0)) return std::nullopt;
-  return training_grads / saving;
-}
-
 namespace {
 
 double num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : NAN; }
+
+RunCost cost_of(const json& r) { return run_cost_from_json(r.at("cost")); }
+
+/// The NUTS runs' names in compare.json: "nuts" (Stan's diagonal metric), "nuts_dense", ...
+std::string nuts_name(MetricAdapt m) {
+  if (m == MetricAdapt::kDiag) return "nuts";
+  std::string n = "nuts_" + enum_name(m);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+/// The learned sampler against the best of the NUTS runs that converged (Note [The best NUTS]).
+json against_best_nuts(const json& samplers) {
+  const json& l = samplers.at("learned");
+  std::map<std::string, RunCost> nuts;
+  std::vector<std::string> names;
+  for (auto it = samplers.begin(); it != samplers.end(); ++it) {
+    if (it.key().rfind("nuts", 0) == 0 && it.value().value("converged", false)) {
+      nuts[it.key()] = cost_of(it.value());
+      names.push_back(it.key());
+    }
+  }
+  json out = l.value("converged", false) ? against_best(cost_of(l), nuts) : json::object();
+  out["nuts_runs"] = names;
+  return out;
+}
 
 /// One sampler's row: the figures every sampler is compared on.
 /// Above this R-hat, or below this accept rate, a run is reported as not converged.
@@ -58,6 +77,16 @@ json row(const SampleResult& r, Target& target) {
   out["divergences"] = s["divergences"];
   out["seconds_warmup"] = s["seconds_warmup"];
   out["seconds_sampling"] = s["seconds_sampling"];
+  out["metric"] = s["metric"];
+  // Note [All-in accounting]: its warm-up is the fixed cost (the learned sampler adds training)
+  RunCost cost;
+  cost.fixed_grads = s["grads_warmup_per_chain"].get<double>() * s["chains"].get<double>();
+  cost.fixed_seconds = s["seconds_warmup"].get<double>();
+  cost.sampling_grads = draws * g;
+  cost.sampling_seconds = s["seconds_sampling"].get<double>();
+  cost.ess = s["min_ess_bulk"].get<double>();
+  out["cost"] = to_json_value(cost);
+  out["all_in"] = all_in_json(cost);
   if (s.contains("tree_depth_hits")) {
     out["tree_depth_hits"] = s["tree_depth_hits"];
     out["mean_tree_depth"] = s["mean_tree_depth"];
@@ -125,7 +154,9 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
                 {"grads_per_row", per_row},
                 {"batch", batch},
                 {"grads_total", static_cast<double>(per_row) * static_cast<double>(batch)},
-                {"seconds", meta.value("elapsed", 0.0)}};
+                {"seconds", meta.value("elapsed", 0.0)},
+                {"preconditioner_grads", meta.contains("preconditioner") ? meta["preconditioner"].value("grads", 0.0) : 0.0},
+                {"preconditioner_seconds", meta.contains("preconditioner") ? meta["preconditioner"].value("seconds", 0.0) : 0.0}};
   }
   if (target_spec.is_null()) throw UsageError("compare: give a target (--target ...), a --model or a --config");
   auto target = make_target(target_spec, options);
@@ -144,13 +175,25 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     SampleResult r = run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
-    if (name == "nuts" && r.draws.size(0) > 0) nuts_last = r.draws.select(0, r.draws.size(0) - 1).to(target->options());
+    if (name.rfind("nuts", 0) == 0 && !nuts_last.defined() && r.draws.size(0) > 0) nuts_last = r.draws.select(0, r.draws.size(0) - 1).to(target->options());
     traces.emplace_back(name + ": chain 1", r.draws);
   };
-  // NUTS as Stan runs it by default (diagonal metric, target accept 0.8); HMC and MALA with the
-  // same adaptation (step size by dual averaging, diagonal metric over Stan's windows).
-  Nuts nuts;
-  run("nuts", nuts, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
+  // NUTS with every metric that applies (Stan's diagonal first: its default); HMC and MALA with
+  // Stan's adaptation (step size by dual averaging, diagonal metric over Stan's windows).
+  std::vector<MetricAdapt> metrics = o.nuts_metrics;
+  if (metrics.empty()) {
+    metrics = {MetricAdapt::kDiag, MetricAdapt::kDense, MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank};
+    if (target->dim() > kMaxDenseDim) {
+      metrics.erase(metrics.begin() + 1);
+      tell(fmt::format("   (NUTS with a dense metric left out: D = {} > {})", target->dim(), kMaxDenseDim));
+    }
+  }
+  for (MetricAdapt m : metrics) {
+    if (m == MetricAdapt::kUnit) throw UsageError("compare: NUTS's metrics are diag, dense, fisher-diag or fisher-lowrank");
+    Nuts nuts;
+    run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
+    results["samplers"][nuts_name(m)]["metric_adapt"] = m;
+  }
   MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
   run("hmc", hmc, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
   MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kMala)));
@@ -174,11 +217,14 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     json& l = results["samplers"]["learned"];
     l["start"] = start;
     l["training"] = training;
-    const json& n = results["samplers"]["nuts"];
-    auto be = break_even_draws(training["grads_total"].get<double>(), num(l, "grads_per_draw"), num(l, "bulk_ess_per_draw"),
-                               num(n, "grads_per_draw"), num(n, "bulk_ess_per_draw"));
-    const bool both = l.value("converged", false) && n.value("converged", false);
-    l["break_even_draws_vs_nuts"] = be && both ? json(*be) : json(nullptr);
+    // Note [All-in accounting]: the preconditioner and the training are paid before its warm-up
+    json& cost = l["cost"];
+    cost["fixed_grads"] = cost["fixed_grads"].get<double>() + training["grads_total"].get<double>() +
+                          training["preconditioner_grads"].get<double>();
+    cost["fixed_seconds"] = cost["fixed_seconds"].get<double>() + training["seconds"].get<double>() +
+                            training["preconditioner_seconds"].get<double>();
+    l["all_in"] = all_in_json(cost_of(l));
+    l["vs_best_nuts"] = against_best_nuts(results["samplers"]);
   }
   if (comm->world_size() > 1) results["world_size"] = comm->world_size();
   if (!root) return results;
@@ -193,49 +239,93 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
 
 std::string compare_table(const json& results) {
   if (!results.is_object() || !results.contains("samplers")) throw DataError("not a compare.json (no \"samplers\")");
-  std::string out = fmt::format("Target {}; {} chains x {} draws after {} warm-up; seed {}. ESS: minimum over parameters.\n\n",
+  const json& samplers = results["samplers"];
+  std::string out = fmt::format("Target {}; {} chains x {} draws after {} warm-up; seed {}. ESS: minimum over parameters "
+                                "(bulk-ESS uncapped; the paper's needs true moments).\n\n",
                                 results.value("target", json()).dump(), results.value("chains", 0), results.value("draws", 0),
                                 results.value("warmup", 0), results.value("seed", 0));
+  std::vector<std::string> order;
+  for (auto it = samplers.begin(); it != samplers.end(); ++it) {
+    if (it.key().rfind("nuts", 0) == 0) order.push_back(it.key());
+  }
+  std::sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
+    return (a == "nuts") != (b == "nuts") ? a == "nuts" : a < b;  // Stan's default first
+  });
+  for (const char* name : {"hmc", "mala", "learned"}) {
+    if (samplers.contains(name)) order.push_back(name);
+  }
+  auto label = [&](const std::string& name) {
+    const json& r = samplers[name];
+    std::string l = name;
+    if (r.contains("metric_adapt")) l = "nuts " + r["metric_adapt"].get<std::string>();
+    return r.value("converged", true) ? l : l + " (not converged)";
+  };
+  out += "Sampling only:\n\n";
   out += "| sampler | accept | grads/draw | bulk-ESS/draw | /grad | /s | tail-ESS/draw | /grad | /s | paper ESS/draw | /grad | max R-hat | divergences |\n";
   out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const char* name : {"nuts", "hmc", "mala", "learned"}) {
-    if (!results["samplers"].contains(name)) continue;
-    const json& r = results["samplers"][name];
+  for (const auto& name : order) {
+    const json& r = samplers[name];
     // The paper's ESS needs the target's true or reference moments: "n/a" without them.
     auto paper = [&](const char* key) {
       const double v = num(r, key);
       return std::isfinite(v) ? fmt::format("{:.4g}", v) : std::string("n/a");
     };
     out += fmt::format("| {} | {:.3f} | {:.1f} | {:.4g} | {:.4g} | {:.4g} | {:.4g} | {:.4g} | {:.4g} | {} | {} | {:.3f} | {} |\n",
-                       r.value("converged", true) ? std::string(name) : std::string(name) + " (not converged)",
-                       num(r, "accept"), num(r, "grads_per_draw"), num(r, "bulk_ess_per_draw"),
+                       label(name), num(r, "accept"), num(r, "grads_per_draw"), num(r, "bulk_ess_per_draw"),
                        num(r, "bulk_ess_per_grad"), num(r, "bulk_ess_per_second"), num(r, "tail_ess_per_draw"),
                        num(r, "tail_ess_per_grad"), num(r, "tail_ess_per_second"), paper("paper_ess_per_draw"),
                        paper("paper_ess_per_grad"), num(r, "max_rhat"), r.value("divergences", int64_t{0}));
   }
-  if (results["samplers"].contains("learned")) {
-    const json& l = results["samplers"]["learned"];
-    const json& t = l["training"];
-    out += fmt::format("\nLearned sampler: trained {} steps, {:.4g} gradient evaluations ({} per batch row x batch {}), {:.0f} s.\n",
-                       t.value("steps", 0), num(t, "grads_total"), t.value("grads_per_row", 0), t.value("batch", 0),
-                       num(t, "seconds"));
-    const json& nuts = results["samplers"]["nuts"];
-    const bool converged = l.value("converged", true) && nuts.value("converged", true);
-    const double ratio = num(l, "bulk_ess_per_grad") / num(nuts, "bulk_ess_per_grad");
-    if (!converged) {
-      out += fmt::format("Not converged ({}: max R-hat above {} or accept rate below {}): no ESS ratio or break-even for "
-                         "it; run longer, or train the learned sampler longer.\n",
-                         !l.value("converged", true) ? "the learned sampler" : "NUTS", kMaxRhat, kMinAccept);
-    } else {
-      out += fmt::format("Sampling alone, it gets {:.3g}x NUTS's bulk-ESS per gradient. ", ratio);
+  out += "\nAll-in (Note [All-in accounting]: warm-up, and for the learned sampler its preconditioner and training, "
+         "counted; the cost of 1,000 and 10,000 effective draws at this run's rates):\n\n";
+  out += "| sampler | fixed gradients | fixed s | all-in bulk-ESS/grad | /s | 1,000 ESS: gradients | s | 10,000 ESS: gradients | s |\n";
+  out += "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& name : order) {
+    const json& r = samplers[name];
+    if (!r.contains("all_in")) continue;
+    const json& a = r["all_in"];
+    if (!r.value("converged", true)) {
+      out += fmt::format("| {} | {:.4g} | {:.1f} | n/a | n/a | n/a | n/a | n/a | n/a |\n", label(name), num(a, "fixed_grads"),
+                         num(a, "fixed_seconds"));
+      continue;
     }
-    if (!converged) {
-      // no break-even for a run that is not converged
-    } else if (l["break_even_draws_vs_nuts"].is_number()) {
-      out += fmt::format("Break-even (training + sampling gradients per unit of ESS below NUTS's): from {:.3g} draws on.\n",
-                         l["break_even_draws_vs_nuts"].get<double>());
+    out += fmt::format("| {} | {:.4g} | {:.1f} | {:.4g} | {:.4g} | {:.4g} | {:.1f} | {:.4g} | {:.1f} |\n", label(name),
+                       num(a, "fixed_grads"), num(a, "fixed_seconds"), num(a, "all_in_ess_per_grad"),
+                       num(a, "all_in_ess_per_second"), num(a, "grads_for_1000"), num(a, "seconds_for_1000"),
+                       num(a, "grads_for_10000"), num(a, "seconds_for_10000"));
+  }
+  if (samplers.contains("learned")) {
+    const json& l = samplers["learned"];
+    const json& t = l["training"];
+    out += fmt::format("\nLearned sampler: trained {} steps, {:.4g} gradient evaluations ({} per batch row x batch {}) in "
+                       "{:.0f} s, after a preconditioner warm-up of {:.4g} gradients in {:.0f} s.\n",
+                       t.value("steps", 0), num(t, "grads_total"), t.value("grads_per_row", 0), t.value("batch", 0),
+                       num(t, "seconds"), num(t, "preconditioner_grads"), num(t, "preconditioner_seconds"));
+    const json& v = l.value("vs_best_nuts", json::object());
+    if (!l.value("converged", true)) {
+      out += fmt::format("Not converged (the learned sampler: max R-hat above {} or accept rate below {}): no ESS ratio or "
+                         "break-even for it; run longer, or train the learned sampler longer.\n",
+                         kMaxRhat, kMinAccept);
+    } else if (!v.contains("ess_per_grad")) {
+      out += "Not converged (no NUTS run converged: max R-hat above 1.01 or accept rate below 0.05): no ESS ratio or "
+             "break-even; run longer.\n";
     } else {
-      out += "It never breaks even with NUTS: it needs more gradients per unit of ESS even without its training.\n";
+      auto name_of = [&](const json& x) { return label(x["nuts"].get<std::string>()); };
+      out += fmt::format("Against the best NUTS (Note [The best NUTS]; above 1: the learned sampler is better):\n");
+      out += fmt::format("- sampling only: {:.3g}x the bulk-ESS per gradient of {}; {:.3g}x the bulk-ESS per second of {}\n",
+                         num(v["ess_per_grad"], "ratio"), name_of(v["ess_per_grad"]),
+                         num(v["ess_per_second"], "ratio"), name_of(v["ess_per_second"]));
+      for (double goal : kAllInGoals) {
+        const json& g = v[fmt::format("grads_for_{:.0f}", goal)];
+        const json& sec = v[fmt::format("seconds_for_{:.0f}", goal)];
+        out += fmt::format("- all-in, {:.0f} effective draws: {:.3g} gradients against {:.3g} ({}): {:.3g}x; {:.1f} s against "
+                           "{:.1f} s ({}): {:.3g}x\n",
+                           goal, num(g, "learned"), num(g, "nuts_value"), name_of(g), num(g, "ratio"), num(sec, "learned"),
+                           num(sec, "nuts_value"), name_of(sec), num(sec, "ratio"));
+      }
+      out += fmt::format("- break-even in gradients: {}; in seconds: {}\n",
+                         v["break_even_grads"].value("text", std::string("n/a")),
+                         v["break_even_seconds"].value("text", std::string("n/a")));
     }
   }
   return out;

@@ -19,6 +19,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/plot.hpp"
 #include "nmcmc/kernels/baselines.hpp"
+#include "nmcmc/services/accounting.hpp"
 #include "nmcmc/services/figures.hpp"
 #include "nmcmc/services/jobs.hpp"
 #include "nmcmc/services/sample.hpp"
@@ -87,7 +88,22 @@ json measures(const SampleResult& r, Target& target, double seconds_training, in
   m["seconds_sampling"] = s["seconds_sampling"];
   m["seconds_training"] = seconds_training;
   m["grads_training_per_row"] = grads_training;
+  // Note [All-in accounting]: the warm-up is the fixed cost (the learned sampler's training is
+  // added by with_training)
+  m["cost"] = {{"fixed_grads", s["grads_warmup_per_chain"].get<double>() * s["chains"].get<double>()},
+               {"fixed_seconds", s["seconds_warmup"]},
+               {"sampling_grads", g * s["draws"].get<double>() * s["chains"].get<double>()},
+               {"sampling_seconds", s["seconds_sampling"]},
+               {"ess", s["min_ess_bulk"]}};
+  m["all_in"] = all_in_json(run_cost_from_json(m["cost"]));
   return m;
+}
+
+/// `measures` with training's gradients and seconds added to the fixed cost.
+void with_training(json& m, double grads, double seconds) {
+  m["cost"]["fixed_grads"] = m["cost"]["fixed_grads"].get<double>() + grads;
+  m["cost"]["fixed_seconds"] = m["cost"]["fixed_seconds"].get<double>() + seconds;
+  m["all_in"] = all_in_json(run_cost_from_json(m["cost"]));
 }
 
 /// Moments from a data/reference file ({"mean": [...], "sd": [...]}), e.g. the constants the
@@ -104,9 +120,9 @@ Moments reference_file_moments(const std::string& file) {
 }
 
 SampleResult evaluate(Target& target, Kernel& kernel, int64_t chains, int64_t warmup, int64_t draws, bool adapt,
-                      uint64_t seed, const torch::Tensor& init_x = {}) {
+                      uint64_t seed, const torch::Tensor& init_x = {}, MetricAdapt metric = MetricAdapt::kDiag) {
   RunOptions run;
-  run.set_chains(chains).set_warmup(warmup).set_draws(draws).set_adapt_step(adapt).set_adapt_mass(adapt);
+  run.set_chains(chains).set_warmup(warmup).set_draws(draws).set_adapt_step(adapt).set_metric(adapt ? metric : MetricAdapt::kUnit);
   run.set_init(target.has_sampler() ? "exact" : "uniform");
   if (init_x.defined()) run.set_init_x(init_x);
   return run_sampler(target, kernel, run, seed);
@@ -260,6 +276,8 @@ json run_experiment(Run& run, const std::string& name) {
   const double warmup_grads = pre.is_object() ? pre.value("grads", 0.0) : 0.0;
   entry["learned"]["grads_training_total"] = static_cast<double>(trained.grads) * config.train.batch + warmup_grads;
   entry["learned"]["seconds_training"] = train_seconds + (pre.is_object() ? pre.value("seconds", 0.0) : 0.0);
+  with_training(entry["learned"], entry["learned"]["grads_training_total"].get<double>(),
+                entry["learned"]["seconds_training"].get<double>());
   if (pre.is_object()) entry["preconditioner"] = pre;
   const json& paper_data = entry["paper"];
   if (paper_data.contains("authors_sd_rest")) {
@@ -307,15 +325,23 @@ json run_experiment(Run& run, const std::string& name) {
     // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
     // learned sampler, whose L comes from the same kind of estimate.
     Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
-    RunOptions run;
-    run.set_chains(chains).set_warmup(bl["warmup"]).set_draws(bl["draws"]).set_adapt_step(true).set_adapt_mass(true);
-    run.set_dense_mass(true).set_init(target->has_sampler() ? "exact" : "uniform");
-    SampleResult r = run_sampler(*target, nuts, run, 2);
+    SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2, {}, MetricAdapt::kDense);
     entry["nuts_dense"] = measures(r, *target, 0, 0);
     say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
                     entry["nuts_dense"]["ess_per_step_min"].get<double>(),
                     entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
                     entry["nuts_dense"]["grads_per_step"].get<double>()));
+  }
+  // NUTS with the metrics adapted from draws and gradients (nutpie's; issue #34): with the two
+  // above, the best NUTS is the yardstick (Note [The best NUTS]).
+  for (const MetricAdapt m : {MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank}) {
+    const std::string key = m == MetricAdapt::kFisherDiag ? "nuts_fisher_diag" : "nuts_fisher_lowrank";
+    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    SampleResult r = evaluate(*target, nuts, settings.value("nuts_chains", chains), bl["warmup"], bl["draws"], true, 2, {}, m);
+    entry[key] = measures(r, *target, 0, 0);
+    say(fmt::format("  nuts ({}): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw, max R-hat {:.3f}",
+                    enum_name(m), entry[key]["ess_per_step_min"].get<double>(), entry[key]["ess_per_grad_min"].get<double>(),
+                    entry[key]["grads_per_step"].get<double>(), entry[key]["max_rhat"].get<double>()));
   }
   say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f} (x1 {:.4f}), ESS/grad min {:.4g}, max R-hat {:.3f}, "
                   "x1 mean squared jump {:.3g} (MALA {:.3g}, HMC {:.3g})",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/services/accounting.hpp"
 
 namespace nmcmc {
 
@@ -25,6 +26,48 @@ const json& section(const json& j, const std::string& key) {
   if (it == j.end()) return empty;
   if (!it->is_object()) throw DataError("results file: '" + key + "' is not an object");
   return *it;
+}
+
+double number(const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; }
+
+/// The learned sampler against the best NUTS, sampling only and all-in (Note [The best NUTS],
+/// services/accounting.hpp), on uncapped bulk-ESS, per experiment.
+std::string all_in_table(const json& experiments) {
+  std::string out =
+      "\nThe learned sampler against the best NUTS (of Stan's diagonal, dense, fisher-diag and fisher-lowrank metrics; "
+      "runs with R-hat above 1.01 left out), on uncapped bulk-ESS (minimum over dimensions). Sampling only: its "
+      "bulk-ESS per gradient and per second over the best NUTS's. All-in (Note [All-in accounting]: warm-up, "
+      "preconditioner and training counted): the best NUTS's cost of 1,000 and 10,000 effective draws over the learned "
+      "sampler's, in gradients and in seconds (above 1: the learned sampler is cheaper); break-even: the run length "
+      "from which it is cheaper than every NUTS.\n\n";
+  out += "| experiment | NUTS runs | sampling: ESS/grad | ESS/s | 1,000 ESS: grads | s | 10,000 ESS: grads | s | "
+         "break-even (gradients) | break-even (seconds) |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& name : experiment_names()) {
+    if (!experiments.contains(name)) continue;
+    const json& e = section(experiments, name);
+    const json& l = section(e, "learned");
+    if (!l.contains("cost")) continue;  // a results file from before all-in accounting
+    std::map<std::string, RunCost> nuts;
+    for (const char* n : {"nuts", "nuts_dense", "nuts_fisher_diag", "nuts_fisher_lowrank"}) {
+      const json& r = section(e, n);
+      if (r.contains("cost") && number(r, "max_rhat") <= 1.01) nuts[n] = run_cost_from_json(r["cost"]);
+    }
+    if (number(l, "max_rhat") > 1.01 || nuts.empty()) {
+      out += fmt::format("| {} | {} | not converged ({}) | | | | | | | |\n", name, nuts.size(),
+                         nuts.empty() ? "no NUTS run with R-hat <= 1.01" : "the learned sampler's R-hat > 1.01");
+      continue;
+    }
+    const json v = against_best(run_cost_from_json(l["cost"]), nuts);
+    auto r = [&](const char* k) {
+      const json& x = v[k];
+      return fmt::format("{:.3g}x ({})", number(x, "ratio"), x["nuts"].get<std::string>());
+    };
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", name, nuts.size(), r("ess_per_grad"),
+                       r("ess_per_second"), r("grads_for_1000"), r("seconds_for_1000"), r("grads_for_10000"),
+                       r("seconds_for_10000"), v["break_even_grads"]["text"].get<std::string>(),
+                       v["break_even_seconds"]["text"].get<std::string>());
+  }
+  return out;
 }
 
 }  // namespace
@@ -142,6 +185,7 @@ std::string results_table(const json& results) {
     out += fmt::format("| {} | {:.4g} | {:.4g} | {:.4g} | {:.2f} | {} | {} | {:.3g} | {} | {} |\n", name, rl, nd, nf, rl / best,
                        bulks, pc, t, be, draws);
   }
+  out += all_in_table(experiments);
   return out;
 }
 

@@ -34,11 +34,11 @@ Prepared prepare(const SampleRequest& request) {
   // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
   const bool nuts = a.sampler == SamplerKind::kNuts;
   if (a.metric && a.adapt_mass && *a.metric != "diag") throw UsageError("--adapt-mass means --metric diag");
-  const MetricKind metric = parse_metric(a.metric.value_or(a.adapt_mass || nuts ? "diag" : "unit"));
+  const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(a.adapt_mass || nuts ? "diag" : "unit"));
   json target_spec = request.target;
   json model_meta;
   const bool learned = a.sampler == SamplerKind::kLearned;
-  if (learned && metric != MetricKind::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
+  if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
   if (learned) {
     if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
     LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
@@ -81,7 +81,7 @@ Prepared prepare(const SampleRequest& request) {
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(init == "buffer" ? "uniform" : init);
   if (request.init_x.defined()) run.set_init_x(request.init_x);
   else if (init == "buffer") run.set_init_x(buffer);
-  run.set_adapt_mass(metric != MetricKind::kUnit).set_dense_mass(metric == MetricKind::kDense);
+  run.set_metric(metric);
   // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
   if (!learned) run.set_adapt_step(!a.no_adapt);
   run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
@@ -100,13 +100,13 @@ Prepared prepare(const SampleRequest& request) {
             {"seed", a.seed},
             {"init", request.init_x.defined() ? "given" : init},
             {"adapt_step", !a.no_adapt},
-            {"adapt_mass", run.adapt_mass},
+            {"adapt_mass", metric != MetricAdapt::kUnit},
             {"dtype", options.dtype().toScalarType() == torch::kFloat64 ? "float64" : "float32"},
             {"device", options.device().str()},
             {"threads", torch::get_num_threads()},
             {"nmcmc_version", NMCMC_VERSION}};
   if (nuts) config["max_depth"] = a.max_depth;
-  if (metric == MetricKind::kDense || nuts) config["metric"] = metric_name(metric);
+  if (metric != MetricAdapt::kUnit || nuts) config["metric"] = metric;
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
 
   prep.kernel = std::move(kernel);

@@ -81,8 +81,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   // 0: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
   // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients, BENCHMARKS.md).
   ro.draws = o.precondition_draws > 0 ? o.precondition_draws : kind == Precondition::kLowRank ? 400 : 100;
-  ro.adapt_mass = true;
-  ro.dense_mass = kind == Precondition::kDense;
+  ro.metric = kind == Precondition::kDense ? MetricAdapt::kDense : MetricAdapt::kDiag;
   ro.target_accept = default_target_accept(o.precondition_sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
@@ -131,8 +130,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
       kernel2->set_inv_mass(l.matmul(l.t()).to(target.options()));
       RunOptions ro2 = ro;
       ro2.warmup = std::max<int64_t>(100, o.precondition_warmup / 4);
-      ro2.adapt_mass = false;
-      ro2.dense_mass = false;
+      ro2.metric = MetricAdapt::kUnit;
       ro2.init_x = r.draws.select(0, r.draws.size(0) - 1).to(target.options());
       SampleResult r2 = run_sampler(target, *kernel2, ro2, o.seed + 7927, adapter);
       record["refit"] = {{"warmup", ro2.warmup}, {"draws", ro2.draws}, {"first_step_size", r.step_size},

@@ -91,6 +91,31 @@ TEST(Invariance, HmcAndMalaWithDenseMetric) {
   EXPECT_FALSE(invariance(kScg, broken, 106).distribution_passes());
 }
 
+TEST(Invariance, HmcAndMalaWithLowRankMetric) {
+  // A low-rank-plus-diagonal metric on scg (variances 100 and 0.1 rotated by pi/4): the diagonal
+  // 1.5x the marginal variances and one direction, the narrow eigenvector, made 100x narrower:
+  // not the covariance (the kernels see a target still elongated about 3:1), and both kernels must
+  // be exact with it.
+  auto cov = dynamic_cast<GaussianTarget*>(make_target(kScg, kF64).get())->covariance();
+  ASSERT_EQ(cov.size(0), 2);
+  auto [values, vectors] = torch::linalg::eigh(cov, "L");  // ascending: column 0 is the narrow one
+  const Metric metric = Metric::low_rank(1.5 * cov.diagonal(), vectors.narrow(1, 0, 1).contiguous(), torch::tensor({0.01}, kF64));
+  auto hmc = std::make_shared<Hmc>(0.3, 5);
+  hmc->set_metric(metric);
+  auto mala = std::make_shared<Mala>(0.25);
+  mala->set_metric(metric);
+  for (auto [name, prop] : {std::pair<const char*, std::shared_ptr<Proposal>>{"hmc", hmc}, {"mala", mala}}) {
+    auto r = invariance(kScg, prop, 107);
+    std::cout << "  low-rank " << name << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << name << ": " << r.describe();
+  }
+  // Power: MALA's low-rank q ratio dropped fails the same test.
+  auto low_rank_mala = std::make_shared<Mala>(0.25);
+  low_rank_mala->set_metric(metric);
+  auto broken = std::make_shared<test_support::AlteredRatio>(low_rank_mala, test_support::AlteredRatio::How::kZero);
+  EXPECT_FALSE(invariance(kScg, broken, 107).distribution_passes());
+}
+
 // ---- power: the same tests must reject broken kernels ----
 
 TEST(InvariancePower, FrozenKernelFails) {

@@ -1,13 +1,13 @@
 #pragma once
-/// Baseline proposals: random walk, MALA and HMC, with a unit, diagonal or dense metric.
+/// Baseline proposals: random walk, MALA and HMC, with a unit, diagonal, dense or low-rank metric.
 #include "nmcmc/kernels/integrator.hpp"
 #include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 
 namespace nmcmc {
 
-/// The state the baselines share: a global step size and one Metric (unit, diagonal [D] or dense
-/// [D, D]; kernels/metric.hpp), in the target's dtype, with its float64 copy for log densities.
+/// The state the baselines share: a global step size and one Metric (unit, diagonal, dense or
+/// low-rank; kernels/metric.hpp), in the target's dtype, with its float64 copy for log densities.
 class ScaledProposal : public Proposal {
  public:
   explicit ScaledProposal(double step_size) : eps_(step_size) {}
@@ -16,14 +16,14 @@ class ScaledProposal : public Proposal {
   void set_step_size(double eps) override { eps_ = eps; }
   bool has_metric() const override { return true; }
   bool has_dense_metric() const override { return true; }
-  void set_inv_mass(torch::Tensor inv_mass) override;
+  void set_metric(const Metric& metric) override;
   /// The inverse mass matrix: [D], [D, D] or undefined (identity).
   torch::Tensor inv_mass() const { return metric_.inv_mass(); }
   const Metric& metric() const { return metric_; }
 
  protected:
   double eps_;
-  Metric metric_;    // the unit metric until set_inv_mass
+  Metric metric_;    // the unit metric until set_metric
   Metric metric64_;  // the same in float64
 };
 

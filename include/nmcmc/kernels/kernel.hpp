@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "nmcmc/core/target.hpp"
+#include "nmcmc/kernels/metric.hpp"
 
 namespace nmcmc {
 
@@ -49,10 +50,12 @@ class Kernel {
   virtual void set_step_size(double eps);
   /// Whether warm-up may adapt the metric.
   virtual bool has_metric() const { return false; }
-  /// Whether the metric may be dense ([D, D]).
+  /// Whether the metric may be other than diagonal (dense [D, D], low-rank plus diagonal).
   virtual bool has_dense_metric() const { return false; }
-  /// Sets the inverse mass matrix: [D] (diagonal) or [D, D] (dense); throws if unsupported.
-  virtual void set_inv_mass(torch::Tensor inv_mass);
+  /// Sets the metric (in the target's dtype and device); throws if unsupported.
+  virtual void set_metric(const Metric& metric);
+  /// set_metric(Metric(inv_mass)): [D] (diagonal) or [D, D] (dense); undefined: the unit metric.
+  void set_inv_mass(const torch::Tensor& inv_mass) { set_metric(inv_mass.defined() ? Metric(inv_mass) : Metric()); }
   /// The tree-depth limit of tree-building kernels (NUTS); 0 for the others.
   virtual int64_t max_tree_depth() const { return 0; }
   /// Accept probability [C] of one trial move from `state` at the current step size, without

@@ -75,7 +75,7 @@ class Nuts : public Kernel {
   void set_step_size(double eps) override { eps_ = eps; }
   bool has_metric() const override { return true; }
   bool has_dense_metric() const override { return true; }
-  void set_inv_mass(torch::Tensor inv_mass) override { metric_ = Metric(inv_mass); }
+  void set_metric(const Metric& metric) override { metric_ = metric; }
   const Metric& metric() const { return metric_; }
   int64_t max_tree_depth() const override { return options_.max_depth; }
   /// One leapfrog step from fresh momentum: min(1, exp(H0 - H1)) per chain.

@@ -40,13 +40,14 @@ class Proposal {
   virtual bool has_tunable_step_size() const { return false; }
   /// Sets the step size; throws for proposals without a tunable one (never a silent no-op).
   virtual void set_step_size(double eps);
-  /// Whether warm-up may adapt a diagonal inverse mass matrix with set_inv_mass().
+  /// Whether warm-up may adapt a metric with set_metric().
   virtual bool has_metric() const { return false; }
-  /// Whether the metric may be dense ([D, D]).
+  /// Whether the metric may be other than diagonal (dense [D, D], low-rank plus diagonal).
   virtual bool has_dense_metric() const { return false; }
-  /// Sets the inverse mass matrix: [D] (diagonal) or [D, D] (dense), in the target's dtype and
-  /// device; throws if unsupported.
-  virtual void set_inv_mass(torch::Tensor inv_mass);
+  /// Sets the metric, in the target's dtype and device; throws if unsupported.
+  virtual void set_metric(const Metric& metric);
+  /// set_metric(Metric(inv_mass)): [D] (diagonal) or [D, D] (dense); undefined: the unit metric.
+  void set_inv_mass(const torch::Tensor& inv_mass) { set_metric(inv_mass.defined() ? Metric(inv_mass) : Metric()); }
   /// Called after each MH step with its outcome (for proposals with internal state).
   virtual void observe(const StepInfo& /*info*/) {}
 };
@@ -70,7 +71,7 @@ class MetropolisHastings : public Kernel {
   void set_step_size(double eps) override { proposal_->set_step_size(eps); }
   bool has_metric() const override { return proposal_->has_metric(); }
   bool has_dense_metric() const override { return proposal_->has_dense_metric(); }
-  void set_inv_mass(torch::Tensor inv_mass) override { proposal_->set_inv_mass(std::move(inv_mass)); }
+  void set_metric(const Metric& metric) override { proposal_->set_metric(metric); }
   /// One proposal and its MH accept probability (the chains do not move).
   torch::Tensor probe_accept(Target& target, const ChainState& state, at::Generator& gen) override;
 

@@ -39,9 +39,10 @@ struct RunOptions {
   /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
   std::optional<bool> adapt_step;
   double target_accept = 0.8;
-  bool adapt_mass = false;     // a mass matrix over Stan's windows (HMC, MALA, RWM, NUTS); refused
-                               // for kernels without a metric
-  bool dense_mass = false;     // with adapt_mass: a dense (covariance) rather than diagonal metric
+  /// The metric warm-up adapts over Stan's windows (HMC, MALA, RWM, NUTS; refused for kernels
+  /// without a metric; dense and fisher-lowrank need has_dense_metric, the fisher ones the
+  /// gradient): unit (none), diag, dense, fisher-diag, fisher-lowrank (kernels/metric.hpp).
+  MetricAdapt metric = MetricAdapt::kUnit;
   bool keep_draws = true;      // store [S, C, D] draws (off for pure speed benchmarks)
   std::string init = "uniform";  // uniform (U(-2, 2), as Stan) | exact | zero
   torch::Tensor init_x;          // explicit starting points [C', D] (rows cycled); overrides `init`
@@ -59,8 +60,9 @@ struct RunOptions {
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }
   RunOptions& set_target_accept(double a) { target_accept = a; return *this; }
   RunOptions& set_adapt_step(bool b) { adapt_step = b; return *this; }
-  RunOptions& set_adapt_mass(bool b) { adapt_mass = b; return *this; }
-  RunOptions& set_dense_mass(bool b) { dense_mass = b; return *this; }
+  RunOptions& set_metric(MetricAdapt m) { metric = m; return *this; }
+  /// Stan's diagonal metric (true) or none (false).
+  RunOptions& set_adapt_mass(bool b) { metric = b ? MetricAdapt::kDiag : MetricAdapt::kUnit; return *this; }
   RunOptions& set_keep_draws(bool b) { keep_draws = b; return *this; }
   RunOptions& set_init(std::string s) { init = std::move(s); return *this; }
   RunOptions& set_init_x(torch::Tensor x) { init_x = std::move(x); return *this; }
@@ -86,7 +88,10 @@ struct SampleResult {
   torch::Tensor energy;       // [S, C] float64 Hamiltonian (NUTS)
   int64_t max_tree_depth = 0; // NUTS: the depth limit (hits are reported)
   double step_size = 0;
-  torch::Tensor inv_mass;     // [D], [D, D] or undefined
+  torch::Tensor inv_mass;     // [D], [D, D] or undefined (a low-rank metric: its dense equivalent)
+  std::string metric = "unit";  // the adapted metric's form: unit, diag, dense, low-rank
+  int64_t metric_rank = 0;      // a low-rank metric's rank K
+  int64_t chains_restarted = 0; // Note [Stuck chains in warm-up]: chains that restarted from a moving one
   torch::Tensor step_size_chain;  // [C] when the chains were adapted apart (a sharded run), else undefined
   torch::Tensor inv_mass_chain;   // [C, D] or [C, D, D] likewise
   std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))

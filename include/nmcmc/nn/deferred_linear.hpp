@@ -5,8 +5,8 @@
 // The learned sampler uses each shared hidden layer 4N times per training step (every coupling
 // sub-step of the forward and of the reverse pass), and each sub-step's own layers twice. Autograd
 // computes one weight gradient grad_out^T input per use into a new tensor and then adds the 4N
-// results one by one, a full pass over the weight matrix each (at batch 128 on Funnel-1 these adds
-// were 11 % of a training step). Inside a DeferredWeightGrads scope, nmcmc::linear()'s backward
+// results one by one, a full pass over the weight matrix each (a tenth of a training step on
+// Funnel-1 at batch 128, as measured in BENCHMARKS.md). Inside a DeferredWeightGrads scope, nmcmc::linear()'s backward
 // pass accumulates each use's weight gradient into one buffer per weight with a GEMM that adds
 // to its output (beta = 1: no separate add, no new tensor) and each bias's into one vector;
 // flush() hands the sums to the parameters' .grad. (Concatenating all uses into one GEMM with a
@@ -26,17 +26,16 @@
 // The training objective clamps log a(x'|x) at 0: a batch row whose proposal is accepted with
 // probability one adds nothing through its acceptance term, so every quantity of its reverse pass
 // (which enters the loss only there) gets an output gradient that is exactly zero; in Funnel-1
-// trainings at batch 128 these were a third to a half of the rows. linear()'s backward pass therefore
+// trainings at batch 128 these were a large share of the rows (BENCHMARKS.md). linear()'s backward pass therefore
 // looks at its output gradient's rows (a scan that stops at each row's first nonzero entry) and,
 // in a layer of at least 2^16 weights (below that, the scan, gathers and scatter cost what the rows
-// save: German's 128 x 128 layers trained 2-15 % slower) when at most 7/8 of the rows have a
+// save: German's 128 x 128 layers trained slower, BENCHMARKS.md) when at most 7/8 of the rows have a
 // nonzero entry (NaN counts as nonzero), multiplies only those:
 // the input gradient's other rows are zeros, and they add nothing to the weight and bias
-// gradients. The same gradients, less work (Funnel-1 at batch 128: ~2800 rows of the reverse
-// pass's products left out per step, 6-8 % less time per step; BENCHMARKS.md); only the order of
-// the weight gradient's sums over rows changes. (A
-// row made non-finite upstream carries NaN gradients, 0 * inf, which count as nonzero: such a step
-// is skipped as before.) Inside a DeferredWeightGrads scope only, i.e. in training steps, and not
+// gradients. The same gradients, less work (BENCHMARKS.md); only the order of the weight
+// gradient's sums over rows changes. (A row made non-finite upstream carries NaN gradients,
+// 0 * inf, which count as nonzero; the objective zeroes such rows first: Note [Non-finite rows in
+// training], training/objective.cpp.) Inside a DeferredWeightGrads scope only, i.e. in training steps, and not
 // with bfloat16 GEMMs (LibTorch's bfloat16 matmul makes a new oneDNN primitive, JIT-compiled AMX
 // kernels, for every new row count, which cost more than the rows saved: BENCHMARKS.md);
 // a policy with skip_zero_gradient_rows = false turns it off (tests, A/B).

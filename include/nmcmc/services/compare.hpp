@@ -2,20 +2,21 @@
 /// `nmcmc compare`: NUTS, HMC, MALA and the learned sampler on the same target with the same
 /// chains, warm-up and draws, on one footing: what a user would pick instead, measured.
 //
-// Note [Break-even]
-// With ESS per draw e and gradients per draw g for each sampler, and G the learned sampler's
-// training gradients (per batch row times batch rows), N total draws cost G + N g_L gradients
-// for N e_L effective draws with the learned sampler and N g_N for N e_N with NUTS. The learned
-// sampler's total cost per unit of ESS falls below NUTS's once
-//   N > G / (g_N e_L / e_N - g_L),
-// and never when g_N e_L / e_N <= g_L (it is not cheaper per gradient even without training).
-// e is the minimum bulk-ESS per draw over the parameters (Stan's convention).
+// What it reports: per sampler the sampling-only figures (ESS per draw, gradient and second) and
+// the all-in ones (Note [All-in accounting], services/accounting.hpp: warm-up, and for the learned
+// sampler its preconditioner and training, counted; the cost of 1,000 and 10,000 effective
+// draws). NUTS runs with every metric that applies (Stan's diagonal, dense up to kMaxDenseDim
+// parameters, and the two adapted from draws and gradients), and the learned sampler is compared
+// with the best of them on each figure (Note [The best NUTS], compare.cpp). A run with R-hat above
+// 1.01 or an accept rate below 0.05 is "not converged": no ESS ratio or break-even for it.
 #include <nlohmann/json.hpp>
 
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "nmcmc/services/accounting.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 
@@ -30,7 +31,15 @@ struct CompareOptions {
   uint64_t seed = 1;
   std::string dtype = "float32";
   int64_t hmc_leapfrog = 10;
+  /// NUTS's metrics (empty: all that apply: diag, dense up to kMaxDenseDim, fisher-diag,
+  /// fisher-lowrank). The first is the one whose last draws start the learned sampler when its
+  /// checkpoint has no chains of its own.
+  std::vector<MetricAdapt> nuts_metrics;
 };
+
+/// compare runs NUTS with a dense metric only up to this many parameters (its [D, D] estimate
+/// and O(D^2) steps).
+inline constexpr int64_t kMaxDenseDim = 1000;
 
 /// Runs the comparison; `say` receives report lines. Returns what compare.json holds. With a
 /// communicator of N processes (all call it together) the training is data-parallel and every
@@ -40,12 +49,8 @@ nlohmann::json compare(const CompareOptions& options, const std::function<void(c
                        const std::function<bool()>& should_stop = nullptr,
                        std::shared_ptr<parallel::Communicator> comm = nullptr);
 
-/// The comparison as a markdown table (with the break-even line when there is a learned sampler).
+/// The comparison as markdown: the sampling-only table, the all-in table, and the learned
+/// sampler against the best NUTS.
 std::string compare_table(const nlohmann::json& results);
-
-/// Note [Break-even]: total draws from which the learned sampler's gradients (training +
-/// sampling) per unit of ESS fall below NUTS's; nullopt if never.
-std::optional<double> break_even_draws(double training_grads, double g_learned, double e_learned, double g_nuts,
-                                       double e_nuts);
 
 }  // namespace nmcmc
