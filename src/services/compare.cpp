@@ -158,6 +158,9 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
                 {"preconditioner_grads", meta.contains("preconditioner") ? meta["preconditioner"].value("grads", 0.0) : 0.0},
                 {"preconditioner_seconds", meta.contains("preconditioner") ? meta["preconditioner"].value("seconds", 0.0) : 0.0}};
   }
+  for (MetricAdapt m : o.nuts_metrics) {  // before anything runs
+    if (m == MetricAdapt::kUnit) throw UsageError("compare: NUTS's metrics are diag, dense, fisher-diag or fisher-lowrank");
+  }
   if (target_spec.is_null()) throw UsageError("compare: give a target (--target ...), a --model or a --config");
   auto target = make_target(target_spec, options);
   results["target"] = target->spec();
@@ -175,7 +178,9 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     SampleResult r = run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
-    if (name.rfind("nuts", 0) == 0 && !nuts_last.defined() && r.draws.size(0) > 0) nuts_last = r.draws.select(0, r.draws.size(0) - 1).to(target->options());
+    if (name.rfind("nuts", 0) == 0 && !nuts_last.defined() && r.draws.size(0) > 0) {
+      nuts_last = r.draws.select(0, r.draws.size(0) - 1).to(target->options());
+    }
     traces.emplace_back(name + ": chain 1", r.draws);
   };
   // NUTS with every metric that applies (Stan's diagonal first: its default); HMC and MALA with
@@ -189,7 +194,6 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     }
   }
   for (MetricAdapt m : metrics) {
-    if (m == MetricAdapt::kUnit) throw UsageError("compare: NUTS's metrics are diag, dense, fisher-diag or fisher-lowrank");
     Nuts nuts;
     run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
     results["samplers"][nuts_name(m)]["metric_adapt"] = m;
