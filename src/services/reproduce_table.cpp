@@ -28,7 +28,8 @@ const json& section(const json& j, const std::string& key) {
   return *it;
 }
 
-double number(const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; }
+/// A number in a results entry; NaN where it is missing (a sampler that was not run).
+double num(const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; }
 
 /// The learned sampler against the best NUTS, sampling only and all-in (Note [The best NUTS],
 /// services/accounting.hpp), on uncapped bulk-ESS, per experiment.
@@ -50,9 +51,9 @@ std::string all_in_table(const json& experiments) {
     std::map<std::string, RunCost> nuts;
     for (const char* n : {"nuts", "nuts_dense", "nuts_fisher_diag", "nuts_fisher_lowrank"}) {
       const json& r = section(e, n);
-      if (r.contains("cost") && number(r, "max_rhat") <= 1.01) nuts[n] = run_cost_from_json(r["cost"]);
+      if (r.contains("cost") && num(r, "max_rhat") <= 1.01) nuts[n] = run_cost_from_json(r["cost"]);
     }
-    if (number(l, "max_rhat") > 1.01 || nuts.empty()) {
+    if (num(l, "max_rhat") > 1.01 || nuts.empty()) {
       out += fmt::format("| {} | {} | not converged ({}) | | | | | | | |\n", name, nuts.size(),
                          nuts.empty() ? "no NUTS run with R-hat <= 1.01" : "the learned sampler's R-hat > 1.01");
       continue;
@@ -60,7 +61,7 @@ std::string all_in_table(const json& experiments) {
     const json v = against_best(run_cost_from_json(l["cost"]), nuts);
     auto r = [&](const char* k) {
       const json& x = v[k];
-      return fmt::format("{:.3g}x ({})", number(x, "ratio"), x["nuts"].get<std::string>());
+      return fmt::format("{:.3g}x ({})", num(x, "ratio"), x["nuts"].get<std::string>());
     };
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", name, nuts.size(), r("ess_per_grad"),
                        r("ess_per_second"), r("grads_for_1000"), r("seconds_for_1000"), r("grads_for_10000"),
@@ -82,7 +83,6 @@ std::string results_table(const json& results) {
                                     ? results["profile"].get<std::string>() : std::string("?"));
   out += "| experiment | measure | paper (theirs) | ours (learned) | paper's competitor | our MALA | our HMC | learned accept, max R-hat |\n";
   out += "|---|---|---|---|---|---|---|---|\n";
-  auto num = [](const json& j, const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; };
   for (const auto& name : experiment_names()) {
     if (!experiments.contains(name)) continue;
     const json& e = section(experiments, name);
