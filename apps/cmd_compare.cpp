@@ -60,6 +60,8 @@ Command add_compare_command(CLI::App& app) {
                   "NUTS's metrics, comma-separated (default: diag,dense,fisher-diag,fisher-lowrank; dense up to D = 1000); "
                   "the learned sampler is compared with the best")
       ->delimiter(',');
+  add_enum_option(cmd, "--transport", a->options.transport,
+                  "flow: also NUTS on the target pulled back through a flow fitted in warm-up (nuts_flow)");
   cmd->add_option("--leapfrog", a->options.hmc_leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--table", a->table, "only print the table of an existing compare.json");

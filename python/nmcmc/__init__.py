@@ -259,7 +259,9 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
            max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
            dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
-           matmul: _Optional[str] = None, gemm: _Optional[str] = None, progress: bool = True) -> Run:
+           matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: str = "none",
+           transport_layers: int = 8, transport_rounds: int = 4, global_moves: bool = False,
+           progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
@@ -272,6 +274,10 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     matmul: the learned sampler's GEMMs, "auto" | "native" | "bfloat16" (default: its model's
     model.matmul); exact in either. gemm: where its float32 GEMMs run, "auto" | "onednn" |
     "libtorch" (default: its model's model.gemm).
+    transport: "flow" samples the target pulled back through a normalizing flow fitted during
+    warm-up from the chains' draws and gradients (transport_layers coupling layers, fitted
+    transport_rounds times; docs/transport.md); global_moves adds an independence move from the
+    flow after every step (exact; it can jump between modes).
     Ctrl-C raises KeyboardInterrupt."""
     if matmul is not None and sampler != "learned":
         raise ValueError("nmcmc.sample: matmul= goes with sampler='learned'")
@@ -295,7 +301,8 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "max_depth": int(max_depth), "chains": int(chains), "warmup": int(warmup), "draws": int(draws),
         "seed": int(seed), "init": init, "dtype": _dtype_name(dtype), "device": str(device),
         "output": None if output is None else _os.fspath(output), "formats": formats, "matmul": matmul,
-        "gemm": gemm,
+        "gemm": gemm, "transport": transport, "transport_layers": int(transport_layers),
+        "transport_rounds": int(transport_rounds), "global_moves": bool(global_moves),
     }
     request = {"target": None if target is None else _spec_of(target), "options": options}
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
@@ -420,14 +427,15 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
 
 def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: int = 1000, draws: int = 1000,
             seed: int = 1, dtype: str = "float32", hmc_leapfrog: int = 10, output: _Optional[str] = None,
-            nuts_metrics=None, progress: bool = True) -> dict:
+            nuts_metrics=None, transport: str = "none", progress: bool = True) -> dict:
     """Runs NUTS (with each metric in `nuts_metrics`: by default diag, dense, fisher-diag and
     fisher-lowrank), HMC, MALA and (with `model`, or `config` to train one first) the learned
     sampler on the same target with the same chains, warm-up and draws; returns what compare.json
     holds (per sampler: accept, gradients per draw, ESS per draw, per gradient and per second,
     R-hat, divergences, and "all_in": the cost of 1,000 and 10,000 effective draws with warm-up and
     training counted; the learned sampler's "vs_best_nuts": ratios and break-evens in gradients
-    and seconds against the best NUTS). result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
+    and seconds against the best NUTS). transport="flow" adds NUTS on the target pulled back
+    through a flow fitted in warm-up ("nuts_flow"). result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
     directory if not given)."""
     if isinstance(model, Model):
         model = model.path
@@ -444,7 +452,8 @@ def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: in
             "config": None if config is None else _os.fspath(config), "output": _os.fspath(output),
             "chains": int(chains), "warmup": int(warmup), "draws": int(draws), "seed": int(seed),
             "dtype": _dtype_name(dtype), "hmc_leapfrog": int(hmc_leapfrog),
-            "nuts_metrics": None if nuts_metrics is None else [str(m) for m in nuts_metrics]}
+            "nuts_metrics": None if nuts_metrics is None else [str(m) for m in nuts_metrics],
+            "transport": str(transport)}
     result = _json.loads(_C.compare(_json.dumps(opts), _Progress(progress)))
     result["table"] = _C.compare_table(_json.dumps(result))
     result["output"] = _os.fspath(output)

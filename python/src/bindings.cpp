@@ -143,6 +143,7 @@ std::string compare(const std::string& options_json, py::object report) {
   if (j.contains("nuts_metrics") && !j["nuts_metrics"].is_null()) {
     o.nuts_metrics = j["nuts_metrics"].get<std::vector<nmcmc::MetricAdapt>>();
   }
+  if (j.contains("transport")) o.transport = j["transport"].get<nmcmc::TransportKind>();
   PythonHook hook{report};
   json result;
   {

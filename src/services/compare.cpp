@@ -198,6 +198,17 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
     results["samplers"][nuts_name(m)]["metric_adapt"] = m;
   }
+  if (o.transport != TransportKind::kNone) {
+    if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
+    tell("-- nuts_flow");
+    Nuts nuts;
+    TransportRun tr = run_with_transport(*target, nuts, RunOptions(base).set_metric(MetricAdapt::kDiag).set_target_accept(0.8),
+                                         TransportOptions(), o.seed, sample_progress);
+    if (!tr.result.complete) throw UsageError("compare: interrupted");
+    results["samplers"]["nuts_flow"] = row(tr.result, *target);
+    results["samplers"]["nuts_flow"]["transport"] = tr.report;
+    traces.emplace_back("nuts_flow: chain 1", tr.result.draws);
+  }
   MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
   run("hmc", hmc, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
   MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kMala)));

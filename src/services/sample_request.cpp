@@ -60,6 +60,12 @@ Prepared prepare(const SampleRequest& request) {
                                       .set_max_depth(a.max_depth));
   }
   if (a.no_adapt && !a.step_size) throw UsageError("--no-adapt needs --step-size");
+  if (a.transport != TransportKind::kNone && learned) {
+    throw UsageError("--transport applies to nuts, hmc, mala and rwm (the learned sampler has its own preconditioner)");
+  }
+  if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != 8 || a.transport_rounds != 4)) {
+    throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow");
+  }
   if (learned && a.step_size) throw UsageError("--step-size does not apply to the learned sampler (its step size is learned)");
   std::shared_ptr<Target> target = make_target(target_spec, options);
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
@@ -106,6 +112,12 @@ Prepared prepare(const SampleRequest& request) {
             {"threads", torch::get_num_threads()},
             {"nmcmc_version", NMCMC_VERSION}};
   if (nuts) config["max_depth"] = a.max_depth;
+  if (a.transport != TransportKind::kNone) {
+    config["transport"] = {{"kind", a.transport},
+                           {"layers", a.transport_layers},
+                           {"rounds", a.transport_rounds},
+                           {"global_moves", a.global_moves}};
+  }
   if (metric != MetricAdapt::kUnit || nuts) config["metric"] = metric;
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
 
@@ -126,6 +138,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   if (!comm) comm = parallel::single_process();
   const int world = comm->world_size(), rank = comm->rank();
   Prepared prep = prepare(request);
+  if (a.transport != TransportKind::kNone && world > 1) throw UsageError("--transport runs in one process");
   SampleOutcome out;
   out.target = prep.target;
   out.config = prep.config;
@@ -145,7 +158,20 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     stream = std::make_unique<StanCsvStream>(*a.output, chain_config, parallel::block_of(a.chains, rank, world).first);
   }
   run.sink = stream.get();
-  out.result = run_sampler(*prep.target, *prep.kernel, run, a.seed, progress, comm.get());
+  json transport_report;
+  if (a.transport != TransportKind::kNone) {
+    TransportOptions t;
+    t.kind = a.transport;
+    t.layers = a.transport_layers;
+    t.rounds = a.transport_rounds;
+    t.global_moves = a.global_moves;
+    TransportRun tr = run_with_transport(*prep.target, *prep.kernel, run, t, a.seed, progress);
+    out.result = std::move(tr.result);
+    transport_report = std::move(tr.report);
+    out.config["transport"]["report"] = transport_report;
+  } else {
+    out.result = run_sampler(*prep.target, *prep.kernel, run, a.seed, progress, comm.get());
+  }
   SampleResult& r = out.result;
   if (!r.draws.defined() || r.draws.size(0) == 0) return out;  // stopped before any draw
   if (world > 1) {
@@ -156,6 +182,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   }
   if (!comm->is_root()) return out;
   out.summary = summarise(r, *prep.target, int64_t{256} << 20, progress);
+  if (!transport_report.is_null()) out.summary["transport"] = transport_report;
   if (!r.complete) {
     out.config["complete"] = false;
     out.config["draws_written"] = r.draws.size(0);

@@ -19,6 +19,7 @@
 #include "nmcmc/services/accounting.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
+#include "nmcmc/services/transport.hpp"
 
 namespace nmcmc {
 
@@ -35,6 +36,9 @@ struct CompareOptions {
   /// fisher-lowrank). The first is the one whose last draws start the learned sampler when its
   /// checkpoint has no chains of its own.
   std::vector<MetricAdapt> nuts_metrics;
+  /// flow: also NUTS on the target pulled back through a flow fitted in warm-up ("nuts_flow",
+  /// services/transport.hpp; one process), with the flow's fitting counted in its warm-up.
+  TransportKind transport = TransportKind::kNone;
 };
 
 /// compare runs NUTS with a dense metric only up to this many parameters (its [D, D] estimate

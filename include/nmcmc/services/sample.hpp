@@ -17,6 +17,7 @@
 #include "nmcmc/kernels/factory.hpp"
 #include "nmcmc/kernels/run.hpp"
 #include "nmcmc/parallel/communicator.hpp"
+#include "nmcmc/services/transport.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace nmcmc {
@@ -47,10 +48,16 @@ struct SampleOptions {
   std::optional<GemmBackend> gemm;     // where they run; unset: the checkpoint's model.gemm
   std::optional<std::string> output;   // directory for the draws and summary.json
   std::string formats = "csv,netcdf";  // which draw files with output: csv, netcdf or csv,netcdf
+  TransportKind transport = TransportKind::kNone;  // flow: run on the target pulled back through a
+                                       // flow fitted in warm-up (services/transport.hpp)
+  int64_t transport_layers = 8;        // its coupling layers
+  int64_t transport_rounds = 4;        // its fits during warm-up
+  bool global_moves = false;           // with a transport: independence moves from the flow
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
                                                 no_adapt, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
-                                                dtype, device, matmul, gemm, output, formats)
+                                                dtype, device, matmul, gemm, output, formats, transport,
+                                                transport_layers, transport_rounds, global_moves)
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.
 SampleOptions sample_options_from_json(const nlohmann::json& j);

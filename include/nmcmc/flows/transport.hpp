@@ -1,0 +1,151 @@
+#pragma once
+/// A transport T: z -> x (a normalizing flow) fitted from draws and gradients, and the target
+/// pulled back through it.
+//
+// Note [Flow transport]
+// T(z) = mu + exp(s) * C_K(... C_1(z)), an elementwise affine map after K affine coupling layers
+// (RealNVP, Dinh et al. 2017). Layer k owns a fixed random half-half mask m_k (its seed is
+// stored) and maps y to
+//   y' = m_k y + (1 - m_k) (y exp(a tanh(S_k(m_k y) / a)) + T_k(m_k y)),
+// with S_k, T_k one MLP of the conditioning half (output layer zero at start, so the layer starts
+// as the identity; a bounds one layer's log-scale). log|det dT/dz| = sum s + sum over layers of
+// the bounded S on the updated half. The inverse runs the layers backwards with the same S, T.
+//
+// It is fitted to positions x_i with energy gradients g_i = dU(x_i) by the Fisher divergence
+// between the pulled-back density and N(0, I):
+//   U_z(z) = U(T(z)) - log|det dT/dz|,   grad U_z(z) = J(z)^T g - grad_z log|det dT/dz|,
+//   L = mean_i |grad U_z(z_i) - z_i|^2 / D,   z_i = T^-1(x_i),
+// which is zero exactly when the pulled-back density is N(0, I) on the points. It needs no fresh
+// target gradient per network step: the points and their gradients are stored (the chains'
+// states), so fitting costs network time only (Seyboldt, Carlson & Carpenter 2026 fit nutpie's
+// flows the same way). The points need not be exact draws: the divergence is a pointwise
+// identity of scores, so warm-up states and states from an earlier transport's latent space all
+// inform it; far-out points with huge gradients would dominate a squared loss, so each point's
+// term is clipped at kMaxPointLoss. The base (mu, s) starts at the points' mean and the
+// per-coordinate sqrt(Var x / Var g) (kernels/adaptation.hpp's fisher_diagonal); 10 % of the
+// points are held out and the parameters with the lowest held-out loss are kept (few points in
+// many dimensions overfit).
+//
+// Once fitted, T is fixed: TransportedTarget is the exact density of z = T^-1(x) and any kernel
+// run on it is exact for p after mapping its draws x = T(z) (services/transport.hpp). The flow
+// runs in float64 whatever the target's dtype.
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nmcmc/core/target.hpp"
+
+namespace nmcmc {
+
+/// The flow's shape.
+struct FlowOptions {
+  int64_t dim = 2;
+  int64_t layers = 8;       // coupling layers K (0: the elementwise affine map only)
+  int64_t hidden = 0;       // conditioner width; 0: clamp(2 D, 32, 256)
+  double max_log_scale = 3.0;  // a: one layer's |log-scale| bound
+  uint64_t mask_seed = 0;
+  FlowOptions& set_dim(int64_t d) { dim = d; return *this; }
+  FlowOptions& set_layers(int64_t k) { layers = k; return *this; }
+  FlowOptions& set_hidden(int64_t h) { hidden = h; return *this; }
+  FlowOptions& set_mask_seed(uint64_t s) { mask_seed = s; return *this; }
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FlowOptions, dim, layers, hidden, max_log_scale, mask_seed)
+
+/// x and log|det dT/dz| [C] of a pass (or z and log|det dT^-1/dx| for the inverse).
+struct TransportPass {
+  torch::Tensor out;
+  torch::Tensor log_det;
+};
+
+/// Note [Flow transport]. Parameters and passes are float64 on the CPU.
+class FlowTransportImpl : public torch::nn::Module {
+ public:
+  explicit FlowTransportImpl(const FlowOptions& options);
+  const FlowOptions& options() const { return options_; }
+  int64_t dim() const { return options_.dim; }
+  /// z [C, D] -> x = T(z), log|det dT/dz| [C].
+  TransportPass forward(const torch::Tensor& z) const;
+  /// x [C, D] -> z = T^-1(x), log|det dT^-1/dx| [C] (= -log|det dT/dz| at z).
+  TransportPass inverse(const torch::Tensor& x) const;
+  /// Sets the base map (mu [D], log-scale s [D]).
+  void set_base(const torch::Tensor& shift, const torch::Tensor& log_scale);
+  /// Adds noise of size `scale` to the coupling layers' output weights (tests: a flow that is not
+  /// the identity).
+  void perturb(double scale, at::Generator& gen);
+
+ private:
+  std::pair<torch::Tensor, torch::Tensor> scale_shift(int64_t k, const torch::Tensor& y_cond) const;
+  FlowOptions options_;
+  torch::Tensor shift_, log_scale_;   // [D]
+  std::vector<torch::Tensor> masks_;  // [D] float64 0/1 (1: conditioning half), not parameters
+  std::vector<torch::nn::Sequential> nets_;
+};
+TORCH_MODULE(FlowTransport);
+
+/// Fitting settings (Note [Flow transport]).
+struct FitOptions {
+  int64_t steps = 600;        // Adam steps at most
+  int64_t batch = 256;
+  double learning_rate = 2e-3;
+  int64_t check_every = 25;   // held-out loss every this many steps; stop after `patience` checks without a gain
+  int64_t patience = 8;
+  double holdout = 0.1;
+  bool init_base = true;      // set (mu, s) from the points first (else keep the current ones)
+  uint64_t seed = 0;
+};
+
+/// What a fit did.
+struct FitReport {
+  int64_t points = 0, steps = 0;
+  double loss_start = 0, loss_end = 0;          // held-out Fisher loss before and after (per coordinate)
+  double train_loss_end = 0;
+  double seconds = 0;
+};
+nlohmann::json to_json_value(const FitReport& r);
+
+/// The largest per-point loss term (per coordinate) a fit lets count (Note [Flow transport]).
+constexpr double kMaxPointLoss = 1e4;
+
+/// The Fisher loss (per coordinate, mean over rows) of `flow` at positions x [n, D] with energy
+/// gradients g [n, D]; differentiable in the flow's parameters when grad mode is on. Rows with a
+/// non-finite x or g must be dropped before.
+torch::Tensor fisher_loss(const FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g);
+
+/// Fits `flow` to the points (rows of x with energy gradients g; non-finite rows are dropped).
+FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g,
+                        const FitOptions& options);
+
+/// The target pulled back through T: U_z(z) = U(T(z)) - log|det dT/dz| (Note [Flow transport]).
+/// Every evaluation is one (counted) evaluation of the inner target. It keeps a reference to the
+/// flow, which must not change while a kernel runs on it.
+class TransportedTarget : public Target {
+ public:
+  TransportedTarget(Target& inner, FlowTransport flow);
+  std::string name() const override { return inner_->name(); }
+  int64_t dim() const override { return inner_->dim(); }
+  nlohmann::json spec() const override { return inner_->spec(); }
+  std::vector<std::string> parameter_names() const override { return inner_->parameter_names(); }
+  /// z [n, D] (any dtype) -> x = T(z) in the inner target's dtype.
+  torch::Tensor to_ambient(const torch::Tensor& z) const;
+  /// x -> z = T^-1(x) in the target's dtype.
+  torch::Tensor to_latent(const torch::Tensor& x) const;
+  /// log|det dT/dz| [n] float64 at z.
+  torch::Tensor log_det(const torch::Tensor& z) const;
+  /// The ambient energy gradient dU(T(z)) from the latent one g_z = grad U_z(z), without a target
+  /// evaluation: dU = J^-T (g_z + grad log|det|), by back-propagation through T^-1. Rows [n, D];
+  /// returns (x, dU(x)) float64.
+  std::pair<torch::Tensor, torch::Tensor> ambient_pairs(const torch::Tensor& z, const torch::Tensor& g_z) const;
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& z) const override;
+  EnergyGrad compute_energy_and_grad(const torch::Tensor& z, bool create_graph) const override;
+
+ private:
+  Target* inner_;
+  FlowTransport flow_;
+};
+
+}  // namespace nmcmc

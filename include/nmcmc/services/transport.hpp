@@ -1,0 +1,110 @@
+#pragma once
+/// A run on the target pulled back through a flow transport fitted during warm-up
+/// (Note [Flow transport], flows/transport.hpp): `nmcmc sample --transport flow`, `compare`.
+//
+// Note [Transport warm-up]
+// Warm-up is split: the first `fit_fraction` of it runs in rounds of doubling length (NUTS or any
+// kernel with its usual step-size and metric adaptation, each round from where the last one
+// ended), and after each round the flow is fitted again (warm-started) to every state the chains
+// have visited so far - positions and energy gradients, stored as the kernel carries them, mapped
+// back to x without a target evaluation (TransportedTarget::ambient_pairs) - except the first
+// half of the first round (the transient from the starting points). The states of round r live
+// in the latent space of flow r, so draws from the current latent space feed the next fit. Then T
+// is fixed, the rest of the warm-up adapts the step size and metric in the latent space, and the
+// draws are mapped back, x = T(z), with lp = -U(x). Everything before the first kept draw -
+// every round's gradients, the fits' seconds - is warm-up in the result (all-in accounting).
+//
+// Global moves: with `global_moves`, every step of the kernel is followed by an independence
+// Metropolis-Hastings step from N(0, I) in the latent space (the flow's pushforward in x): it
+// is exact for the pulled-back density whatever the flow, and can jump between modes that the
+// local kernel cannot cross. It costs one gradient per chain and step; the step-size adaptation
+// sees the local kernel's accept statistics only.
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "nmcmc/core/enum_names.hpp"
+#include "nmcmc/flows/transport.hpp"
+#include "nmcmc/kernels/kernel.hpp"
+#include "nmcmc/kernels/run.hpp"
+
+namespace nmcmc {
+
+enum class TransportKind { kNone, kFlow };
+template <>
+struct EnumNames<TransportKind> {
+  static constexpr const char* what = "transport";
+  static std::vector<std::pair<TransportKind, const char*>> values() {
+    return {{TransportKind::kNone, "none"}, {TransportKind::kFlow, "flow"}};
+  }
+};
+NMCMC_ENUM_JSON(TransportKind)
+
+/// Note [Transport warm-up].
+struct TransportOptions {
+  TransportKind kind = TransportKind::kFlow;
+  int64_t layers = 8;            // coupling layers
+  int64_t hidden = 0;            // their width (0: clamp(2 D, 32, 256))
+  int64_t rounds = 4;            // fits during warm-up
+  double fit_fraction = 0.5;     // of the warm-up spent in the fitting rounds
+  int64_t max_points = 16000;    // the most recent states kept for fitting
+  bool global_moves = false;     // independence proposals from the flow after every step
+  FitOptions fit;
+};
+
+/// A kernel on a transported target: runs `inner`; with global moves follows every step with an
+/// independence MH step from N(0, I) (Note [Transport warm-up]); when recording, keeps the chains'
+/// states (positions and energy gradients, float64) after every step. Everything else is the
+/// inner kernel's.
+class TransportKernel : public Kernel {
+ public:
+  TransportKernel(Kernel& inner, bool global_moves) : inner_(&inner), global_(global_moves) {}
+  std::string name() const override { return inner_->name(); }
+  ChainState init(Target& target, const torch::Tensor& x) const override { return inner_->init(target, x); }
+  std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) override;
+  double step_size() const override { return inner_->step_size(); }
+  bool has_tunable_step_size() const override { return inner_->has_tunable_step_size(); }
+  void set_step_size(double eps) override { inner_->set_step_size(eps); }
+  bool has_metric() const override { return inner_->has_metric(); }
+  bool has_dense_metric() const override { return inner_->has_dense_metric(); }
+  void set_metric(const Metric& metric) override { inner_->set_metric(metric); }
+  int64_t max_tree_depth() const override { return inner_->max_tree_depth(); }
+  torch::Tensor probe_accept(Target& target, const ChainState& state, at::Generator& gen) override {
+    return inner_->probe_accept(target, state, gen);
+  }
+
+  void set_recording(bool on) { recording_ = on; }
+  /// The recorded states [n, D] (step-major) and their gradients; clears them.
+  std::pair<torch::Tensor, torch::Tensor> take();
+  /// Accepted fraction of the global moves since reset_global().
+  double global_accept() const { return global_tries_ ? double(global_accepts_) / double(global_tries_) : 0.0; }
+  void reset_global() { global_tries_ = global_accepts_ = 0; }
+
+ protected:
+  /// log of the independence step's acceptance ratio [C] float64 (tests replace it with broken ones).
+  virtual torch::Tensor global_log_ratio(const torch::Tensor& u_old, const torch::Tensor& u_new,
+                                         const torch::Tensor& z_old, const torch::Tensor& z_new) const;
+
+ private:
+  Kernel* inner_;
+  bool global_;
+  bool recording_ = false;
+  std::vector<torch::Tensor> xs_, gs_;
+  int64_t global_tries_ = 0, global_accepts_ = 0;
+};
+
+/// A finished transported run: the draws in x, the flow, and what the fits did.
+struct TransportRun {
+  SampleResult result;
+  FlowTransport flow{nullptr};
+  nlohmann::json report;  // {"kind", "layers", "rounds": [{iterations, points, fit}], "fit_seconds",
+                          //  "global_moves", "global_accept"}
+};
+
+/// Note [Transport warm-up]: warm-up with fitting rounds, then sampling with `kernel` (NUTS, HMC,
+/// MALA, RWM) on the pulled-back target; `options` as for run_sampler (warm-up of at least 100
+/// iterations; one process). The result is in x, with every round counted as warm-up.
+TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions& options,
+                                const TransportOptions& transport, uint64_t seed, const ProgressFn& progress = nullptr);
+
+}  // namespace nmcmc

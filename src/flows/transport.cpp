@@ -1,0 +1,260 @@
+// The flow transport, its Fisher-divergence fit and the pulled-back target (Note [Flow transport]).
+#include "nmcmc/flows/transport.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
+#include "nmcmc/kernels/adaptation.hpp"
+
+namespace nmcmc {
+
+namespace {
+const torch::TensorOptions kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+
+int64_t resolved_hidden(const FlowOptions& o) {
+  return o.hidden > 0 ? o.hidden : std::clamp<int64_t>(2 * o.dim, 32, 256);
+}
+}  // namespace
+
+FlowTransportImpl::FlowTransportImpl(const FlowOptions& options) : options_(options) {
+  TORCH_CHECK(options.dim >= 1, "FlowTransport: dim must be >= 1, got ", options.dim);
+  TORCH_CHECK(options.layers >= 0, "FlowTransport: layers must be >= 0, got ", options.layers);
+  TORCH_CHECK(options.max_log_scale > 0, "FlowTransport: max_log_scale must be positive");
+  const int64_t d = options.dim, h = resolved_hidden(options);
+  shift_ = register_parameter("shift", torch::zeros({d}, kF64));
+  log_scale_ = register_parameter("log_scale", torch::zeros({d}, kF64));
+  // Masks: a random half of the coordinates conditions each layer; consecutive layers swap the
+  // halves, so every coordinate is updated in every second layer (D = 1: nothing to couple).
+  at::Generator gen = make_generator(options.mask_seed);
+  torch::Tensor mask;
+  for (int64_t k = 0; k < (d >= 2 ? options.layers : 0); ++k) {
+    if (k % 2 == 0) {
+      torch::Tensor perm = torch::randperm(d, gen, torch::TensorOptions().dtype(torch::kLong));
+      mask = torch::zeros({d}, kF64);
+      mask.index_fill_(0, perm.slice(0, 0, d / 2), 1.0);
+    } else {
+      mask = 1.0 - mask;
+    }
+    masks_.push_back(mask.clone());
+    torch::nn::Sequential net(torch::nn::Linear(d, h), torch::nn::SiLU(), torch::nn::Linear(h, h), torch::nn::SiLU(),
+                              torch::nn::Linear(h, 2 * d));
+    net->to(torch::kFloat64);
+    {
+      torch::NoGradGuard no_grad;
+      auto* last = net[4]->as<torch::nn::Linear>();
+      last->weight.zero_();
+      last->bias.zero_();
+    }
+    nets_.push_back(register_module("coupling" + std::to_string(k), net));
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> FlowTransportImpl::scale_shift(int64_t k, const torch::Tensor& y_cond) const {
+  const double a = options_.max_log_scale;
+  torch::Tensor out = nets_[k].ptr()->forward(y_cond);  // [C, 2D]
+  torch::Tensor free = 1.0 - masks_[k];
+  torch::Tensor s = a * torch::tanh(out.slice(1, 0, options_.dim) / a) * free;
+  torch::Tensor t = out.slice(1, options_.dim) * free;
+  return {s, t};
+}
+
+TransportPass FlowTransportImpl::forward(const torch::Tensor& z) const {
+  TORCH_CHECK(z.dim() == 2 && z.size(1) == options_.dim, "FlowTransport: expected [C, ", options_.dim, "], got ",
+              z.sizes());
+  torch::Tensor y = z.to(torch::kFloat64);
+  torch::Tensor log_det = torch::zeros({y.size(0)}, kF64);
+  for (size_t k = 0; k < nets_.size(); ++k) {
+    auto [s, t] = scale_shift(static_cast<int64_t>(k), y * masks_[k]);
+    y = y * torch::exp(s) + t;  // s = t = 0 on the conditioning half
+    log_det = log_det + s.sum(1);
+  }
+  return {shift_ + y * torch::exp(log_scale_), log_det + log_scale_.sum()};
+}
+
+TransportPass FlowTransportImpl::inverse(const torch::Tensor& x) const {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == options_.dim, "FlowTransport: expected [C, ", options_.dim, "], got ",
+              x.sizes());
+  torch::Tensor y = (x.to(torch::kFloat64) - shift_) * torch::exp(-log_scale_);
+  torch::Tensor log_det = torch::zeros({y.size(0)}, kF64) - log_scale_.sum();
+  for (int64_t k = static_cast<int64_t>(nets_.size()) - 1; k >= 0; --k) {
+    auto [s, t] = scale_shift(k, y * masks_[k]);
+    y = (y - t) * torch::exp(-s);
+    log_det = log_det - s.sum(1);
+  }
+  return {y, log_det};
+}
+
+void FlowTransportImpl::set_base(const torch::Tensor& shift, const torch::Tensor& log_scale) {
+  TORCH_CHECK(shift.numel() == options_.dim && log_scale.numel() == options_.dim, "set_base: expected [",
+              options_.dim, "] tensors");
+  torch::NoGradGuard no_grad;
+  shift_.copy_(shift.reshape({-1}).to(torch::kFloat64));
+  log_scale_.copy_(log_scale.reshape({-1}).to(torch::kFloat64));
+}
+
+void FlowTransportImpl::perturb(double scale, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  for (auto& net : nets_) {
+    auto* last = net[4]->as<torch::nn::Linear>();
+    last->weight.add_(scale * torch::randn(last->weight.sizes(), gen, kF64));
+    last->bias.add_(scale * torch::randn(last->bias.sizes(), gen, kF64));
+  }
+}
+
+nlohmann::json to_json_value(const FitReport& r) {
+  return {{"points", r.points},
+          {"steps", r.steps},
+          {"loss_start", r.loss_start},
+          {"loss_end", r.loss_end},
+          {"train_loss_end", r.train_loss_end},
+          {"seconds", r.seconds}};
+}
+
+namespace {
+/// Per-row Fisher loss terms [n] (per coordinate).
+torch::Tensor fisher_terms(const FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g) {
+  torch::AutoGradMode enable(true);
+  // z = T^-1(x) depends on the parameters; the score at z is differentiated through both its
+  // direct dependence on them and through z (create_graph), so the loss's gradient is exact.
+  torch::Tensor z = flow.inverse(x).out;
+  TransportPass fwd = flow.forward(z);
+  // grad_z [ T(z) . g - log|det| ] = J^T g - grad log|det| (g fixed: the stored gradients).
+  torch::Tensor s = (fwd.out * g).sum() - fwd.log_det.sum();
+  torch::Tensor gz = torch::autograd::grad({s}, {z}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  return ((gz - z).pow(2).sum(1) / static_cast<double>(flow.dim())).clamp_max(kMaxPointLoss);
+}
+}  // namespace
+
+torch::Tensor fisher_loss(const FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g) {
+  return fisher_terms(flow, x.to(torch::kFloat64), g.to(torch::kFloat64)).mean();
+}
+
+FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, const torch::Tensor& g_in,
+                        const FitOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  TORCH_CHECK(x_in.dim() == 2 && x_in.sizes() == g_in.sizes() && x_in.size(1) == flow.dim(),
+              "fit_transport: expected x and g [n, ", flow.dim(), "]");
+  torch::Tensor x = x_in.to(torch::kCPU, torch::kFloat64), g = g_in.to(torch::kCPU, torch::kFloat64);
+  torch::Tensor ok = torch::isfinite(x).all(1) & torch::isfinite(g).all(1);
+  x = x.index({ok});
+  g = g.index({ok});
+  const int64_t n = x.size(0);
+  if (n < 8) throw DataError("fit_transport: " + std::to_string(n) + " finite points; at least 8 are needed");
+  FitReport report;
+  report.points = n;
+  if (o.init_base) {
+    torch::Tensor var_x = x.var(0, /*unbiased=*/false), var_g = g.var(0, /*unbiased=*/false);
+    flow.set_base(x.mean(0), 0.5 * fisher_diagonal(var_x, var_g).log());
+  }
+  at::Generator gen = make_generator(o.seed);
+  torch::Tensor perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kLong));
+  const int64_t n_hold = std::clamp<int64_t>(static_cast<int64_t>(std::lround(o.holdout * n)), 1, n / 2);
+  torch::Tensor hold = perm.slice(0, 0, n_hold), train = perm.slice(0, n_hold);
+  torch::Tensor xh = x.index({hold}), gh = g.index({hold}), xt = x.index({train}), gt = g.index({train});
+  const int64_t n_train = xt.size(0);
+  auto held_out = [&] {
+    // Evaluated with graphs (the loss needs grad_z) but nothing kept.
+    return fisher_terms(flow, xh, gh).mean().item<double>();
+  };
+  report.loss_start = held_out();
+  double best = report.loss_start;
+  std::vector<torch::Tensor> params = flow.parameters();
+  std::vector<torch::Tensor> best_params;
+  for (const auto& p : params) best_params.push_back(p.detach().clone());
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(o.learning_rate));
+  int64_t since_best = 0, step = 0;
+  double train_loss = 0;
+  for (step = 0; step < o.steps; ++step) {
+    torch::Tensor idx = torch::randint(n_train, {std::min(o.batch, n_train)}, gen, torch::TensorOptions().dtype(torch::kLong));
+    adam.zero_grad();
+    torch::Tensor loss = fisher_terms(flow, xt.index({idx}), gt.index({idx})).mean();
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(params, 10.0);
+    adam.step();
+    train_loss = loss.item<double>();
+    if ((step + 1) % o.check_every == 0) {
+      const double h = held_out();
+      if (std::isfinite(h) && h < best) {
+        best = h;
+        since_best = 0;
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < params.size(); ++i) best_params[i].copy_(params[i]);
+      } else if (++since_best >= o.patience) {
+        ++step;
+        break;
+      }
+    }
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(best_params[i]);
+  }
+  report.steps = step;
+  report.loss_end = best;
+  report.train_loss_end = train_loss;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+TransportedTarget::TransportedTarget(Target& inner, FlowTransport flow)
+    : Target(inner.options()), inner_(&inner), flow_(std::move(flow)) {
+  TORCH_CHECK(flow_->dim() == inner.dim(), "TransportedTarget: the flow has dimension ", flow_->dim(),
+              ", the target ", inner.dim());
+}
+
+torch::Tensor TransportedTarget::to_ambient(const torch::Tensor& z) const {
+  torch::NoGradGuard no_grad;
+  return flow_->forward(z.to(torch::kCPU, torch::kFloat64)).out.to(inner_->options());
+}
+
+torch::Tensor TransportedTarget::to_latent(const torch::Tensor& x) const {
+  torch::NoGradGuard no_grad;
+  return flow_->inverse(x.to(torch::kCPU, torch::kFloat64)).out.to(options_);
+}
+
+torch::Tensor TransportedTarget::log_det(const torch::Tensor& z) const {
+  torch::NoGradGuard no_grad;
+  return flow_->forward(z.to(torch::kCPU, torch::kFloat64)).log_det;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TransportedTarget::ambient_pairs(const torch::Tensor& z,
+                                                                         const torch::Tensor& g_z) const {
+  torch::AutoGradMode enable(true);
+  torch::Tensor zl = z.to(torch::kCPU, torch::kFloat64).detach().requires_grad_(true);
+  TransportPass fwd = flow_->forward(zl);
+  torch::Tensor grad_ld = torch::autograd::grad({fwd.log_det.sum()}, {zl})[0];
+  torch::Tensor x = fwd.out.detach().requires_grad_(true);
+  torch::Tensor z_back = flow_->inverse(x).out;
+  torch::Tensor v = g_z.to(torch::kCPU, torch::kFloat64) + grad_ld;
+  torch::Tensor g = torch::autograd::grad({z_back}, {x}, {v})[0];  // J^-T v
+  return {x.detach(), g.detach()};
+}
+
+torch::Tensor TransportedTarget::compute_energy(const torch::Tensor& z) const {
+  torch::NoGradGuard no_grad;
+  TransportPass fwd = flow_->forward(z.to(torch::kCPU, torch::kFloat64));
+  torch::Tensor u = inner_->energy(fwd.out.to(inner_->options())).to(torch::kCPU, torch::kFloat64);
+  return (u - fwd.log_det).to(options_);
+}
+
+EnergyGrad TransportedTarget::compute_energy_and_grad(const torch::Tensor& z, bool create_graph) const {
+  if (create_graph) throw UsageError("a transported target does not support training through its gradient yet");
+  torch::AutoGradMode enable(true);
+  torch::Tensor zl = z.detach().to(torch::kCPU, torch::kFloat64).requires_grad_(true);
+  TransportPass fwd = flow_->forward(zl);
+  EnergyGrad eg = inner_->energy_and_grad(fwd.out.detach().to(inner_->options()), false);
+  torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
+  // A failed row (NaN) stays NaN; the kernels reject it.
+  torch::Tensor s = (fwd.out * g.nan_to_num(0.0, 0.0, 0.0)).sum() - fwd.log_det.sum();
+  torch::Tensor gz = torch::autograd::grad({s}, {zl})[0];
+  torch::Tensor bad = ~(torch::isfinite(g).all(1));
+  gz = gz.masked_fill(bad.unsqueeze(1), std::numeric_limits<double>::quiet_NaN());
+  torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det.detach();
+  return {u.to(options_), gz.to(options_)};
+}
+
+}  // namespace nmcmc
