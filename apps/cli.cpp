@@ -202,6 +202,11 @@ ProgressFn sample_progress(bool quiet) {
                    "parameters");
       return;
     }
+    if (p.phase == "fit") {  // a flow transport's fit (services/transport.hpp): accept holds its loss
+      line->update(fmt::format("{:>8}", p.phase), p.iteration, p.total, rate,
+                   fmt::format("held-out Fisher loss {:.4g}", p.accept), "steps");
+      return;
+    }
     line->update(fmt::format("{:>8}", p.phase), p.iteration, p.total, rate,
                  fmt::format("accept {:.3f}  eps {:.4g}", p.accept, p.step_size));
   };

@@ -178,6 +178,7 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
     train_loss = loss.item<double>();
     if ((step + 1) % o.check_every == 0) {
       const double h = held_out();
+      if (o.progress) o.progress(step + 1, o.steps, h);
       if (std::isfinite(h) && h < best) {
         best = h;
         since_best = 0;

@@ -146,6 +146,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     q.phase = "warmup";
     q.iteration = offset + p.iteration;
     q.total = options.warmup;
+    q.elapsed = seconds_since(t_start);
     progress(q);
   };
   for (int64_t r = 0; r < t.rounds; ++r) {
@@ -189,6 +190,19 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     FitOptions f = t.fit;
     f.init_base = r == 0;
     f.seed = seed + uint64_t(r);
+    if (progress) {
+      // Progress phase "fit": iteration = the fit's step, accept = its held-out Fisher loss.
+      const auto t_fit = std::chrono::steady_clock::now();
+      f.progress = [&, t_fit](int64_t step, int64_t steps, double loss) {
+        Progress q;
+        q.phase = "fit";
+        q.iteration = step;
+        q.total = steps;
+        q.accept = loss;
+        q.elapsed = seconds_since(t_fit);
+        progress(q);
+      };
+    }
     FitReport fr = fit_transport(*out.flow, px, pg, f);
     fit_seconds += fr.seconds;
     rounds.push_back({{"iterations", lengths[r]},
@@ -213,6 +227,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     if (p.phase == "warmup") {
       q.iteration = offset + p.iteration;
       q.total = options.warmup;
+      q.elapsed = seconds_since(t_start);
     }
     progress(q);
   });

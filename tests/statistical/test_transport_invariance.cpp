@@ -117,8 +117,7 @@ TEST(InvariancePower, FlowTransportWithABrokenLogDetFails) {
 TEST(InvariancePower, GlobalMovesWithoutTheProposalRatioFail) {
   auto target = make_target(kGauss4, kF64);
   TransportedTarget latent(*target, test_flow(0.1));
-  // A frozen local kernel (a step far too large: NUTS rejects nearly everything) so that the
-  // global moves alone move the chains.
+  // The independence step targets p(z) N(z) without the ratio: |z|^2 shrinks.
   Nuts nuts(NutsOptions().set_step_size(0.4));
   GlobalWithoutQRatio kernel(nuts, true);
   auto r = transported_invariance(latent, *target, kernel, 304);

@@ -113,7 +113,7 @@ TEST(Transport, RunWithTransportOnAFunnel) {
   // have the known moments of x0 (mean 0, sd 1.5) within 5 MCSE-like tolerances and the run must
   // count every round's gradients as warm-up.
   auto target = make_target({{"name", "funnel"}, {"dim", 10}, {"sigma", 1.5}}, kF64);
-  Nuts nuts(NutsOptions());
+  Nuts nuts{NutsOptions()};
   RunOptions ro;
   ro.set_chains(4).set_warmup(400).set_draws(500).set_metric(MetricAdapt::kDiag);
   TransportOptions t;

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,8 @@ struct FitOptions {
   double holdout = 0.1;
   bool init_base = true;      // set (mu, s) from the points first (else keep the current ones)
   uint64_t seed = 0;
+  /// Called at every held-out check: (step, steps at most, held-out loss).
+  std::function<void(int64_t, int64_t, double)> progress;
 };
 
 /// What a fit did.

@@ -19,6 +19,10 @@
 // is exact for the pulled-back density whatever the flow, and can jump between modes that the
 // local kernel cannot cross. It costs one gradient per chain and step; the step-size adaptation
 // sees the local kernel's accept statistics only.
+//
+// Progress: the rounds report phase "warmup" (iterations of the whole warm-up); each fit reports
+// phase "fit" with iteration = its Adam step, total = its most steps, and `accept` holding the
+// held-out Fisher loss.
 #include <nlohmann/json.hpp>
 
 #include <string>
