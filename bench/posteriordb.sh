@@ -5,7 +5,8 @@
 # (Note [Training budget]) sampled the same way; moment checks against the reference, bulk-ESS
 # per gradient and per second sampling only and all-in (warm-up, preconditioner, training), the
 # cost of 10,000 effective draws and the break-even against the best NUTS. Prints the BENCHMARKS
-# tables: NUTS's metrics against Stan's diagonal one, and the learned sampler against the best NUTS.
+# tables: NUTS's metrics against Stan's diagonal one, NUTS through the flow transport (--transport
+# flow) against the best NUTS without it, and the learned sampler against the best NUTS.
 # Usage: bash bench/posteriordb.sh [OUT] [--only P ...]   (hours on a 2-vCPU machine: the
 # correlated regressions run NUTS with a diagonal metric at its tree-depth limit). Runs two
 # processes at a time, one thread each; a JSON already in OUT is kept (delete it to run again).
@@ -21,11 +22,15 @@ check() {  # NAME ARGS...: one check run into OUT/NAME.json unless it is there
   [ -f "$OUT/$name.json" ] || /usr/bin/python3 scripts/posteriordb.py check --json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 || true
 }
 (check nuts_diag --sampler nuts --metric diag "$@"; check nuts_fisher-lowrank --sampler nuts --metric fisher-lowrank "$@"; check learned --sampler learned "$@") &
-(check nuts_fisher-diag --sampler nuts --metric fisher-diag "$@"; check nuts_dense --sampler nuts --metric dense "$@") &
+(check nuts_fisher-diag --sampler nuts --metric fisher-diag "$@"; check nuts_dense --sampler nuts --metric dense "$@"
+ check nuts_flow --sampler nuts --metric diag --transport flow "$@") &
 wait
 echo "# $(date -u +%F) commit $(git rev-parse --short HEAD), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -qw amx_bf16 /proc/cpuinfo && echo AMX || echo 'no AMX')"
 echo "## NUTS's metrics"
 /usr/bin/python3 scripts/posteriordb.py metrics "$OUT/nuts_diag.json" "$OUT/nuts_fisher-diag.json" "$OUT/nuts_fisher-lowrank.json" "$OUT/nuts_dense.json"
+echo "## NUTS through the flow transport against the best NUTS without it"
+/usr/bin/python3 scripts/posteriordb.py transport "$OUT/nuts_flow.json" "$OUT/nuts_diag.json" "$OUT/nuts_fisher-diag.json" \
+  "$OUT/nuts_fisher-lowrank.json" "$OUT/nuts_dense.json"
 echo "## The learned sampler against the best NUTS"
 /usr/bin/python3 scripts/posteriordb.py table "$OUT/nuts_diag.json" "$OUT/learned.json" "$OUT/nuts_fisher-diag.json" \
   "$OUT/nuts_fisher-lowrank.json" "$OUT/nuts_dense.json"

@@ -91,7 +91,8 @@ def check(args) -> int:
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
         if args.sampler == "nuts":
-            row["metric"] = args.metric
+            row["metric"] = args.metric + ("+flow" if args.transport == "flow" else "")
+            row["transport"] = args.transport
         try:
             ok, why = one(nmcmc, p, ref, row, args, t0)
         except Exception as e:  # a run that fails is a failed row, not the end of the suite
@@ -114,7 +115,7 @@ def one(nmcmc, p, ref, row, args, t0):
     fixed_grads = fixed_seconds = 0.0  # warm-up, preconditioner and training: paid before sampling
     if args.sampler == "nuts":
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
-                           metric=args.metric, progress=False)
+                           metric=args.metric, transport=args.transport, progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
         model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype)
@@ -216,6 +217,47 @@ def table(nuts_jsons, learned_json: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def transport_table(flow_json: str, nuts_jsons) -> str:
+    """NUTS through the flow transport (docs/transport.md) against the best NUTS without it (of the
+    runs given, one per metric; only those that pass), per posterior: sampling-only bulk-ESS per
+    gradient, all-in bulk-ESS per gradient (warm-up and the flow's rounds counted), and the cost of
+    10,000 effective draws in seconds. Ratios above 1: the flow wins."""
+    flow = {r["posterior"]: r for r in json.load(open(flow_json))}
+    runs = [{r["posterior"]: r for r in json.load(open(f))} for f in nuts_jsons]
+    out = ["| posterior | D | kind | flow passes | sampling ESS/grad: flow (x best NUTS) | all-in ESS/grad: flow (x best) | "
+           "10k ESS seconds: flow (best NUTS / flow) | max R-hat |", "|---" * 8 + "|"]
+    wins = {"sampling": [], "all-in": [], "seconds": []}
+    for p, f in flow.items():
+        ok = [r[p] for r in runs if p in r and r[p]["passes"]]
+        if not f["passes"]:
+            out.append(f"| {p} | {f['dim']} | {f['kind']} | FAIL ({'; '.join(f['why'])[:60]}) | n/a | n/a | n/a | "
+                       f"{f.get('max_rhat', float('nan')):.3f} |")
+            continue
+        if not ok:
+            out.append(f"| {p} | {f['dim']} | {f['kind']} | pass (no NUTS passes) | {f['ess_bulk_per_grad']:.3g} | "
+                       f"{f['allin_ess_per_grad']:.3g} | {f['seconds_for_10000']:.0f} | {f['max_rhat']:.3f} |")
+            continue
+        g = max(ok, key=lambda n: n["ess_bulk_per_grad"] or 0)
+        a = max(ok, key=lambda n: n["allin_ess_per_grad"])
+        c = min(ok, key=lambda n: n["seconds_for_10000"])
+        r1, r2, r3 = f["ess_bulk_per_grad"] / g["ess_bulk_per_grad"], f["allin_ess_per_grad"] / a["allin_ess_per_grad"], \
+            c["seconds_for_10000"] / f["seconds_for_10000"]
+        wins["sampling"].append(r1)
+        wins["all-in"].append(r2)
+        wins["seconds"].append(r3)
+        out.append(f"| {p} | {f['dim']} | {f['kind']} | pass | {f['ess_bulk_per_grad']:.3g} ({r1:.2f}x {g['metric']}) | "
+                   f"{f['allin_ess_per_grad']:.3g} ({r2:.2f}x {a['metric']}) | {f['seconds_for_10000']:.0f} "
+                   f"({r3:.2f}x {c['metric']}) | {f['max_rhat']:.3f} |")
+    out.append("")
+    for k, v in wins.items():
+        if v:
+            v = sorted(v)
+            med = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+            out.append(f"{k}: flow / best NUTS median {med:.3g}x over {len(v)} posteriors (range {v[0]:.3g}-{v[-1]:.3g}); "
+                       f"the flow ahead on {sum(x > 1 for x in v)}")
+    return "\n".join(out) + "\n"
+
+
 def metrics_table(jsons) -> str:
     """NUTS with each metric against Stan's diagonal one (the first file), same posteriors: bulk-ESS
     per gradient and per second of sampling, the ratios to the diagonal metric's, and their medians."""
@@ -270,6 +312,8 @@ def main() -> int:
     c.add_argument("--only", nargs="*")
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
+    c.add_argument("--transport", choices=["none", "flow"], default="none",
+                   help="nuts: sample through a flow fitted in warm-up (docs/transport.md)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--draws", type=int, default=1000)
@@ -283,6 +327,9 @@ def main() -> int:
     t.add_argument("more_nuts_json", nargs="*", help="NUTS runs with other metrics: the best is the yardstick")
     mt = sub.add_parser("metrics")
     mt.add_argument("jsons", nargs="+", help="NUTS check --json runs, Stan's diagonal metric first")
+    tt = sub.add_parser("transport")
+    tt.add_argument("flow_json", help="a NUTS check --json run with --transport flow")
+    tt.add_argument("nuts_jsons", nargs="+", help="NUTS runs without it (one per metric): the best is the yardstick")
     a = ap.parse_args()
     if a.cmd == "list":
         for p, (_d, _b, params, kind) in ports.PORTS.items():
@@ -303,6 +350,8 @@ def main() -> int:
         print(table([a.nuts_json] + a.more_nuts_json, a.learned_json), end="")
     elif a.cmd == "metrics":
         print(metrics_table(a.jsons), end="")
+    elif a.cmd == "transport":
+        print(transport_table(a.flow_json, a.nuts_jsons), end="")
     return 0
 
 

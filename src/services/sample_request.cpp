@@ -39,6 +39,12 @@ Prepared prepare(const SampleRequest& request) {
   json model_meta;
   const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
+  if (a.transport != TransportKind::kNone && learned) {
+    throw UsageError("--transport applies to nuts, hmc, mala and rwm (the learned sampler has its own preconditioner)");
+  }
+  if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != 8 || a.transport_rounds != 4)) {
+    throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow");
+  }
   if (learned) {
     if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
     LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
@@ -60,12 +66,7 @@ Prepared prepare(const SampleRequest& request) {
                                       .set_max_depth(a.max_depth));
   }
   if (a.no_adapt && !a.step_size) throw UsageError("--no-adapt needs --step-size");
-  if (a.transport != TransportKind::kNone && learned) {
-    throw UsageError("--transport applies to nuts, hmc, mala and rwm (the learned sampler has its own preconditioner)");
-  }
-  if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != 8 || a.transport_rounds != 4)) {
-    throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow");
-  }
+
   if (learned && a.step_size) throw UsageError("--step-size does not apply to the learned sampler (its step size is learned)");
   std::shared_ptr<Target> target = make_target(target_spec, options);
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
