@@ -44,7 +44,16 @@ FlowTransportImpl::FlowTransportImpl(const FlowOptions& options) : options_(opti
                               torch::nn::Linear(h, 2 * d));
     net->to(torch::kFloat64);
     {
+      // LibTorch's initialisation draws from the global generator: draw the hidden layers' weights
+      // from ours instead (the same uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))), so that a seed gives
+      // the same flow; the output layer starts at zero (the identity).
       torch::NoGradGuard no_grad;
+      for (int idx : {0, 2}) {
+        auto* lin = net[idx]->as<torch::nn::Linear>();
+        const double bound = 1.0 / std::sqrt(static_cast<double>(lin->weight.size(1)));
+        lin->weight.uniform_(-bound, bound, gen);
+        lin->bias.uniform_(-bound, bound, gen);
+      }
       auto* last = net[4]->as<torch::nn::Linear>();
       last->weight.zero_();
       last->bias.zero_();
