@@ -27,6 +27,7 @@ FlowTransportImpl::FlowTransportImpl(const FlowOptions& options) : options_(opti
   const int64_t d = options.dim, h = resolved_hidden(options);
   shift_ = register_parameter("shift", torch::zeros({d}, kF64));
   log_scale_ = register_parameter("log_scale", torch::zeros({d}, kF64));
+  if (d <= kMaxDenseBase) lower_ = register_parameter("lower", torch::zeros({d, d}, kF64));
   // Masks: a random half of the coordinates conditions each layer; consecutive layers swap the
   // halves, so every coordinate is updated in every second layer (D = 1: nothing to couple).
   at::Generator gen = make_generator(options.mask_seed);
@@ -81,13 +82,17 @@ TransportPass FlowTransportImpl::forward(const torch::Tensor& z) const {
     y = y * torch::exp(s) + t;  // s = t = 0 on the conditioning half
     log_det = log_det + s.sum(1);
   }
-  return {shift_ + y * torch::exp(log_scale_), log_det + log_scale_.sum()};
+  torch::Tensor x = dense_base() ? shift_ + y.matmul(base_matrix().t()) : shift_ + y * torch::exp(log_scale_);
+  return {x, log_det + log_scale_.sum()};
 }
 
 TransportPass FlowTransportImpl::inverse(const torch::Tensor& x) const {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == options_.dim, "FlowTransport: expected [C, ", options_.dim, "], got ",
               x.sizes());
-  torch::Tensor y = (x.to(torch::kFloat64) - shift_) * torch::exp(-log_scale_);
+  torch::Tensor u = x.to(torch::kFloat64) - shift_;
+  // rows solve y L^T = x - mu
+  torch::Tensor y = dense_base() ? torch::linalg_solve_triangular(base_matrix().t(), u, /*upper=*/true, /*left=*/false)
+                                 : u * torch::exp(-log_scale_);
   torch::Tensor log_det = torch::zeros({y.size(0)}, kF64) - log_scale_.sum();
   for (int64_t k = static_cast<int64_t>(nets_.size()) - 1; k >= 0; --k) {
     auto [s, t] = scale_shift(k, y * masks_[k]);
@@ -97,16 +102,35 @@ TransportPass FlowTransportImpl::inverse(const torch::Tensor& x) const {
   return {y, log_det};
 }
 
+torch::Tensor FlowTransportImpl::base_matrix() const {
+  return torch::tril(lower_, -1) + torch::diag(torch::exp(log_scale_));
+}
+
+void FlowTransportImpl::set_base_cholesky(const torch::Tensor& shift, const torch::Tensor& lower) {
+  const int64_t d = options_.dim;
+  TORCH_CHECK(shift.numel() == d && lower.dim() == 2 && lower.size(0) == d && lower.size(1) == d,
+              "set_base_cholesky: expected a shift [", d, "] and L [", d, ", ", d, "]");
+  torch::Tensor l = lower.to(torch::kFloat64);
+  TORCH_CHECK((l.diagonal() > 0).all().item<bool>(), "set_base_cholesky: L's diagonal must be positive");
+  set_base(shift, l.diagonal().log());
+  if (dense_base()) {
+    torch::NoGradGuard no_grad;
+    lower_.copy_(torch::tril(l, -1));
+  }
+}
+
 void FlowTransportImpl::set_base(const torch::Tensor& shift, const torch::Tensor& log_scale) {
   TORCH_CHECK(shift.numel() == options_.dim && log_scale.numel() == options_.dim, "set_base: expected [",
               options_.dim, "] tensors");
   torch::NoGradGuard no_grad;
   shift_.copy_(shift.reshape({-1}).to(torch::kFloat64));
   log_scale_.copy_(log_scale.reshape({-1}).to(torch::kFloat64));
+  if (dense_base()) lower_.zero_();
 }
 
 void FlowTransportImpl::perturb(double scale, at::Generator& gen) {
   torch::NoGradGuard no_grad;
+  if (dense_base()) lower_.add_(scale * torch::randn(lower_.sizes(), gen, kF64));
   for (auto& net : nets_) {
     auto* last = net[4]->as<torch::nn::Linear>();
     last->weight.add_(scale * torch::randn(last->weight.sizes(), gen, kF64));
@@ -157,7 +181,17 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
   report.points = n;
   if (o.init_base) {
     torch::Tensor var_x = x.var(0, /*unbiased=*/false), var_g = g.var(0, /*unbiased=*/false);
-    flow.set_base(x.mean(0), 0.5 * fisher_diagonal(var_x, var_g).log());
+    bool dense = false;
+    if (flow.dense_base() && n >= 2) {
+      // The dense equivalent of the low-rank-plus-diagonal Fisher estimate, its Cholesky factor.
+      torch::Tensor cov = fisher_low_rank(x, g).inv_mass().to(torch::kFloat64);
+      auto [l, info] = torch::linalg_cholesky_ex(0.5 * (cov + cov.t()));
+      if (info.item<int64_t>() == 0 && torch::isfinite(l).all().item<bool>()) {
+        flow.set_base_cholesky(x.mean(0), l);
+        dense = true;
+      }
+    }
+    if (!dense) flow.set_base(x.mean(0), 0.5 * fisher_diagonal(var_x, var_g).log());
   }
   at::Generator gen = make_generator(o.seed);
   torch::Tensor perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kLong));

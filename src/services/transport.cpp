@@ -75,6 +75,10 @@ std::pair<ChainState, StepInfo> TransportKernel::step(Target& target, const Chai
     if (info.n_grad_chain.defined()) info.n_grad_chain = info.n_grad_chain + 1;
   }
   if (recording_) {
+    if (!next.grad.defined()) {
+      throw UsageError("a flow transport is fitted from gradients, which sampler '" + inner_->name() +
+                       "' does not compute (use nuts, hmc or mala)");
+    }
     xs_.push_back(next.x.detach().to(torch::kCPU, torch::kFloat64));
     gs_.push_back(next.grad.detach().to(torch::kCPU, torch::kFloat64));
   }
@@ -151,6 +155,10 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   };
   for (int64_t r = 0; r < t.rounds; ++r) {
     RunOptions ro = options;
+    // The rounds adapt the low-rank-plus-diagonal Fisher metric whatever the final metric: the
+    // flow changes between rounds, and the metric from gradients finds a correlated latent
+    // space's shape from a short round (Note [Transport warm-up]).
+    if (options.metric != MetricAdapt::kUnit && kernel.has_dense_metric()) ro.metric = MetricAdapt::kFisherLowRank;
     ro.warmup = lengths[r];
     ro.draws = 1;
     ro.sink = nullptr;

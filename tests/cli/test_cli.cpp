@@ -120,6 +120,7 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --global-moves", 64, "go with --transport flow"},
            {"sample --transport-layers 2", 64, "go with --transport flow"},
            {"sample --transport flow", 64, "at least 100"},
+           {"sample --transport flow --sampler rwm", 64, "fitted from gradients"},
            {"sample --transport flow --sampler learned --model /nonexistent.pt", 64, "--transport applies to"},
        }) {
     std::string out_dir = ::testing::TempDir() + "cli_bad_out";

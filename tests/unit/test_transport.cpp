@@ -102,6 +102,26 @@ TEST(Transport, FisherFitWhitensAFunnel) {
   EXPECT_LT(z.mean(0).abs().max().item<double>(), 0.2);
 }
 
+TEST(Transport, DenseBaseFromTheFisherEstimateWhitensACorrelatedGaussian) {
+  // scg (variances 100 and 0.1 rotated by pi/4): the base alone (no coupling layers, no Adam
+  // step) must whiten it from points that are not even its draws - a wide box around it - because
+  // the gradients carry its shape; a diagonal base cannot (both marginal variances are ~50).
+  auto target = make_target({{"name", "scg"}}, kF64);
+  at::Generator gen = make_generator(12);
+  torch::Tensor x = torch::rand({400, 2}, gen, kF64) * 40 - 20;
+  torch::Tensor g = target->energy_and_grad(x).grad;
+  FlowTransport flow(FlowOptions().set_dim(2).set_layers(0));
+  ASSERT_TRUE(flow->dense_base());
+  FitOptions fo;
+  fo.steps = 0;
+  fit_transport(*flow, x, g, fo);
+  TransportedTarget latent(*target, flow);
+  torch::Tensor z = latent.to_latent(target->sample(20000, gen));
+  torch::Tensor cov = torch::cov(z.t());
+  std::cout << "  latent covariance " << cov << "\n";
+  EXPECT_LT((cov - torch::eye(2, kF64)).abs().max().item<double>(), 0.1);
+}
+
 TEST(Transport, FitRejectsTooFewPoints) {
   FlowTransport flow(FlowOptions().set_dim(3).set_layers(2));
   torch::Tensor x = torch::randn({5, 3}, kF64);

@@ -3,13 +3,14 @@
 /// pulled back through it.
 //
 // Note [Flow transport]
-// T(z) = mu + exp(s) * C_K(... C_1(z)), an elementwise affine map after K affine coupling layers
+// T(z) = mu + L C_K(... C_1(z)), an affine map after K affine coupling layers
 // (RealNVP, Dinh et al. 2017). Layer k owns a fixed random half-half mask m_k (its seed is
 // stored) and maps y to
 //   y' = m_k y + (1 - m_k) (y exp(a tanh(S_k(m_k y) / a)) + T_k(m_k y)),
 // with S_k, T_k one MLP of the conditioning half (output layer zero at start, so the layer starts
-// as the identity; a bounds one layer's log-scale). log|det dT/dz| = sum s + sum over layers of
-// the bounded S on the updated half. The inverse runs the layers backwards with the same S, T.
+// as the identity; a bounds one layer's log-scale). L = tril(B, -1) + diag(exp(s)) is lower
+// triangular (diagonal only above kMaxDenseBase dimensions); log|det dT/dz| = sum s + sum over
+// layers of the bounded S on the updated half. The inverse runs the layers backwards with the same S, T.
 //
 // It is fitted to positions x_i with energy gradients g_i = dU(x_i) by the Fisher divergence
 // between the pulled-back density and N(0, I):
@@ -22,9 +23,15 @@
 // identity of scores, so warm-up states and states from an earlier transport's latent space all
 // inform it; far-out points with huge gradients would dominate a squared loss, so each point's
 // term is clipped at kMaxPointLoss. The base (mu, s) starts at the points' mean and the
-// per-coordinate sqrt(Var x / Var g) (kernels/adaptation.hpp's fisher_diagonal); 10 % of the
+// per-coordinate sqrt(Var x / Var g); 10 % of the
 // points are held out and the parameters with the lowest held-out loss are kept (few points in
 // many dimensions overfit).
+// The base (mu, L) starts at the points' mean and the Cholesky factor of the low-rank-plus-
+// diagonal Fisher estimate from the points and their gradients (kernels/adaptation.hpp's
+// fisher_low_rank, as `--metric fisher-lowrank`), diagonal (sqrt(Var x / Var g)) above
+// kMaxDenseBase: gradients locate a strongly correlated posterior's shape even from points that
+// are still far from it, where the diagonal start left the first fits to rediscover it (the
+// correlated regressions of posteriordb did not converge with it; BENCHMARKS.md).
 //
 // Once fitted, T is fixed: TransportedTarget is the exact density of z = T^-1(x) and any kernel
 // run on it is exact for p after mapping its draws x = T(z) (services/transport.hpp). The flow
@@ -55,6 +62,9 @@ struct FlowOptions {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FlowOptions, dim, layers, hidden, max_log_scale, mask_seed)
 
+/// Above this many dimensions the flow's base map is diagonal (a dense L costs O(D^2) per pass).
+constexpr int64_t kMaxDenseBase = 1000;
+
 /// x and log|det dT/dz| [C] of a pass (or z and log|det dT^-1/dx| for the inverse).
 struct TransportPass {
   torch::Tensor out;
@@ -71,16 +81,23 @@ class FlowTransportImpl : public torch::nn::Module {
   TransportPass forward(const torch::Tensor& z) const;
   /// x [C, D] -> z = T^-1(x), log|det dT^-1/dx| [C] (= -log|det dT/dz| at z).
   TransportPass inverse(const torch::Tensor& x) const;
-  /// Sets the base map (mu [D], log-scale s [D]).
+  /// Sets the base map (mu [D], log-scale s [D]: L = diag(exp(s))).
   void set_base(const torch::Tensor& shift, const torch::Tensor& log_scale);
+  /// Sets the base map (mu [D], L [D, D] lower triangular with a positive diagonal); a diagonal-only
+  /// flow (D > kMaxDenseBase) keeps L's diagonal.
+  void set_base_cholesky(const torch::Tensor& shift, const torch::Tensor& lower);
+  /// Whether L may be dense (D <= kMaxDenseBase).
+  bool dense_base() const { return lower_.defined(); }
   /// Adds noise of size `scale` to the coupling layers' output weights (tests: a flow that is not
   /// the identity).
-  void perturb(double scale, at::Generator& gen);
+  void perturb(double scale, at::Generator& gen);  // also B's strictly lower part
 
  private:
   std::pair<torch::Tensor, torch::Tensor> scale_shift(int64_t k, const torch::Tensor& y_cond) const;
   FlowOptions options_;
+  torch::Tensor base_matrix() const;  // L [D, D]
   torch::Tensor shift_, log_scale_;   // [D]
+  torch::Tensor lower_;               // B [D, D] (its strictly lower part), undefined above kMaxDenseBase
   std::vector<torch::Tensor> masks_;  // [D] float64 0/1 (1: conditioning half), not parameters
   std::vector<torch::nn::Sequential> nets_;
 };

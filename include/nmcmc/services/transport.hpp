@@ -3,9 +3,9 @@
 /// (Note [Flow transport], flows/transport.hpp): `nmcmc sample --transport flow`, `compare`.
 //
 // Note [Transport warm-up]
-// Warm-up is split: the first `fit_fraction` of it runs in rounds of doubling length (NUTS or any
-// kernel with its usual step-size and metric adaptation, each round from where the last one
-// ended), and after each round the flow is fitted again (warm-started) to every state the chains
+// Warm-up is split: the first `fit_fraction` of it runs in rounds of doubling length (NUTS, HMC
+// or MALA with their usual step-size and metric adaptation - the fisher-lowrank metric when the
+// run adapts one and the kernel takes it - each round from where the last one ended), and after each round the flow is fitted again (warm-started) to every state the chains
 // have visited so far - positions and energy gradients, stored as the kernel carries them, mapped
 // back to x without a target evaluation (TransportedTarget::ambient_pairs) - except the first
 // half of the first round (the transient from the starting points). The states of round r live
