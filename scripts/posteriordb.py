@@ -217,6 +217,13 @@ def table(nuts_jsons, learned_json: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _median_range(values):
+    """(median, smallest, largest) of a non-empty list."""
+    v = sorted(values)
+    med = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+    return med, v[0], v[-1]
+
+
 def transport_table(flow_json: str, nuts_jsons) -> str:
     """NUTS through the flow transport (docs/transport.md) against the best NUTS without it (of the
     runs given, one per metric; only those that pass), per posterior: sampling-only bulk-ESS per
@@ -251,9 +258,8 @@ def transport_table(flow_json: str, nuts_jsons) -> str:
     out.append("")
     for k, v in wins.items():
         if v:
-            v = sorted(v)
-            med = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
-            out.append(f"{k}: flow / best NUTS median {med:.3g}x over {len(v)} posteriors (range {v[0]:.3g}-{v[-1]:.3g}); "
+            med, lo, hi = _median_range(v)
+            out.append(f"{k}: flow / best NUTS median {med:.3g}x over {len(v)} posteriors (range {lo:.3g}-{hi:.3g}); "
                        f"the flow ahead on {sum(x > 1 for x in v)}")
     return "\n".join(out) + "\n"
 
@@ -291,10 +297,9 @@ def metrics_table(jsons) -> str:
     out.append("")
     for m, v in ratios.items():
         if v:
-            v = sorted(v)
-            med = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+            med, lo, hi = _median_range(v)
             out.append(f"{m}: median bulk-ESS per gradient {med:.3g}x the diagonal metric's over {len(v)} posteriors "
-                       f"(range {v[0]:.3g}-{v[-1]:.3g})")
+                       f"(range {lo:.3g}-{hi:.3g})")
     return "\n".join(out) + "\n"
 
 
