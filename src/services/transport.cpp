@@ -144,13 +144,17 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   int64_t pool_rows = 0;
   json rounds = json::array();
   double fit_seconds = 0;
-  auto round_progress = [&](const Progress& p) {
+  // Progress over the whole warm-up: in the rounds every phase (their one draw included) is warm-up.
+  bool in_rounds = true;
+  auto warmup_progress = [&](const Progress& p) {
     if (!progress) return;
     Progress q = p;
-    q.phase = "warmup";
-    q.iteration = offset + p.iteration;
-    q.total = options.warmup;
-    q.elapsed = seconds_since(t_start);
+    if (in_rounds || p.phase == "warmup") {
+      q.phase = "warmup";
+      q.iteration = offset + p.iteration;
+      q.total = options.warmup;
+      q.elapsed = seconds_since(t_start);
+    }
     progress(q);
   };
   for (int64_t r = 0; r < t.rounds; ++r) {
@@ -164,7 +168,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     ro.sink = nullptr;
     ro.init_x = latent.to_latent(x_start);
     rk.set_recording(true);
-    SampleResult rr = run_sampler(latent, rk, ro, seed + 7919 * uint64_t(r + 1), round_progress);
+    SampleResult rr = run_sampler(latent, rk, ro, seed + 7919 * uint64_t(r + 1), warmup_progress);
     rk.set_recording(false);
     auto [zs, gzs] = rk.take();
     if (!rr.complete) {
@@ -229,16 +233,8 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   }
   rk.reset_global();
   const double seconds_before = seconds_since(t_start);
-  SampleResult res = run_sampler(latent, rk, fo, seed, [&](const Progress& p) {
-    if (!progress) return;
-    Progress q = p;
-    if (p.phase == "warmup") {
-      q.iteration = offset + p.iteration;
-      q.total = options.warmup;
-      q.elapsed = seconds_since(t_start);
-    }
-    progress(q);
-  });
+  in_rounds = false;
+  SampleResult res = run_sampler(latent, rk, fo, seed, warmup_progress);
   res.grads_warmup += grads;
   res.energies_warmup += energies;
   res.seconds_warmup += seconds_before;
