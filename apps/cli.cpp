@@ -224,6 +224,11 @@ TrainProgressFn train_progress(bool quiet, const std::string& indent) {
                    "it");
       return;
     }
+    if (p.phase == "fit") {  // a flow transport's fit in the warm-up (services/train.hpp)
+      const double rate = p.elapsed > 0 ? static_cast<double>(s.step) / p.elapsed : 0;
+      line->update("fit", s.step, p.total, rate, fmt::format("held-out Fisher loss {:.4g}", s.loss), "steps");
+      return;
+    }
     if (*first_step < 0) *first_step = s.step - 1;  // a resumed run starts mid-way
     const double rate = p.elapsed > 0 ? static_cast<double>(s.step - *first_step) / p.elapsed : 0;
     line->update("train", s.step, p.total, rate,

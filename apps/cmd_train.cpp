@@ -25,6 +25,8 @@ struct TrainArgs {
   std::optional<int64_t> steps, batch;
   std::optional<double> lr, min_lr;
   std::optional<uint64_t> seed;
+  std::optional<std::string> transport;
+  std::optional<int64_t> transport_layers, transport_rounds;
   bool resume = false, quiet = false;
   ComputeArgs compute;
   DistArgs dist;
@@ -44,6 +46,14 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   if (a.min_lr) cfg["train"]["min_lr"] = *a.min_lr;
   if (a.seed) cfg["train"]["seed"] = *a.seed;
   if (a.compute.dtype) cfg["dtype"] = *a.compute.dtype;
+  if ((a.transport_layers || a.transport_rounds) && !a.transport) {
+    throw UsageError("--transport-layers and --transport-rounds go with --transport flow");
+  }
+  if (a.transport) {
+    cfg["transport"] = json{{"kind", parse_enum<TransportKind>(*a.transport)}};
+    if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
+    if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
+  }
   for (const auto& s : a.sets) apply_override(cfg, s);
   TrainConfig config = parse_train_config(cfg);
   auto options = a.compute.options(config.dtype);
@@ -68,6 +78,14 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   }
   if (!result.preconditioner.is_null()) {
     const json& p = result.preconditioner;
+    if (p.contains("transport") && p["transport"].is_object()) {
+      const json& t = p["transport"];
+      const json& rounds = t.value("rounds", json::array());
+      std::cout << fmt::format("flow transport: {} coupling layers fitted in {} rounds of the warm-up ({:.1f} s of fitting; "
+                               "held-out Fisher loss {:.4g})\n",
+                               t.value("layers", 0), rounds.size(), t.value("fit_seconds", 0.0),
+                               rounds.empty() ? 0.0 : rounds.back()["fit"].value("loss_end", 0.0));
+    }
     std::cout << fmt::format("preconditioner ({}): {} warm-up of {} chains x {} iterations, {} target gradient evaluations, "
                              "{:.1f} s; step size {:.3g}\n",
                              p.value("kind", ""), p.value("sampler", ""), p.value("chains", 0), p.value("warmup", 0) + p.value("draws", 0),
@@ -128,6 +146,11 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "override train.seed");
   cmd->add_option("--set", a->sets, "override any value: section.key=value (e.g. model.hidden=64)");
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
+  cmd->add_option("--transport", a->transport,
+                  "flow: fit a normalizing flow in the warm-up and train the proposal in its latent space "
+                  "(docs/transport.md); none: the affine preconditioner only");
+  cmd->add_option("--transport-layers", a->transport_layers, "the flow's coupling layers (default 8)");
+  cmd->add_option("--transport-rounds", a->transport_rounds, "its fits during the warm-up (default 4)");
   a->compute.add(cmd, "float32 | float64 (default: the config's)");
   a->dist.add(cmd);
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");

@@ -214,8 +214,11 @@ class _Progress:
         rate = done / p["elapsed"] if p["elapsed"] > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else 0.0
         label = p.get("phase", "training")
-        stats = f"accept {p['accept']:.3f}"
-        stats += f"  step {p['step_size']:.3g}" if "step_size" in p else f"  beta {p['beta']:.3g}  eps {p['eps']:.3g}"
+        if "loss" in p:  # a flow transport's fit
+            stats = f"held-out Fisher loss {p['loss']:.4g}"
+        else:
+            stats = f"accept {p['accept']:.3f}"
+            stats += f"  step {p['step_size']:.3g}" if "step_size" in p else f"  beta {p['beta']:.3g}  eps {p['eps']:.3g}"
         line = f"[{label}] {done}/{total} {100.0 * done / max(total, 1):3.0f}%  {stats}  {rate:.1f} it/s  ETA {eta:.0f} s"
         end = "\n" if final or not self.tty else ""
         print(("\r" if self.tty else "") + line + "\x1b[K" * self.tty, end=end, file=_sys.stderr, flush=True)
@@ -370,7 +373,9 @@ def _load_config(config) -> dict:
 
 def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Optional[int] = None,
           model: _Optional[dict] = None, options: _Optional[dict] = None, dtype=None, device="cpu",
-          output: _Optional[str] = None, resume: bool = False, progress: bool = True) -> Model:
+          output: _Optional[str] = None, resume: bool = False, progress: bool = True,
+          transport: _Optional[str] = None, transport_layers: _Optional[int] = None,
+          transport_rounds: _Optional[int] = None) -> Model:
     """Trains the learned sampler on `target` and returns the Model.
 
     config: a training config (dict or the path of a configs/*.json file) whose "target", "model"
@@ -381,7 +386,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     entropy has stopped improving or after 90 s of training steps: model.training["stopped"] says
     why; docs/commands.md).
     output: the checkpoint's path (a temporary file if not given; Model.save copies it).
-    resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves."""
+    resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves.
+    transport: "flow" fits a normalizing flow in the warm-up and trains the proposal in its latent
+    space (docs/transport.md); the model then samples there (transport_layers, transport_rounds:
+    the flow's coupling layers and fits)."""
     cfg = _load_config(config)
     if config is None:
         # Your own target: the defaults `nmcmc train --module` uses (the Langevin variant with the
@@ -406,6 +414,16 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         cfg["train"]["batch"] = int(batch)
     if dtype is not None:
         cfg["dtype"] = _dtype_name(dtype)
+    if transport is None and (transport_layers is not None or transport_rounds is not None):
+        raise ValueError("nmcmc.train: transport_layers and transport_rounds go with transport='flow'")
+    if transport is not None:
+        if transport not in ("flow", "none"):
+            raise ValueError(f"nmcmc.train: transport must be 'flow' or 'none', not {transport!r}")
+        cfg["transport"] = {"kind": transport}
+        if transport_layers is not None:
+            cfg["transport"]["layers"] = int(transport_layers)
+        if transport_rounds is not None:
+            cfg["transport"]["rounds"] = int(transport_rounds)
     if output is None:
         output = _os.path.join(_tempfile.mkdtemp(prefix="nmcmc-"), "model.pt")
     output = _os.fspath(output)

@@ -96,8 +96,10 @@ py::dict train(const std::string& config_json, const std::string& output, const 
           py::gil_scoped_acquire gil;
           if (report.is_none()) return;
           py::dict d;
+          d["phase"] = p.phase;
           d["step"] = p.stats.step;
           d["total"] = p.total;
+          if (p.phase == "fit") d["loss"] = p.stats.loss;
           d["accept"] = p.stats.accept;
           d["beta"] = p.stats.beta;
           d["eps"] = p.stats.eps;

@@ -107,6 +107,26 @@ def test_transport_flow_on_a_python_function_and_its_bad_input():
             nmcmc.sample(t, "nuts", progress=False, **kwargs)
 
 
+def test_train_with_a_flow_transport_and_sample_in_its_latent_space(tmp_path):
+    # Note [Learned proposal in a flow's latent space]: the flow is fitted in the training's
+    # warm-up and saved with the model; sampling runs in its latent space and returns x with
+    # lp = -U(x). Bad combinations are one clear ValueError.
+    t = nmcmc.from_module(Banana())
+    m = nmcmc.train(t, transport="flow", transport_layers=2, transport_rounds=2, steps=20, batch=64, dtype="float64",
+                    options={"precondition_warmup": 150, "precondition_chains": 4, "seed": 3},
+                    output=str(tmp_path / "m.pt"), progress=False)
+    assert m.training["preconditioner"]["kind"] == "flow"
+    assert len(m.training["preconditioner"]["transport"]["rounds"]) == 2
+    run = nmcmc.sample(t, "learned", model=m, chains=2, warmup=10, draws=40, seed=2, progress=False)
+    assert run.config["model"]["transport"]["flow"]["layers"] == 2
+    x = run.draws.reshape(-1, 2)
+    assert torch.allclose(run.lp.reshape(-1), -Banana()(x), atol=1e-8)
+    with pytest.raises(ValueError, match="go with transport"):
+        nmcmc.train(t, transport_layers=2, steps=1, progress=False)
+    with pytest.raises(ValueError, match="transport"):
+        nmcmc.train(t, transport="spline", steps=1, progress=False)
+
+
 def test_module_target_attributes_and_paper_ess():
     t = nmcmc.from_module(Banana())
     assert t.dim == 2 and t.names == ["a", "b"]

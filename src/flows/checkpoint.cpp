@@ -63,10 +63,41 @@ torch::Tensor load_buffer(const std::string& path) {
   return b;
 }
 
+void write_transport(torch::serialize::OutputArchive& ar, const FlowTransportImpl& flow) {
+  torch::serialize::OutputArchive sub;
+  flow.save(sub);
+  ar.write("transport", sub);
+}
+
+FlowTransport load_transport(torch::serialize::InputArchive& ar, const json& meta, const std::string& path) {
+  if (!meta.contains("transport") || meta["transport"].is_null()) return FlowTransport(nullptr);
+  FlowOptions options;
+  try {
+    options = meta.at("transport").at("flow").get<FlowOptions>();
+  } catch (const std::exception& e) {
+    throw DataError("checkpoint '" + path + "' has invalid transport options: " + e.what());
+  }
+  FlowTransport flow(options);
+  try {
+    torch::serialize::InputArchive sub;
+    ar.read("transport", sub);
+    flow->load(sub);
+  } catch (const c10::Error& e) {
+    throw DataError("checkpoint '" + path + "' has a corrupt or missing flow transport: " + e.what_without_backtrace());
+  }
+  for (auto& p : flow->parameters()) p.requires_grad_(false);
+  return flow;
+}
+
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
                             torch::TensorOptions options, bool dtype_given,
                             const std::optional<MatmulOption>& matmul, const std::optional<GemmBackend>& gemm) {
   auto [sampler, meta] = load_model(model_path);
+  FlowTransport transport(nullptr);
+  if (meta.contains("transport")) {
+    auto ar = open_learned_checkpoint(model_path);
+    transport = load_transport(ar, meta, model_path);
+  }
   if (matmul) sampler->set_matmul(*matmul);
   if (gemm) sampler->set_gemm(*gemm);
   const json trained_on = meta.at("target");
@@ -86,7 +117,7 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
   if (!dtype_given) options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
   sampler->to(options.device(), options.dtype().toScalarType());
   sampler->eval();
-  return {std::make_shared<LearnedProposal>(sampler), trained_on, meta, options};
+  return {std::make_shared<LearnedProposal>(sampler), trained_on, meta, options, transport};
 }
 
 }  // namespace nmcmc

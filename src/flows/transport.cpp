@@ -286,8 +286,21 @@ torch::Tensor TransportedTarget::compute_energy(const torch::Tensor& z) const {
 }
 
 EnergyGrad TransportedTarget::compute_energy_and_grad(const torch::Tensor& z, bool create_graph) const {
-  if (create_graph) throw UsageError("a transported target does not support training through its gradient yet");
   torch::AutoGradMode enable(true);
+  if (create_graph) {
+    // Training through the gradient (the learned proposal in the latent space): grad U_z =
+    // J^T g(T(z)) - grad log|det| as a differentiable function of z, by one vector-Jacobian
+    // product whose vector g carries its own graph (the inner target's create_graph).
+    torch::Tensor zl = z.to(torch::kCPU, torch::kFloat64);
+    if (!zl.requires_grad()) zl = zl.detach().requires_grad_(true);
+    TransportPass fwd = flow_->forward(zl);
+    EnergyGrad eg = inner_->energy_and_grad(fwd.out.to(inner_->options()), true);
+    torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
+    torch::Tensor gz = torch::autograd::grad({fwd.out, fwd.log_det}, {zl}, {g, -torch::ones_like(fwd.log_det)},
+                                             /*retain_graph=*/true, /*create_graph=*/true)[0];
+    torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det;
+    return {u.to(options_), gz.to(options_)};
+  }
   torch::Tensor zl = z.detach().to(torch::kCPU, torch::kFloat64).requires_grad_(true);
   TransportPass fwd = flow_->forward(zl);
   EnergyGrad eg = inner_->energy_and_grad(fwd.out.detach().to(inner_->options()), false);

@@ -173,9 +173,10 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   std::vector<std::pair<std::string, torch::Tensor>> traces;
   int64_t trace_dim = -1;
   torch::Tensor nuts_last;  // where NUTS's chains ended: draws from the target
-  auto run = [&](const std::string& name, Kernel& kernel, RunOptions run_options) {
+  auto run = [&](const std::string& name, Kernel& kernel, RunOptions run_options, TransportedTarget* latent = nullptr) {
     tell(fmt::format("-- {}", name));
-    SampleResult r = run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
+    SampleResult r = latent ? run_mapped(*latent, kernel, run_options, o.seed, sample_progress)
+                            : run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
     if (name.rfind("nuts", 0) == 0 && !nuts_last.defined() && r.draws.size(0) > 0) {
@@ -220,15 +221,22 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     // may reject every proposal from there). Its step size is learned: warm-up is burn-in only.
     RunOptions lo(base);
     torch::Tensor buffer = load_buffer(*model);
+    // Note [Learned proposal in a flow's latent space]: a model trained in a flow's latent space
+    // runs there (its buffer is in z) and its draws are mapped to x.
+    std::unique_ptr<TransportedTarget> latent;
+    if (learned->transport) {
+      if (comm->world_size() > 1) throw UsageError("compare: a model trained with a flow transport runs in one process");
+      latent = std::make_unique<TransportedTarget>(*target, learned->transport);
+    }
     std::string start = "NUTS's last draws";
     if (buffer.defined() && buffer.size(0) > 0) {
       lo.set_init_x(buffer.to(target->options()));
       start = "its own chains (the buffer saved with the model)";
     } else if (nuts_last.defined()) {
-      lo.set_init_x(nuts_last);
+      lo.set_init_x(latent ? latent->to_latent(nuts_last) : nuts_last);
     }
-    tell(fmt::format("   (the learned sampler starts from {})", start));
-    run("learned", kernel, lo);
+    tell(fmt::format("   (the learned sampler starts from {}{})", start, latent ? ", in its flow's latent space" : ""));
+    run("learned", kernel, lo, latent.get());
     json& l = results["samplers"]["learned"];
     l["start"] = start;
     l["training"] = training;

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/random.hpp"
 #include "nmcmc/core/tensor_options.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/io/atomic_file.hpp"
@@ -23,6 +24,7 @@ struct Prepared {
   RunOptions run;
   json config, model_meta;
   bool learned = false;
+  std::shared_ptr<TransportedTarget> latent;  // a learned model trained in a flow's latent space: runs on it
 };
 
 Prepared prepare(const SampleRequest& request) {
@@ -37,10 +39,12 @@ Prepared prepare(const SampleRequest& request) {
   const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(a.adapt_mass || nuts ? "diag" : "unit"));
   json target_spec = request.target;
   json model_meta;
+  FlowTransport model_flow(nullptr);
   const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
   if (a.transport != TransportKind::kNone && learned) {
-    throw UsageError("--transport applies to nuts, hmc, mala and rwm (the learned sampler has its own preconditioner)");
+    throw UsageError("--transport applies to nuts, hmc and mala; the learned sampler gets its flow in training "
+                     "(nmcmc train --transport flow) and samples in it");
   }
   if (a.transport != TransportKind::kNone && a.sampler == SamplerKind::kRwm) {
     throw UsageError("--transport flow is fitted from gradients: use nuts, hmc or mala (rwm computes none)");
@@ -56,6 +60,7 @@ Prepared prepare(const SampleRequest& request) {
     target_spec = lr.target_spec;
     model_meta = lr.meta;
     options = lr.options;
+    model_flow = lr.transport;
   } else {
     if (a.model) throw UsageError("--model goes with --sampler learned");
     if (a.matmul) throw UsageError("--matmul goes with --sampler learned (its networks' GEMMs)");
@@ -91,6 +96,22 @@ Prepared prepare(const SampleRequest& request) {
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(init == "buffer" ? "uniform" : init);
   if (request.init_x.defined()) run.set_init_x(request.init_x);
   else if (init == "buffer") run.set_init_x(buffer);
+  std::shared_ptr<TransportedTarget> latent;
+  if (model_flow) {
+    // Note [Learned proposal in a flow's latent space]: the chains run in z; the buffer is in z,
+    // other starting points are drawn in x and mapped.
+    if (model_flow->dim() != target->dim()) {
+      throw DataError(fmt::format("model '{}': its flow transport has dimension {}, the target {}", *a.model,
+                                  model_flow->dim(), target->dim()));
+    }
+    latent = std::make_shared<TransportedTarget>(*target, model_flow);
+    if (request.init_x.defined()) {
+      run.set_init_x(latent->to_latent(request.init_x.to(target->options())));
+    } else if (init != "buffer") {
+      at::Generator gen = make_generator(a.seed ^ 0x7a3d5u);
+      run.set_init_x(latent->to_latent(initial_positions(*target, init, a.chains, gen)));
+    }
+  }
   run.set_metric(metric);
   // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
   if (!learned) run.set_adapt_step(!a.no_adapt);
@@ -124,12 +145,14 @@ Prepared prepare(const SampleRequest& request) {
   }
   if (metric != MetricAdapt::kUnit || nuts) config["metric"] = metric;
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
+  if (latent) config["model"]["transport"] = model_meta["transport"];
 
   prep.kernel = std::move(kernel);
   prep.target = target;
   prep.run = run;
   prep.model_meta = model_meta;
   prep.learned = learned;
+  prep.latent = latent;
   return prep;
 }
 }  // namespace
@@ -142,7 +165,10 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   if (!comm) comm = parallel::single_process();
   const int world = comm->world_size(), rank = comm->rank();
   Prepared prep = prepare(request);
-  if (a.transport != TransportKind::kNone && world > 1) throw UsageError("--transport runs in one process");
+  if ((a.transport != TransportKind::kNone || prep.latent) && world > 1) {
+    throw UsageError(prep.latent ? "a model trained with a flow transport samples in one process"
+                                 : "--transport runs in one process");
+  }
   SampleOutcome out;
   out.target = prep.target;
   out.config = prep.config;
@@ -173,6 +199,8 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     out.result = std::move(tr.result);
     transport_report = std::move(tr.report);
     out.config["transport"]["report"] = transport_report;
+  } else if (prep.latent) {
+    out.result = run_mapped(*prep.latent, *prep.kernel, run, a.seed, progress);
   } else {
     out.result = run_sampler(*prep.target, *prep.kernel, run, a.seed, progress, comm.get());
   }

@@ -18,7 +18,9 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 json TrainConfig::to_json() const {
-  return {{"name", name}, {"target", target}, {"model", model.to_json()}, {"train", train.to_json()}, {"dtype", dtype}};
+  json j = {{"name", name}, {"target", target}, {"model", model.to_json()}, {"train", train.to_json()}, {"dtype", dtype}};
+  if (transport.kind != TransportKind::kNone) j["transport"] = transport;
+  return j;
 }
 
 json read_train_config_file(const std::string& path) {
@@ -40,7 +42,7 @@ TrainConfig parse_train_config(const json& j) {
   if (!j.is_object()) throw UsageError("a training config must be a JSON object");
   for (auto& [key, value] : j.items()) {
     if (key != "name" && key != "target" && key != "model" && key != "train" && key != "dtype" && key != "eval" &&
-        key != "paper") {
+        key != "paper" && key != "transport") {
       throw UsageError("config: unknown section '" + key + "'");
     }
   }
@@ -54,6 +56,33 @@ TrainConfig parse_train_config(const json& j) {
   c.train = TrainOptions::from_json(j.value("train", json::object()));
   c.dtype = j.value("dtype", std::string("float32"));
   if (c.dtype != "float32" && c.dtype != "float64") throw UsageError("config: dtype must be float32 or float64");
+  if (j.contains("transport") && !j["transport"].is_null()) {
+    const json& t = j["transport"];
+    if (!t.is_object()) throw UsageError("config: \"transport\" must be an object, e.g. {\"kind\": \"flow\"}");
+    for (auto& [key, value] : t.items()) {
+      if (key != "kind" && key != "layers" && key != "hidden" && key != "rounds") {
+        throw UsageError("config: unknown transport option '" + key + "' (kind, layers, hidden, rounds)");
+      }
+    }
+    try {
+      c.transport = t.get<TrainTransport>();
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw UsageError(std::string("config: transport: ") + e.what());
+    }
+    if (c.transport.layers < 0) throw UsageError("config: transport.layers must be non-negative");
+    if (c.transport.hidden < 0) throw UsageError("config: transport.hidden must be non-negative");
+    if (c.transport.rounds < 1) throw UsageError("config: transport.rounds must be at least 1");
+    if (c.transport.kind != TransportKind::kNone &&
+        (c.train.precondition_sampler == SamplerKind::kRwm || c.train.precondition_sampler == SamplerKind::kLearned)) {
+      throw UsageError("config: a flow transport is fitted from gradients: train.precondition_sampler must be nuts, "
+                       "hmc or mala");
+    }
+    if (c.transport.kind != TransportKind::kNone && c.train.precondition_warmup < 100) {
+      throw UsageError("config: a flow transport is fitted in the warm-up: train.precondition_warmup must be at least 100");
+    }
+  }
   return c;
 }
 
@@ -166,6 +195,76 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   return record;
 }
 
+json warm_up_transport(Target& model_target, const TrainTransport& tt, const TrainOptions& o, FlowTransport& flow,
+                       torch::Tensor& latent_draws, const TrainProgressFn& progress,
+                       const std::function<bool()>& should_stop) {
+  // In float64, as the affine warm-up (Note [Training budget]).
+  std::shared_ptr<Target> t64;
+  if (model_target.options().dtype() != torch::kFloat64) {
+    t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
+  }
+  Target& target = t64 ? *t64 : model_target;
+  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
+  RunOptions ro;
+  ro.chains = o.precondition_chains;
+  ro.warmup = o.precondition_warmup;
+  ro.draws = o.precondition_draws > 0 ? o.precondition_draws : 100;
+  ro.metric = MetricAdapt::kDiag;
+  ro.target_accept = default_target_accept(o.precondition_sampler);
+  ro.should_stop = should_stop;
+  TransportOptions t;
+  t.kind = tt.kind;
+  t.layers = tt.layers;
+  t.hidden = tt.hidden;
+  t.rounds = tt.rounds;
+  ProgressFn adapter;
+  if (progress) {
+    adapter = [&](const Progress& p) {
+      TrainProgress tp;
+      tp.elapsed = p.elapsed;
+      if (p.phase == "fit") {  // stats.step: the fit's Adam step; stats.loss: its held-out Fisher loss
+        tp.phase = "fit";
+        tp.stats.step = p.iteration;
+        tp.stats.loss = p.accept;
+        tp.total = p.total;
+      } else {
+        tp.phase = "precondition";
+        tp.stats.step = p.phase == "warmup" ? p.iteration : ro.warmup + p.iteration;
+        tp.stats.accept = p.accept;
+        tp.stats.eps = p.step_size;
+        tp.total = ro.warmup + ro.draws;
+      }
+      progress(tp);
+    };
+  }
+  TransportRun tr = run_with_transport(target, *kernel, ro, t, o.seed + 7919, adapter);
+  const SampleResult& r = tr.result;
+  json record = {{"kind", "flow"},
+                 {"sampler", o.precondition_sampler},
+                 {"chains", ro.chains},
+                 {"dtype", "float64"},
+                 {"warmup", ro.warmup},
+                 {"draws", ro.draws},
+                 {"step_size", r.step_size},
+                 {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
+                 {"seconds", r.seconds_warmup + r.seconds_sampling},
+                 {"transport", tr.report}};
+  if (!r.complete || !r.draws.defined() || r.draws.size(0) == 0) {
+    record["interrupted"] = true;
+    return record;
+  }
+  flow = tr.flow;
+  for (auto& p : flow->parameters()) p.requires_grad_(false);
+  TransportedTarget latent(target, flow);
+  const auto shape = r.draws.sizes().vec();  // [S, C, D] in x
+  latent_draws = latent.to_latent(r.draws.reshape({-1, shape[2]}).to(target.options())).to(torch::kFloat64).reshape(shape);
+  if (!torch::isfinite(latent_draws).all().item<bool>()) {
+    throw DataError("transport warm-up: the chains produced non-finite draws; train without the transport");
+  }
+  record["divergent"] = r.divergent.sum().item<int64_t>();
+  return record;
+}
+
 TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
                   const std::string& log_path, bool resume, const TrainProgressFn& progress,
                   const std::function<bool()>& should_stop, std::shared_ptr<parallel::Communicator> comm) {
@@ -174,7 +273,13 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
-  model.precondition = resolve_precondition(model.precondition, model.dim);
+  const bool with_transport = config.transport.kind != TransportKind::kNone;
+  if (with_transport && comm->world_size() > 1) throw UsageError("training with a flow transport runs in one process");
+  // With a transport the flow is the preconditioner; "auto" adds a learned diagonal one in its
+  // latent space (Note [Learned proposal in a flow's latent space]).
+  model.precondition = with_transport && model.precondition == Precondition::kAuto
+                           ? Precondition::kDiag
+                           : resolve_precondition(model.precondition, model.dim);
   // Resume only when every rank sees the checkpoint (rank 0 writes it; other machines need the
   // same path on a shared directory).
   bool resuming = resume && std::filesystem::exists(output);
@@ -195,13 +300,67 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
       train_options.shards = *stored;
     }
   }
-  LearnedSampler sampler(model);
-  Trainer trainer(*target, sampler.ptr(), train_options, comm);
-  json extra = {{"name", config.name}, {"config", config.to_json()}};
+  // Note [Learned proposal in a flow's latent space]: the flow comes from the checkpoint when
+  // resuming, else from its warm-up, and the proposal trains on the pulled-back target.
   TrainResult result;
+  FlowTransport flow(nullptr);
+  torch::Tensor latent_draws;  // [S, C, D] float64, the transport warm-up's draws in z
+  json transport_record;
+  if (with_transport && resuming) {
+    auto ar = open_learned_checkpoint(output);
+    json meta = read_learned_meta(ar, output);
+    flow = load_transport(ar, meta, output);
+    if (!flow) throw UsageError("checkpoint '" + output + "' was trained without a transport; resume it without one");
+    if (meta.contains("preconditioner")) transport_record = meta["preconditioner"];
+  } else if (with_transport) {
+    transport_record = warm_up_transport(*target, config.transport, config.train, flow, latent_draws, progress, should_stop);
+    if (transport_record.value("interrupted", false)) {
+      result.interrupted = true;
+      result.saved = false;
+      return result;
+    }
+  }
+  std::unique_ptr<TransportedTarget> latent;
+  if (flow) latent = std::make_unique<TransportedTarget>(*target, flow);
+  Target& train_target = latent ? static_cast<Target&>(*latent) : *target;
+  LearnedSampler sampler(model);
+  Trainer trainer(train_target, sampler.ptr(), train_options, comm);
+  json extra = {{"name", config.name}, {"config", config.to_json()}};
+  if (flow) extra["transport"] = {{"kind", config.transport.kind}, {"flow", flow->options()}};
   if (resuming) {
+    if (!with_transport) {
+      auto ar = open_learned_checkpoint(output);
+      if (read_learned_meta(ar, output).contains("transport")) {
+        throw UsageError("checkpoint '" + output + "' was trained in a flow transport's latent space; resume it with "
+                         "the transport (--transport flow)");
+      }
+    }
     json meta = trainer.load(output);
     if (meta.contains("preconditioner")) extra["preconditioner"] = result.preconditioner = meta["preconditioner"];
+  } else if (with_transport) {
+    // The latent draws set the affine preconditioner on top of the flow (near the identity when
+    // the flow fits), the step size, the buffer and beta, as the affine warm-up's draws do.
+    const int64_t d = target->dim();
+    torch::Tensor flat = latent_draws.reshape({-1, d});
+    if (model.precondition == Precondition::kLowRank) {
+      LowRankFactors f = low_rank_factors(flat, model.precondition_rank, latent_draws.size(1));
+      sampler->set_low_rank_preconditioner(flat.mean(0), f.variances, f.directions, f.eigenvalues);
+    } else if (model.precondition == Precondition::kDense) {
+      torch::Tensor c = flat - flat.mean(0);
+      sampler->set_preconditioner(flat.mean(0), c.t().matmul(c) / double(std::max<int64_t>(1, flat.size(0) - 1)));
+    } else if (model.precondition == Precondition::kDiag) {
+      sampler->set_preconditioner(flat.mean(0), flat.var(0));
+    }
+    if (config.train.eps_from_warmup) sampler->set_eps(transport_record.value("step_size", 0.1));
+    const int64_t chains = latent_draws.size(1);
+    const int64_t want = std::min<int64_t>(latent_draws.size(0), (trainer.options().batch + chains - 1) / chains + 1);
+    trainer.seed_buffer(latent_draws.narrow(0, latent_draws.size(0) - want, want)
+                            .reshape({-1, d})
+                            .flip(0)
+                            .to(target->options()));
+    if (config.train.eps_from_warmup && config.train.beta_from_warmup) transport_record["beta"] = trainer.warm_start_beta();
+    extra["preconditioner"] = result.preconditioner = transport_record;
+    trainer.broadcast_from_root();
   } else {
     if (sampler->preconditioned()) {
       // Every rank runs the same warm-up (same seed); rank 0's result is then broadcast.
@@ -223,7 +382,11 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto last = t0;
   const int64_t total = config.train.steps;
   auto checkpoint = [&] {
-    trainer.save(output, extra);  // collective: rank 0 writes
+    if (flow) {
+      trainer.save(output, extra, [&](torch::serialize::OutputArchive& ar) { write_transport(ar, *flow); });
+    } else {
+      trainer.save(output, extra);  // collective: rank 0 writes
+    }
     if (comm->is_root()) write_training_log(log_path, trainer.log());
   };
   const bool distributed = comm->world_size() > 1;

@@ -99,6 +99,25 @@ std::pair<torch::Tensor, torch::Tensor> TransportKernel::take() {
   return out;
 }
 
+SampleResult run_mapped(TransportedTarget& latent, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                        const ProgressFn& progress) {
+  RunOptions fo = options;
+  std::unique_ptr<MappedSink> sink;
+  if (options.sink) {
+    sink = std::make_unique<MappedSink>(options.sink, latent);
+    fo.sink = sink.get();
+  }
+  SampleResult res = run_sampler(latent, kernel, fo, seed, progress);
+  if (res.draws.defined() && res.draws.size(0) > 0) {
+    const auto shape = res.draws.sizes().vec();
+    torch::Tensor flat = res.draws.reshape({-1, latent.dim()});
+    torch::Tensor ld = latent.log_det(flat).reshape({shape[0], shape[1]});
+    res.draws = latent.to_ambient(flat).to(torch::kFloat64).reshape(shape);
+    res.lp = res.lp.to(torch::kFloat64) - ld;
+  }
+  return res;
+}
+
 TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions& options,
                                 const TransportOptions& t, uint64_t seed, const ProgressFn& progress) {
   if (t.kind != TransportKind::kFlow) throw UsageError("run_with_transport: transport must be flow");
@@ -226,25 +245,13 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   RunOptions fo = options;
   fo.warmup = final_warmup;
   fo.init_x = latent.to_latent(x_start);
-  std::unique_ptr<MappedSink> sink;
-  if (options.sink) {
-    sink = std::make_unique<MappedSink>(options.sink, latent);
-    fo.sink = sink.get();
-  }
   rk.reset_global();
   const double seconds_before = seconds_since(t_start);
   in_rounds = false;
-  SampleResult res = run_sampler(latent, rk, fo, seed, warmup_progress);
+  SampleResult res = run_mapped(latent, rk, fo, seed, warmup_progress);
   res.grads_warmup += grads;
   res.energies_warmup += energies;
   res.seconds_warmup += seconds_before;
-  if (res.draws.defined() && res.draws.size(0) > 0) {
-    const auto shape = res.draws.sizes().vec();
-    torch::Tensor flat = res.draws.reshape({-1, d});
-    torch::Tensor ld = latent.log_det(flat).reshape({shape[0], shape[1]});
-    res.draws = latent.to_ambient(flat).to(torch::kFloat64).reshape(shape);
-    res.lp = res.lp - ld;
-  }
   out.result = std::move(res);
   out.report = {{"kind", t.kind},
                 {"layers", t.layers},

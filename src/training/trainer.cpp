@@ -240,7 +240,8 @@ TrainStats stats_from_json(const json& j) {
 
 }  // namespace
 
-void Trainer::save(const std::string& path, const json& extra) const {
+void Trainer::save(const std::string& path, const json& extra,
+                   const std::function<void(torch::serialize::OutputArchive&)>& more) const {
   // Every rank's random streams [shards, state bytes] and buffer blocks, in shard order.
   std::vector<torch::Tensor> states;
   for (const Shard& sh : shards_) states.push_back(sh.gen.get_state().unsqueeze(0));
@@ -257,6 +258,7 @@ void Trainer::save(const std::string& path, const json& extra) const {
   ar.write("rng", rng[0].clone());
   if (options_.shards > 1) ar.write("rng_shards", rng);
   if (use_buffer_) ar.write("buffer", buffer);
+  if (more) more(ar);
   json meta = extra;
   meta["format"] = "nmcmc-checkpoint";
   meta["version"] = kLearnedCheckpointVersion;

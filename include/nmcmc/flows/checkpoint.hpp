@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 
 namespace nmcmc {
@@ -34,6 +35,18 @@ std::optional<int64_t> checkpoint_shards(const std::string& path);
 /// The bootstrap buffer of a checkpoint (the sampler's own chains), or an undefined tensor.
 torch::Tensor load_buffer(const std::string& path);
 
+/// Note [Learned proposal in a flow's latent space]
+/// A model trained with a flow transport (`nmcmc train --transport flow`, services/train.hpp)
+/// proposes in the flow's latent space z = T^-1(x): its checkpoint holds the flow (archive entry
+/// "transport", meta "transport": {"kind": "flow", "flow": FlowOptions, ...}) and its buffer in z.
+/// Sampling runs the model on TransportedTarget(target, flow) and maps the draws to x.
+
+/// Writes a flow transport into a checkpoint archive (entry "transport").
+void write_transport(torch::serialize::OutputArchive& ar, const FlowTransportImpl& flow);
+/// The flow of a checkpoint whose meta has "transport", else an undefined FlowTransport (DataError
+/// for a corrupt one). Its parameters are frozen (requires_grad false).
+FlowTransport load_transport(torch::serialize::InputArchive& ar, const nlohmann::json& meta, const std::string& path);
+
 /// A trained learned sampler ready to run: its proposal, the target it was trained on, the
 /// checkpoint's metadata and the tensor options to run it with.
 struct LearnedRun {
@@ -41,6 +54,7 @@ struct LearnedRun {
   nlohmann::json target_spec;
   nlohmann::json meta;
   torch::TensorOptions options;
+  FlowTransport transport{nullptr};  // defined: the model proposes in this flow's latent space
 };
 /// Loads the checkpoint at `model_path` (DataError if unreadable). A given `target_spec` must
 /// describe the model's own target (UsageError otherwise). The model runs in `options`' dtype

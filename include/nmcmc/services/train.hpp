@@ -7,9 +7,20 @@
 #include <string>
 
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/services/transport.hpp"
 #include "nmcmc/training/trainer.hpp"
 
 namespace nmcmc {
+
+/// A config's "transport" section: train the learned proposal in the latent space of a flow
+/// fitted in the warm-up (Note [Learned proposal in a flow's latent space], flows/checkpoint.hpp).
+struct TrainTransport {
+  TransportKind kind = TransportKind::kNone;
+  int64_t layers = 8;   // coupling layers
+  int64_t hidden = 0;   // their width (0: clamp(2 D, 32, 256))
+  int64_t rounds = 4;   // fits during the warm-up
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainTransport, kind, layers, hidden, rounds)
 
 /// A training configuration: configs/*.json hold {"name", "target", "model", "train", "dtype"}.
 struct TrainConfig {
@@ -18,6 +29,7 @@ struct TrainConfig {
   LearnedOptions model;
   TrainOptions train;
   std::string dtype = "float32";
+  TrainTransport transport;
   nlohmann::json to_json() const;
 };
 /// Parses and validates a configuration (UsageError on bad values).
@@ -41,7 +53,8 @@ nlohmann::json read_train_config_file(const std::string& path);
 std::string configs_directory();
 
 struct TrainProgress {
-  std::string phase = "train";  // "precondition" (the warm-up: stats.step = iteration, accept, eps) | "train"
+  std::string phase = "train";  // "precondition" (the warm-up: stats.step = iteration, accept, eps) | "fit" (a flow
+                                // transport's fit: stats.step = its step, stats.loss = held-out loss) | "train"
   TrainStats stats;
   int64_t total = 0;
   double elapsed = 0;
@@ -70,6 +83,15 @@ struct TrainResult {
 nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer,
                                       const TrainOptions& options, const TrainProgressFn& progress = nullptr,
                                       const std::function<bool()>& should_stop = nullptr);
+
+/// Note [Learned proposal in a flow's latent space]: the warm-up of run_with_transport (the
+/// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow`'s transport
+/// and returns its record (grads, seconds, the transport report) and its draws' last rows in z
+/// ("buffer", a tensor, through `buffer`). Interrupted: "interrupted": true.
+nlohmann::json warm_up_transport(Target& target, const TrainTransport& transport, const TrainOptions& options,
+                                 FlowTransport& flow, torch::Tensor& latent_draws,
+                                 const TrainProgressFn& progress = nullptr,
+                                 const std::function<bool()>& should_stop = nullptr);
 
 /// Trains (or, with resume and an existing checkpoint, continues) and writes the checkpoint
 /// at `output` every checkpoint_every steps and at the end, with the log CSV at `log_path`.

@@ -105,6 +105,11 @@ struct TransportRun {
                           //  "global_moves", "global_accept"}
 };
 
+/// Runs `kernel` on a fixed transported target (`options.init_x`, if given, in z) and returns the
+/// result in x: draws x = T(z), lp = -U(x); a sink in `options` gets the mapped draws as they come.
+SampleResult run_mapped(TransportedTarget& latent, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                        const ProgressFn& progress = nullptr);
+
 /// Note [Transport warm-up]: warm-up with fitting rounds, then sampling with `kernel` (NUTS, HMC,
 /// MALA, RWM) on the pulled-back target; `options` as for run_sampler (warm-up of at least 100
 /// iterations; one process). The result is in x, with every round counted as warm-up.

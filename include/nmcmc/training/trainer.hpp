@@ -127,8 +127,10 @@ class Trainer {
   void seed_buffer(const torch::Tensor& x);
 
   /// Writes everything needed to resume bit for bit (atomically). `extra` is stored as-is. All
-  /// ranks call it (their random streams and buffer rows are gathered); rank 0 writes.
-  void save(const std::string& path, const nlohmann::json& extra) const;
+  /// ranks call it (their random streams and buffer rows are gathered); rank 0 writes. `more`
+  /// writes further entries into the archive (a flow transport's parameters).
+  void save(const std::string& path, const nlohmann::json& extra,
+            const std::function<void(torch::serialize::OutputArchive&)>& more = nullptr) const;
   /// Restores a state written by save() into this trainer (same model shape and target, same
   /// shard count). Throws DataError for a truncated, corrupt or mismatched file.
   nlohmann::json load(const std::string& path);
