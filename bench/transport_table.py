@@ -5,9 +5,6 @@ import math
 import os
 import sys
 
-out = sys.argv[1]
-
-
 def x1_sd_mcse(run_dir):
     """x1's sd and its MCSE from the Stan CSVs: batch means (20 per chain) of x1^2, delta method."""
     xs = []
@@ -24,30 +21,35 @@ def x1_sd_mcse(run_dir):
     mu = sum(flat) / len(flat)
     sd = math.sqrt(sum((v - mu) ** 2 for v in flat) / len(flat))
     return sd, se / (2 * sd)
-print("| target | sampler | seed | max R-hat | x1 mean (in MCSE) | x1 sd (true; off by, in MCSE) | min bulk-ESS | x1 bulk-ESS "
-      "| sampling: min ESS/grad | all-in: grads | min ESS/grad | x1 ESS/grad | seconds | min ESS/s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 def sd_cell(run_dir, sigma):
     sd, mcse = x1_sd_mcse(run_dir)
     return f"{sd:.3f} ({sigma:g}; {(sd - sigma) / mcse:+.1f})"
 
 
-for path in sorted(glob.glob(os.path.join(out, "*", "summary.json"))):
-    j = json.load(open(path))
-    name = os.path.basename(os.path.dirname(path))
-    target, sampler, seed = name.split("_")[0], "_".join(name.split("_")[1:-1]), name.split("_")[-1][1:]
-    sigma = j["target"]["sigma"]
-    x1 = j["parameters"][0]
-    steps = j["draws"] * j["chains"]
-    sampling_grads = j["grads_per_step"] * steps
-    total = j["grads_warmup_per_chain"] * j["chains"] + sampling_grads
-    seconds = j["seconds_warmup"] + j["seconds_sampling"]
-    ok = j["max_rhat"] <= 1.01
-    na = "n/a (R-hat)"
-    row = [target, sampler, seed, f"{j['max_rhat']:.3f}",
-           f"{x1['mean']:+.3f} ({x1['mean'] / x1['mcse_mean']:+.1f})", sd_cell(os.path.dirname(path), sigma),
-           f"{j['min_ess_bulk']:.0f}", f"{x1['ess_bulk']:.0f}",
-           f"{j['min_ess_bulk'] / sampling_grads:.4g}" if ok else na, f"{total:.3g}",
-           f"{j['min_ess_bulk'] / total:.4g}" if ok else na, f"{x1['ess_bulk'] / total:.4g}" if ok else na,
-           f"{seconds:.0f}", f"{j['min_ess_bulk'] / seconds:.3g}" if ok else na]
-    print("| " + " | ".join(row) + " |")
+def main(out):
+    print("| target | sampler | seed | max R-hat | x1 mean (in MCSE) | x1 sd (true; off by, in MCSE) | min bulk-ESS | x1 bulk-ESS "
+          "| sampling: min ESS/grad | all-in: grads | min ESS/grad | x1 ESS/grad | seconds | min ESS/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for path in sorted(glob.glob(os.path.join(out, "*", "summary.json"))):
+        j = json.load(open(path))
+        name = os.path.basename(os.path.dirname(path))
+        target, sampler, seed = name.split("_")[0], "_".join(name.split("_")[1:-1]), name.split("_")[-1][1:]
+        sigma = j["target"]["sigma"]
+        x1 = j["parameters"][0]
+        steps = j["draws"] * j["chains"]
+        sampling_grads = j["grads_per_step"] * steps
+        total = j["grads_warmup_per_chain"] * j["chains"] + sampling_grads
+        seconds = j["seconds_warmup"] + j["seconds_sampling"]
+        ok = j["max_rhat"] <= 1.01
+        na = "n/a (R-hat)"
+        row = [target, sampler, seed, f"{j['max_rhat']:.3f}",
+               f"{x1['mean']:+.3f} ({x1['mean'] / x1['mcse_mean']:+.1f})", sd_cell(os.path.dirname(path), sigma),
+               f"{j['min_ess_bulk']:.0f}", f"{x1['ess_bulk']:.0f}",
+               f"{j['min_ess_bulk'] / sampling_grads:.4g}" if ok else na, f"{total:.3g}",
+               f"{j['min_ess_bulk'] / total:.4g}" if ok else na, f"{x1['ess_bulk'] / total:.4g}" if ok else na,
+               f"{seconds:.0f}", f"{j['min_ess_bulk'] / seconds:.3g}" if ok else na]
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -90,9 +90,9 @@ def check(args) -> int:
         ref = ports.reference(p)
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
+        row["transport"] = args.transport
         if args.sampler == "nuts":
             row["metric"] = args.metric + ("+flow" if args.transport == "flow" else "")
-            row["transport"] = args.transport
         try:
             ok, why = one(nmcmc, p, ref, row, args, t0)
         except Exception as e:  # a run that fails is a failed row, not the end of the suite
@@ -118,7 +118,8 @@ def one(nmcmc, p, ref, row, args, t0):
                            metric=args.metric, transport=args.transport, progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
-        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype)
+        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype,
+                            transport=None if args.transport == "none" else args.transport)
         tr = model.training
         pre = tr.get("preconditioner") or {}
         row.update({"training_seconds": time.time() - t0, "training_steps": tr["steps"], "stopped": tr.get("stopped"),
@@ -318,7 +319,8 @@ def main() -> int:
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--transport", choices=["none", "flow"], default="none",
-                   help="nuts: sample through a flow fitted in warm-up (docs/transport.md)")
+                   help="nuts: sample through a flow fitted in warm-up; learned: train and sample in its latent "
+                        "space (docs/transport.md)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--draws", type=int, default=1000)
