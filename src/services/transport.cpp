@@ -218,8 +218,16 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       pg = pg.slice(0, pg.size(0) - t.max_points);
     }
     x_start = latent.to_ambient(rr.draws[rr.draws.size(0) - 1]);  // the chains' last positions, in x
+    // Note [Transport warm-up]: with two rounds or more the first is the transient from the
+    // starting points: its states set only the affine base (the Fisher estimate; no coupling
+    // layer is fitted to them) and leave the pool; the coupling layers are fitted from the
+    // second round on, whose chains run in that affine latent space. Fitted to transient states
+    // far out in the tails (a time series whose states were 200 sds from its posterior), the
+    // layers made a latent space in which NUTS needed step sizes 100x smaller.
+    const bool affine_round = r == 0 && t.rounds >= 2;
     FitOptions f = t.fit;
-    f.init_base = r == 0;
+    f.init_base = r == 0 || (r == 1 && t.rounds >= 2);
+    if (affine_round) f.steps = 0;
     f.seed = seed + uint64_t(r);
     if (progress) {
       // Progress phase "fit": iteration = the fit's step, accept = its held-out Fisher loss.
@@ -236,6 +244,11 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     }
     FitReport fr = fit_transport(*out.flow, px, pg, f);
     fit_seconds += fr.seconds;
+    if (affine_round) {
+      pool_x.clear();
+      pool_g.clear();
+      pool_rows = 0;
+    }
     rounds.push_back({{"iterations", lengths[r]},
                       {"step_size", rr.step_size},
                       {"grads_per_chain", rr.grads_warmup + rr.grads_sampling},

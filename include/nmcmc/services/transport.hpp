@@ -5,10 +5,15 @@
 // Note [Transport warm-up]
 // Warm-up is split: the first `fit_fraction` of it runs in rounds of doubling length (NUTS, HMC
 // or MALA with their usual step-size and metric adaptation - the fisher-lowrank metric when the
-// run adapts one and the kernel takes it - each round from where the last one ended), and after each round the flow is fitted again (warm-started) to every state the chains
-// have visited so far - positions and energy gradients, stored as the kernel carries them, mapped
-// back to x without a target evaluation (TransportedTarget::ambient_pairs) - except the first
-// half of the first round (the transient from the starting points). The states of round r live
+// run adapts one and the kernel takes it - each round from where the last one ended). The first
+// round is the transient from the starting points: the second half of its states sets only the
+// flow's affine base (the Fisher estimate) and is then dropped (with one round, its second half is
+// fitted as below). After each later round the flow is fitted again (its base re-estimated after
+// the second round, then warm-started) to every state the chains have visited since the first -
+// positions and energy gradients, stored as the kernel carries them, mapped back to x without a
+// target evaluation (TransportedTarget::ambient_pairs). Coupling layers fitted to transient states
+// far in the tails (a time series' first states, 100+ posterior sds out) made latent spaces in
+// which NUTS needed 100x smaller steps. The states of round r live
 // in the latent space of flow r, so draws from the current latent space feed the next fit. Then T
 // is fixed, the rest of the warm-up adapts the step size and metric in the latent space, and the
 // draws are mapped back, x = T(z), with lp = -U(x). Everything before the first kept draw -
