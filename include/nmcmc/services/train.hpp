@@ -85,9 +85,9 @@ nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, T
                                       const std::function<bool()>& should_stop = nullptr);
 
 /// Note [Learned proposal in a flow's latent space]: the warm-up of run_with_transport (the
-/// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow`'s transport
-/// and returns its record (grads, seconds, the transport report) and its draws' last rows in z
-/// ("buffer", a tensor, through `buffer`). Interrupted: "interrupted": true.
+/// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow` and returns
+/// its record (grads, seconds, step size, the transport report); its draws in z [S, C, D] float64
+/// come back through `latent_draws`. Interrupted: "interrupted": true (`flow` unset).
 nlohmann::json warm_up_transport(Target& target, const TrainTransport& transport, const TrainOptions& options,
                                  FlowTransport& flow, torch::Tensor& latent_draws,
                                  const TrainProgressFn& progress = nullptr,
