@@ -91,6 +91,16 @@ json default_train_config() {
           {"train", {{"rho", 0.3}, {"batch", 256}, {"steps", 3000}, {"patience", 300}, {"min_gain", 0.01}, {"max_seconds", 90}}}};
 }
 
+namespace {
+/// Seeds the trainer's bootstrap buffer from a warm-up's draws [S, C, D]: the last draws of every
+/// chain (where the warm-up left them), enough rows for one batch.
+void seed_buffer_from(Trainer& trainer, const torch::Tensor& draws, const torch::TensorOptions& options) {
+  const int64_t chains = draws.size(1);
+  const int64_t want = std::min<int64_t>(draws.size(0), (trainer.options().batch + chains - 1) / chains + 1);
+  trainer.seed_buffer(draws.narrow(0, draws.size(0) - want, want).reshape({-1, draws.size(2)}).flip(0).to(options));
+}
+}  // namespace
+
 json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
                             const TrainProgressFn& progress, const std::function<bool()>& should_stop) {
   // In float64 whatever the model's dtype (Note [Training budget]): in float32 the warm-up's step
@@ -184,12 +194,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
     sampler->set_preconditioner(draws.mean(0), r.inv_mass);
   }
   if (o.eps_from_warmup) sampler->set_eps(r.step_size);
-  // The buffer starts from the last draws of every chain (where the warm-up left them).
-  const int64_t want = std::min<int64_t>(r.draws.size(0), (trainer.options().batch + ro.chains - 1) / ro.chains + 1);
-  trainer.seed_buffer(r.draws.narrow(0, r.draws.size(0) - want, want)
-                          .reshape({-1, target.dim()})
-                          .flip(0)
-                          .to(model_target.options()));
+  seed_buffer_from(trainer, r.draws, model_target.options());
   record["divergent"] = r.divergent.sum().item<int64_t>();
   if (o.eps_from_warmup && o.beta_from_warmup) record["beta"] = trainer.warm_start_beta();
   return record;
@@ -352,12 +357,7 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
       sampler->set_preconditioner(flat.mean(0), flat.var(0));
     }
     if (config.train.eps_from_warmup) sampler->set_eps(transport_record.value("step_size", 0.1));
-    const int64_t chains = latent_draws.size(1);
-    const int64_t want = std::min<int64_t>(latent_draws.size(0), (trainer.options().batch + chains - 1) / chains + 1);
-    trainer.seed_buffer(latent_draws.narrow(0, latent_draws.size(0) - want, want)
-                            .reshape({-1, d})
-                            .flip(0)
-                            .to(target->options()));
+    seed_buffer_from(trainer, latent_draws, target->options());
     if (config.train.eps_from_warmup && config.train.beta_from_warmup) transport_record["beta"] = trainer.warm_start_beta();
     extra["preconditioner"] = result.preconditioner = transport_record;
     trainer.broadcast_from_root();
