@@ -1,7 +1,11 @@
 #include "nmcmc/kernels/nuts.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <limits>
+#include <vector>
 
 #include "nmcmc/core/random.hpp"
 
@@ -10,141 +14,437 @@ namespace nmcmc {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+using Vec = std::vector<double>;
 
-torch::Tensor col(const torch::Tensor& mask) { return mask.unsqueeze(1); }
-
-PhasePoint select(const torch::Tensor& mask, const PhasePoint& a, const PhasePoint& b) {
-  return {torch::where(col(mask), a.x, b.x), torch::where(col(mask), a.p, b.p), torch::where(col(mask), a.grad, b.grad),
-          torch::where(mask, a.energy, b.energy)};
+double log_add_exp(double a, double b) {
+  if (a == -kInf) return b;
+  if (b == -kInf) return a;
+  const double m = std::max(a, b);
+  return m + std::log1p(std::exp(-std::abs(a - b)));
 }
 
-PhasePoint rows(const PhasePoint& z, const torch::Tensor& idx) {
-  return {z.x.index_select(0, idx), z.p.index_select(0, idx), z.grad.index_select(0, idx), z.energy.index_select(0, idx)};
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
 }
 
-PhasePoint with_rows(const PhasePoint& z, const torch::Tensor& idx, const PhasePoint& r) {
-  return {z.x.index_copy(0, idx, r.x), z.p.index_copy(0, idx, r.p), z.grad.index_copy(0, idx, r.grad),
-          z.energy.index_copy(0, idx, r.energy)};
+/// The generalised no-U-turn criterion with rho = r1 + r2: p#_minus . rho > 0 and p#_plus . rho > 0.
+bool no_u_turn(const Vec& ps_minus, const Vec& ps_plus, const Vec& r1, const Vec* r2 = nullptr) {
+  double minus = dot(ps_minus, r1), plus = dot(ps_plus, r1);
+  if (r2 != nullptr) {
+    minus += dot(ps_minus, *r2);
+    plus += dot(ps_plus, *r2);
+  }
+  return plus > 0 && minus > 0;
 }
 
-bool any_true(const torch::Tensor& mask) { return mask.any().item<bool>(); }
-
-/// The generalised no-U-turn criterion: p#_minus . rho > 0 and p#_plus . rho > 0, [C] bool.
-torch::Tensor no_u_turn(const torch::Tensor& ps_minus, const torch::Tensor& ps_plus, const torch::Tensor& rho) {
-  torch::Tensor r = rho.to(torch::kFloat64);
-  return ((ps_plus.to(torch::kFloat64) * r).sum(1) > 0) & ((ps_minus.to(torch::kFloat64) * r).sum(1) > 0);
-}
-
-/// A subtree as it is built, in the direction of its chain's extension: the momenta p and
-/// p# = M^{-1} p at its first ("beg") and last ("end") leaves, its summed momentum, the
-/// multinomial sample drawn from it and the log of its summed weights exp(H0 - H).
-/// (Stan's build_tree arguments.) [C, D] and [C].
-struct Subtree {
-  torch::Tensor ps_beg, ps_end, p_beg, p_end, rho;
-  PhasePoint sample;
-  torch::Tensor log_sum_weight;
+/// A chain's own stream of uniforms and normals (splitmix64).
+struct Stream {
+  uint64_t s = 0;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double normal() {  // Box-Muller, one of the pair
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
 };
 
-/// An empty subtree whose sample starts as `sample`.
-Subtree empty_subtree(const PhasePoint& sample) {
-  const torch::Tensor zeros = torch::zeros_like(sample.p);
-  return {zeros, zeros, zeros, zeros, zeros, sample, torch::full_like(sample.energy, -kInf)};
-}
-
-/// What one transition shares across the recursion.
-struct Transition {
-  Transition(Target& target, const Metric& metric, const NutsRules& rules, at::Generator& gen)
-      : target(target), metric(metric), rules(rules), gen(gen) {}
-  Target& target;
-  const Metric& metric;
-  const NutsRules& rules;
-  at::Generator& gen;
-  double max_delta_h = 1000.0;
-  torch::Tensor eps;  // [C, 1] signed step of each chain in this extension
-  torch::Tensor h0;   // [C] float64
-  PhasePoint z;       // the integrator's current point
-  torch::Tensor n_leapfrog, sum_metro, divergent;  // [C] int64, float64, bool
+/// A point in phase space: position, momentum, dU, U and H = U + K (+inf when not finite).
+struct Point {
+  Vec x, p, grad;
+  double energy = 0, h = 0;
 };
 
-/// One leapfrog step of the chains in `alive` (Stan's build_tree base case), written into `s`.
-/// Returns which of them are still valid (not divergent).
-torch::Tensor leaf(Transition& t, const torch::Tensor& alive, Subtree& s) {
-  torch::Tensor idx = alive.nonzero().squeeze(1);  // the live rows only: waiting chains cost nothing
-  const PhasePoint z1 = leapfrog(t.target, t.metric, rows(t.z, idx), t.eps.index_select(0, idx), 1);
-  torch::Tensor w = t.h0.index_select(0, idx) - hamiltonian(t.metric, z1);  // log weight H0 - H
-  torch::Tensor div = -w > t.max_delta_h;
-  t.z = with_rows(t.z, idx, z1);
-  t.n_leapfrog.index_add_(0, idx, torch::ones_like(idx));
-  t.sum_metro.index_add_(0, idx, torch::exp(torch::clamp_max(w, 0.0)));
-  t.divergent.index_copy_(0, idx, t.divergent.index_select(0, idx) | div);
-  s.log_sum_weight = s.log_sum_weight.index_copy(0, idx, torch::logaddexp(s.log_sum_weight.index_select(0, idx), w));
-  s.sample = with_rows(s.sample, idx, z1);
-  torch::Tensor ps = t.rules.sharp ? t.metric.velocity(z1.p) : z1.p;
-  s.ps_beg = s.ps_beg.index_copy(0, idx, ps);
-  s.ps_end = s.ps_end.index_copy(0, idx, ps);
-  s.p_beg = s.p_beg.index_copy(0, idx, z1.p);
-  s.p_end = s.p_end.index_copy(0, idx, z1.p);
-  s.rho = s.rho.index_add(0, idx, z1.p);
-  return alive & torch::logical_not(t.divergent);
+/// A finished subtree in its chain's direction of extension: the momenta p and p# at its first
+/// ("beg") and last ("end") leaves, its summed momentum, its multinomial sample and the log of its
+/// summed weights exp(H0 - H). (Stan's build_tree arguments.)
+struct Node {
+  int64_t level = 0;  // 2^level leaves
+  Vec p_beg, ps_beg, p_end, ps_end, rho;
+  Point sample;
+  double log_w = -kInf;
+};
+
+/// A finished transition, queued until every chain has made the same one.
+struct Done {
+  Vec x, grad;
+  double energy = 0, h = 0, accept = 0;
+  int64_t n_leapfrog = 0, depth = 0;
+  bool divergent = false, moved = false;
+};
+
+/// One chain's transition as it is built (Stan's transition, iteratively).
+struct Chain {
+  Stream rng;
+  Point start;  // where the transition starts (p: its momentum)
+  double h0 = 0;
+  Point ends[2];  // the trajectory's far ends: [0] backward, [1] forward; the integrator extends one
+  // The two parts either side of the start (the forward one built with positive steps): the
+  // momenta p and p# at the forward part's far and seam ends, the backward part's seam and far
+  // ends, and the summed momenta.
+  Vec p_ff, ps_ff, p_fb, ps_fb, p_bf, ps_bf, p_bb, ps_bb, rho, rho_fwd, rho_bck, scratch;
+  Point sample;
+  double log_w = 0;
+  int64_t depth = 0, d = 0;  // valid subtrees merged; the depth being built
+  bool forward = true;
+  std::vector<Node> stack;
+  int64_t top = 0;
+  int64_t n_leapfrog = 0;
+  double sum_metro = 0;
+  bool divergent = false;
+  bool building = false;
+  int64_t started = 0;
+  std::deque<Done> done;
+};
+
+void resize(Point& z, size_t d) {
+  z.x.resize(d);
+  z.p.resize(d);
+  z.grad.resize(d);
 }
 
-/// Stan's build_tree for every chain in `alive` at once: a subtree of 2^depth leaves in each
-/// chain's direction, written into `s`, stopping a chain as soon as its subtree is invalid
-/// (divergent or U-turn). Returns the chains whose subtree is valid; what `s` holds for the
-/// others is never used.
-torch::Tensor build(Transition& t, int64_t depth, const torch::Tensor& alive, Subtree& s) {
-  if (!any_true(alive)) return alive;
-  if (depth == 0) return leaf(t, alive, s);
-  // The initial half: its first leaf is the subtree's first.
-  Subtree init = empty_subtree(s.sample);
-  init.ps_beg = s.ps_beg;
-  init.p_beg = s.p_beg;
-  const torch::Tensor valid_init = build(t, depth - 1, alive, init);
-  s.ps_beg = init.ps_beg;
-  s.p_beg = init.p_beg;
-  s.sample = init.sample;
-  if (!any_true(valid_init)) return valid_init;
-  // The final half, from where the initial one ended: its last leaf is the subtree's last.
-  Subtree fin = empty_subtree(init.sample);
-  fin.ps_end = s.ps_end;
-  fin.p_end = s.p_end;
-  const torch::Tensor ok = build(t, depth - 1, valid_init, fin);
-  s.ps_end = fin.ps_end;
-  s.p_end = fin.p_end;
-  // Multinomial sampling inside the subtree: the final half with probability w_final / w_subtree.
-  const torch::Tensor lsw_subtree = torch::logaddexp(init.log_sum_weight, fin.log_sum_weight);
-  s.log_sum_weight = torch::where(ok, torch::logaddexp(s.log_sum_weight, lsw_subtree), s.log_sum_weight);
-  torch::Tensor u = rand({ok.size(0)}, t.gen, t.h0.options());
-  s.sample = select(ok & (u < t.rules.inside(fin.log_sum_weight, init.log_sum_weight)), fin.sample, init.sample);
-  const torch::Tensor rho_subtree = init.rho + fin.rho;
-  s.rho = torch::where(col(ok), s.rho + rho_subtree, s.rho);
-  // The U-turn criterion over the merged subtree, and across its two halves (Stan >= 2.23).
-  torch::Tensor persist = no_u_turn(s.ps_beg, s.ps_end, rho_subtree);
-  persist = persist & no_u_turn(s.ps_beg, fin.ps_beg, init.rho + fin.p_beg);
-  persist = persist & no_u_turn(init.ps_end, s.ps_end, fin.rho + init.p_end);
-  return ok & persist;
+void copy_point(Point& to, const Point& from) {
+  to.x = from.x;
+  to.p = from.p;
+  to.grad = from.grad;
+  to.energy = from.energy;
+  to.h = from.h;
 }
 
-/// The trajectory so far, as two parts either side of the starting point: the forward part
-/// (built with positive steps) and the backward part. For each part the momenta p and p# at its
-/// seam end (nearest the start) and its far end, and its summed momentum. [C, D]
-struct Trajectory {
-  PhasePoint fwd_end, bck_end;  // the integrator's points at the two far ends
-  torch::Tensor p_fwd_fwd, ps_fwd_fwd, p_fwd_bck, ps_fwd_bck;  // forward part: far end, seam end
-  torch::Tensor p_bck_fwd, ps_bck_fwd, p_bck_bck, ps_bck_bck;  // backward part: seam end, far end
-  torch::Tensor rho;                                            // summed momentum of the whole
+/// The engine: every chain's transitions, the leaves batched.
+class Engine {
+ public:
+  Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options, double eps,
+         const ChainState& state, at::Generator& gen)
+      : target_(target), metric_(metric), rules_(rules), options_(options), eps_(eps),
+        c_(state.x.size(0)), d_(state.x.size(1)), chains_(c_) {
+    torch::Tensor x = state.x.to(torch::kCPU, torch::kFloat64).contiguous();
+    torch::Tensor g = state.grad.to(torch::kCPU, torch::kFloat64).contiguous();
+    torch::Tensor e = state.energy.to(torch::kCPU, torch::kFloat64).contiguous();
+    torch::Tensor seeds = rand({c_, 2}, gen, state.energy.options().dtype(torch::kFloat64)).cpu().contiguous();
+    const double* xs = x.data_ptr<double>();
+    const double* gs = g.data_ptr<double>();
+    const double* es = e.data_ptr<double>();
+    const double* ss = seeds.data_ptr<double>();
+    const size_t d = static_cast<size_t>(d_);
+    for (int64_t c = 0; c < c_; ++c) {
+      Chain& ch = chains_[c];
+      ch.rng.s = static_cast<uint64_t>(ss[2 * c] * 0x1.0p53) ^ (static_cast<uint64_t>(ss[2 * c + 1] * 0x1.0p53) << 11);
+      resize(ch.start, d);
+      std::memcpy(ch.start.x.data(), xs + c * d_, d * sizeof(double));
+      std::memcpy(ch.start.grad.data(), gs + c * d_, d * sizeof(double));
+      ch.start.energy = es[c];
+      for (Vec* v : {&ch.p_ff, &ch.ps_ff, &ch.p_fb, &ch.ps_fb, &ch.p_bf, &ch.ps_bf, &ch.p_bb, &ch.ps_bb, &ch.rho,
+                     &ch.rho_fwd, &ch.rho_bck, &ch.scratch}) {
+        v->assign(d, 0.0);
+      }
+      ch.stack.resize(static_cast<size_t>(options_.max_depth) + 1);
+    }
+  }
+
+  /// n transitions of every chain, handed over in order; p0: the first transition's momenta.
+  void run(int64_t n, int64_t lookahead, const torch::Tensor& p0, const StepCallback& on_step) {
+    int64_t emitted = 0;
+    bool first = true;
+    while (emitted < n) {
+      std::vector<int64_t> starting;
+      for (int64_t c = 0; c < c_; ++c) {
+        Chain& ch = chains_[c];
+        if (!ch.building && ch.started < n && ch.started - emitted < lookahead) starting.push_back(c);
+      }
+      if (!starting.empty()) begin(starting, first ? p0 : torch::Tensor());
+      first = false;
+      std::vector<int64_t> live;
+      for (int64_t c = 0; c < c_; ++c) {
+        if (chains_[c].building) live.push_back(c);
+      }
+      if (!live.empty()) leaves(live);
+      TORCH_CHECK(!starting.empty() || !live.empty() ||
+                      std::all_of(chains_.begin(), chains_.end(), [](const Chain& ch) { return !ch.done.empty(); }),
+                  "NUTS: no chain can go on (internal error)");
+      while (emitted < n && std::all_of(chains_.begin(), chains_.end(), [](const Chain& ch) { return !ch.done.empty(); })) {
+        ++emitted;
+        if (!hand_over(on_step)) return;
+      }
+    }
+  }
+
+  ChainState last;
+
+ private:
+  torch::TensorOptions host() const { return torch::TensorOptions().dtype(torch::kFloat64); }
+
+  /// Fresh momenta p0 ~ N(0, M) (each chain's normals from its own stream) and the start of a
+  /// transition for the chains in `which`.
+  void begin(const std::vector<int64_t>& which, const torch::Tensor& given) {
+    const int64_t k = static_cast<int64_t>(which.size());
+    torch::Tensor p0;
+    if (given.defined()) {
+      TORCH_CHECK(k == c_, "NUTS: given momenta need every chain to start");
+      p0 = given.to(target_.options());
+    } else {
+      torch::Tensor z = torch::empty({k, d_}, host());
+      double* zs = z.data_ptr<double>();
+      for (int64_t i = 0; i < k; ++i) {
+        Stream& rng = chains_[which[i]].rng;
+        for (int64_t j = 0; j < d_; ++j) zs[i * d_ + j] = rng.normal();
+      }
+      p0 = metric_.momentum(z.to(target_.options()));
+    }
+    torch::Tensor ps0 = metric_.velocity(p0).to(torch::kCPU, torch::kFloat64).contiguous();
+    p0 = p0.to(torch::kCPU, torch::kFloat64).contiguous();
+    const double* ps = p0.data_ptr<double>();
+    const double* vs = ps0.data_ptr<double>();
+    const size_t d = static_cast<size_t>(d_);
+    for (int64_t i = 0; i < k; ++i) {
+      Chain& ch = chains_[which[i]];
+      std::memcpy(ch.start.p.data(), ps + i * d_, d * sizeof(double));
+      Vec& ps_start = ch.scratch;
+      std::memcpy(ps_start.data(), vs + i * d_, d * sizeof(double));
+      ch.h0 = ch.start.energy + 0.5 * dot(ch.start.p, ps_start);
+      ch.start.h = ch.h0;
+      if (!rules_.sharp) ps_start = ch.start.p;
+      copy_point(ch.ends[0], ch.start);
+      copy_point(ch.ends[1], ch.start);
+      ch.p_ff = ch.p_fb = ch.p_bf = ch.p_bb = ch.start.p;
+      ch.ps_ff = ch.ps_fb = ch.ps_bf = ch.ps_bb = ps_start;
+      ch.rho = ch.start.p;
+      copy_point(ch.sample, ch.start);
+      ch.log_w = 0;  // log exp(H0 - H0)
+      ch.depth = 0;
+      ch.n_leapfrog = 0;
+      ch.sum_metro = 0;
+      ch.divergent = false;
+      ch.started += 1;
+      begin_depth(ch, 0);
+    }
+  }
+
+  /// The next extension: a subtree of 2^d leaves in a random direction.
+  void begin_depth(Chain& ch, int64_t d) {
+    ch.d = d;
+    ch.forward = ch.rng.uniform() > 0.5;
+    // The old trajectory becomes the backward part (forward extension) or the forward part.
+    if (ch.forward) {
+      ch.rho_bck = ch.rho;
+      std::fill(ch.rho_fwd.begin(), ch.rho_fwd.end(), 0.0);
+      ch.p_bf = ch.p_ff;
+      ch.ps_bf = ch.ps_ff;
+    } else {
+      ch.rho_fwd = ch.rho;
+      std::fill(ch.rho_bck.begin(), ch.rho_bck.end(), 0.0);
+      ch.p_fb = ch.p_bb;
+      ch.ps_fb = ch.ps_bb;
+    }
+    ch.top = 0;
+    ch.building = true;
+  }
+
+  /// One leapfrog step of every chain in `live` (one batched gradient), then each chain's
+  /// bookkeeping.
+  void leaves(const std::vector<int64_t>& live) {
+    const int64_t a = static_cast<int64_t>(live.size());
+    torch::Tensor x = torch::empty({a, d_}, host()), p = torch::empty({a, d_}, host()),
+                  g = torch::empty({a, d_}, host()), e = torch::empty({a}, host()), eps = torch::empty({a, 1}, host());
+    double *xs = x.data_ptr<double>(), *ps = p.data_ptr<double>(), *gs = g.data_ptr<double>(),
+           *es = e.data_ptr<double>(), *hs = eps.data_ptr<double>();
+    const size_t bytes = static_cast<size_t>(d_) * sizeof(double);
+    for (int64_t i = 0; i < a; ++i) {
+      Chain& ch = chains_[live[i]];
+      const Point& z = ch.ends[ch.forward ? 1 : 0];
+      std::memcpy(xs + i * d_, z.x.data(), bytes);
+      std::memcpy(ps + i * d_, z.p.data(), bytes);
+      std::memcpy(gs + i * d_, z.grad.data(), bytes);
+      es[i] = z.energy;
+      hs[i] = ch.forward ? eps_ : -eps_;
+    }
+    const auto& opts = target_.options();
+    const PhasePoint z1 = leapfrog(target_, metric_, {x.to(opts), p.to(opts), g.to(opts), e}, eps.to(opts), 1);
+    auto back = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64).contiguous(); };
+    const torch::Tensor x1 = back(z1.x), p1 = back(z1.p), g1 = back(z1.grad), e1 = back(z1.energy),
+                        v1 = back(metric_.velocity(z1.p));
+    const double *x1s = x1.data_ptr<double>(), *p1s = p1.data_ptr<double>(), *g1s = g1.data_ptr<double>(),
+                 *e1s = e1.data_ptr<double>(), *v1s = v1.data_ptr<double>();
+    for (int64_t i = 0; i < a; ++i) {
+      Chain& ch = chains_[live[i]];
+      Point& z = ch.ends[ch.forward ? 1 : 0];
+      std::memcpy(z.x.data(), x1s + i * d_, bytes);
+      std::memcpy(z.p.data(), p1s + i * d_, bytes);
+      std::memcpy(z.grad.data(), g1s + i * d_, bytes);
+      std::memcpy(ch.scratch.data(), v1s + i * d_, bytes);
+      z.energy = e1s[i];
+      const double h = z.energy + 0.5 * dot(z.p, ch.scratch);
+      z.h = std::isfinite(h) ? h : kInf;  // a NaN or infinite H: weight 0, divergent
+      leaf(ch, z);
+    }
+  }
+
+  /// Stan's build_tree base case, then the merges it completes.
+  void leaf(Chain& ch, const Point& z) {
+    const double w = ch.h0 - z.h;  // log weight
+    const bool div = -w > options_.max_delta_h;
+    ch.n_leapfrog += 1;
+    ch.sum_metro += std::exp(std::min(w, 0.0));
+    if (div) {
+      ch.divergent = true;
+      end_subtree(ch, false);
+      return;
+    }
+    Node& n = ch.stack[static_cast<size_t>(ch.top++)];
+    n.level = 0;
+    n.p_beg = z.p;
+    n.p_end = z.p;
+    const Vec& ps = rules_.sharp ? ch.scratch : z.p;
+    n.ps_beg = ps;
+    n.ps_end = ps;
+    n.rho = z.p;
+    copy_point(n.sample, z);
+    n.log_w = w;
+    while (ch.top >= 2 && ch.stack[ch.top - 1].level == ch.stack[ch.top - 2].level) {
+      const bool valid = merge(ch, ch.stack[ch.top - 2], ch.stack[ch.top - 1]);
+      ch.top -= 1;
+      if (!valid) {
+        end_subtree(ch, false);
+        return;
+      }
+    }
+    if (ch.top == 1 && ch.stack[0].level == ch.d) end_subtree(ch, true);
+  }
+
+  /// Two finished subtrees of equal size, `init` then `fin` in the direction of extension, into
+  /// `init`: the multinomial choice inside and the U-turn checks over the merged subtree and
+  /// across its two halves (Stan >= 2.23). Returns whether the merged subtree is valid.
+  bool merge(Chain& ch, Node& init, Node& fin) {
+    const double log_w = log_add_exp(init.log_w, fin.log_w);
+    if (ch.rng.uniform() < rules_.inside(fin.log_w, init.log_w)) std::swap(init.sample, fin.sample);
+    bool persist = no_u_turn(init.ps_beg, fin.ps_end, init.rho, &fin.rho);
+    persist = persist && no_u_turn(init.ps_beg, fin.ps_beg, init.rho, &fin.p_beg);
+    persist = persist && no_u_turn(init.ps_end, fin.ps_end, fin.rho, &init.p_end);
+    for (size_t j = 0; j < init.rho.size(); ++j) init.rho[j] += fin.rho[j];
+    std::swap(init.p_end, fin.p_end);
+    std::swap(init.ps_end, fin.ps_end);
+    init.log_w = log_w;
+    init.level += 1;
+    return persist;
+  }
+
+  /// The subtree of this depth is finished (or failed): merge it into the trajectory, then go
+  /// deeper or end the transition.
+  void end_subtree(Chain& ch, bool valid) {
+    ch.building = false;
+    if (!valid) {  // an invalid subtree ends the trajectory and is not used
+      finish(ch);
+      return;
+    }
+    Node& sub = ch.stack[0];
+    if (ch.forward) {
+      std::swap(ch.rho_fwd, sub.rho);
+      std::swap(ch.p_fb, sub.p_beg);
+      std::swap(ch.ps_fb, sub.ps_beg);
+      std::swap(ch.p_ff, sub.p_end);
+      std::swap(ch.ps_ff, sub.ps_end);
+    } else {
+      std::swap(ch.rho_bck, sub.rho);
+      std::swap(ch.p_bf, sub.p_beg);
+      std::swap(ch.ps_bf, sub.ps_beg);
+      std::swap(ch.p_bb, sub.p_end);
+      std::swap(ch.ps_bb, sub.ps_end);
+    }
+    ch.depth += 1;
+    // Between the old trajectory and the new subtree (Stan: biased progressive sampling).
+    if (ch.rng.uniform() < rules_.top_level(sub.log_w, ch.log_w)) std::swap(ch.sample, sub.sample);
+    ch.log_w = log_add_exp(ch.log_w, sub.log_w);
+    for (size_t j = 0; j < ch.rho.size(); ++j) ch.rho[j] = ch.rho_bck[j] + ch.rho_fwd[j];
+    // The U-turn criterion over the merged trajectory and across the seam.
+    bool persist = !rules_.check_merged || no_u_turn(ch.ps_bb, ch.ps_ff, ch.rho);
+    persist = persist && no_u_turn(ch.ps_bb, ch.ps_fb, ch.rho_bck, &ch.p_fb);
+    persist = persist && no_u_turn(ch.ps_bf, ch.ps_ff, ch.rho_fwd, &ch.p_bf);
+    if (persist && ch.d + 1 < options_.max_depth) {
+      begin_depth(ch, ch.d + 1);
+    } else {
+      finish(ch);
+    }
+  }
+
+  void finish(Chain& ch) {
+    ch.building = false;
+    Done r;
+    r.x = ch.sample.x;
+    r.grad = ch.sample.grad;
+    r.energy = ch.sample.energy;
+    r.h = ch.sample.h;
+    const double accept = ch.sum_metro / static_cast<double>(ch.n_leapfrog);
+    r.accept = std::isfinite(accept) ? std::clamp(accept, 0.0, 1.0) : 0.0;
+    r.n_leapfrog = ch.n_leapfrog;
+    r.depth = ch.depth;
+    r.divergent = ch.divergent;
+    r.moved = ch.sample.x != ch.start.x;
+    ch.done.push_back(std::move(r));
+    std::swap(ch.start, ch.sample);  // the next transition starts at the sample
+  }
+
+  /// The oldest queued transition of every chain, as tensors, to the callback.
+  bool hand_over(const StepCallback& on_step) {
+    torch::Tensor x = torch::empty({c_, d_}, host()), g = torch::empty({c_, d_}, host());
+    torch::Tensor e = torch::empty({c_}, host()), h = torch::empty({c_}, host()), acc = torch::empty({c_}, host());
+    torch::Tensor nl = torch::empty({c_}, torch::kInt64), depth = torch::empty({c_}, torch::kInt64);
+    torch::Tensor div = torch::empty({c_}, torch::kBool), moved = torch::empty({c_}, torch::kBool);
+    double *xs = x.data_ptr<double>(), *gs = g.data_ptr<double>(), *es = e.data_ptr<double>(), *hs = h.data_ptr<double>(),
+           *as = acc.data_ptr<double>();
+    int64_t *ns = nl.data_ptr<int64_t>(), *ds = depth.data_ptr<int64_t>();
+    bool *vs = div.data_ptr<bool>(), *ms = moved.data_ptr<bool>();
+    const size_t bytes = static_cast<size_t>(d_) * sizeof(double);
+    int64_t most = 0;
+    for (int64_t c = 0; c < c_; ++c) {
+      Done& r = chains_[c].done.front();
+      std::memcpy(xs + c * d_, r.x.data(), bytes);
+      std::memcpy(gs + c * d_, r.grad.data(), bytes);
+      es[c] = r.energy;
+      hs[c] = r.h;
+      as[c] = r.accept;
+      ns[c] = r.n_leapfrog;
+      ds[c] = r.depth;
+      vs[c] = r.divergent;
+      ms[c] = r.moved;
+      most = std::max(most, r.n_leapfrog);
+      chains_[c].done.pop_front();
+    }
+    const torch::Device dev = target_.options().device();
+    last.x = x.to(target_.options());
+    last.grad = g.to(target_.options());
+    last.energy = e.to(dev);
+    StepInfo info;
+    info.accept_prob = acc.to(dev);
+    info.accepted = moved.to(dev);
+    info.divergent = div.to(dev);
+    info.n_grad_chain = nl.to(dev);
+    info.n_grad = most;
+    info.tree_depth = depth.to(dev);
+    info.energy = h.to(dev);
+    return on_step(last, info);
+  }
+
+  Target& target_;
+  const Metric& metric_;
+  const NutsRules& rules_;
+  const NutsOptions& options_;
+  const double eps_;
+  const int64_t c_, d_;
+  std::vector<Chain> chains_;
 };
 
 }  // namespace
 
 NutsRules NutsRules::stan() {
   NutsRules r;
-  r.top_level = [](const torch::Tensor& log_w_new, const torch::Tensor& log_w_old) {
-    return torch::clamp_max(torch::exp(log_w_new - log_w_old), 1.0);
-  };
-  r.inside = [](const torch::Tensor& log_w_new, const torch::Tensor& log_w_old) {
-    return torch::exp(log_w_new - torch::logaddexp(log_w_old, log_w_new));
-  };
+  r.top_level = [](double log_w_new, double log_w_old) { return std::min(1.0, std::exp(log_w_new - log_w_old)); };
+  r.inside = [](double log_w_new, double log_w_old) { return std::exp(log_w_new - log_add_exp(log_w_old, log_w_new)); };
   return r;
 }
 
@@ -157,6 +457,7 @@ NutsRules NutsRules::multinomial() {
 Nuts::Nuts(NutsOptions options, NutsRules rules) : options_(options), rules_(std::move(rules)), eps_(options.step_size) {
   TORCH_CHECK(options.max_depth >= 1, "NUTS needs a maximum tree depth of at least 1, got ", options.max_depth);
   TORCH_CHECK(options.step_size >= 0, "NUTS step size must be non-negative");
+  TORCH_CHECK(options.lookahead >= 0, "NUTS lookahead must be non-negative, got ", options.lookahead);
   TORCH_CHECK(rules_.top_level && rules_.inside, "NUTS rules need both choices");
 }
 
@@ -181,89 +482,47 @@ torch::Tensor Nuts::probe_accept(Target& target, const ChainState& state, at::Ge
   return torch::exp(torch::clamp_max(torch::nan_to_num(dh, -kInf, 0.0, -kInf), 0.0));
 }
 
-std::pair<ChainState, StepInfo> Nuts::step(Target& target, const ChainState& state, at::Generator& gen) {
+ChainState Nuts::run(Target& target, const ChainState& state, int64_t n, int64_t lookahead, at::Generator& gen,
+                     const torch::Tensor& p0, const StepCallback& on_step) {
   torch::NoGradGuard no_grad;
-  const Metric metric = metric_.to(state.x.options());
-  return transition(target, state, metric.momentum(randn(state.x.sizes(), gen, state.x.options())), gen);  // p ~ N(0, M)
+  TORCH_CHECK(eps_ > 0, "NUTS needs a positive step size");
+  TORCH_CHECK(state.x.dim() == 2 && state.grad.defined(), "NUTS needs a [C, D] state with its gradient");
+  if (n <= 0) return state;
+  const Metric metric = metric_.to(target.options());
+  Engine engine(target, metric, rules_, options_, eps_, state, gen);
+  engine.run(n, lookahead, p0, on_step);
+  return engine.last.x.defined() ? engine.last : state;
 }
 
 std::pair<ChainState, StepInfo> Nuts::transition(Target& target, const ChainState& state, const torch::Tensor& p0,
                                                  at::Generator& gen) {
-  torch::NoGradGuard no_grad;
-  TORCH_CHECK(eps_ > 0, "NUTS needs a positive step size");
   TORCH_CHECK(p0.sizes() == state.x.sizes(), "NUTS transition: p0 must be [C, D] as x");
-  const int64_t c = state.x.size(0);
-  const auto f64 = state.energy.options().dtype(torch::kFloat64);
-  const auto i64 = f64.dtype(torch::kInt64);
-  const Metric metric = metric_.to(state.x.options());
-  const PhasePoint start{state.x, p0, state.grad, state.energy.to(torch::kFloat64)};
-  Transition t(target, metric, rules_, gen);
-  t.max_delta_h = options_.max_delta_h;
-  t.h0 = start.energy + metric.kinetic(p0);
-  t.z = start;
-  t.n_leapfrog = torch::zeros({c}, i64);
-  t.sum_metro = torch::zeros({c}, f64);
-  t.divergent = torch::zeros({c}, f64.dtype(torch::kBool));
-  // Stan's transition: both parts start as the starting point alone.
-  const torch::Tensor ps0 = rules_.sharp ? metric.velocity(p0) : p0;
-  Trajectory tr{start, start, p0, ps0, p0, ps0, p0, ps0, p0, ps0, p0};
-  PhasePoint sample = start;
-  torch::Tensor log_sum_weight = torch::zeros({c}, f64);  // log exp(H0 - H0)
-  torch::Tensor depth = torch::zeros({c}, i64);
-  torch::Tensor active = torch::ones({c}, f64.dtype(torch::kBool));
-  for (int64_t d = 0; d < options_.max_depth && any_true(active); ++d) {
-    const torch::Tensor forward = rand({c}, gen, f64) > 0.5;
-    t.eps = torch::where(col(forward), torch::full({1, 1}, eps_, state.x.options()),
-                         torch::full({1, 1}, -eps_, state.x.options()));
-    t.z = select(forward, tr.fwd_end, tr.bck_end);
-    // The old trajectory becomes the backward part (forward extension) or the forward part.
-    torch::Tensor rho_fwd = torch::where(col(forward), torch::zeros_like(tr.rho), tr.rho);
-    torch::Tensor rho_bck = torch::where(col(forward), tr.rho, torch::zeros_like(tr.rho));
-    tr.p_bck_fwd = torch::where(col(forward), tr.p_fwd_fwd, tr.p_bck_fwd);
-    tr.ps_bck_fwd = torch::where(col(forward), tr.ps_fwd_fwd, tr.ps_bck_fwd);
-    tr.p_fwd_bck = torch::where(col(forward), tr.p_fwd_bck, tr.p_bck_bck);
-    tr.ps_fwd_bck = torch::where(col(forward), tr.ps_fwd_bck, tr.ps_bck_bck);
-    // The new subtree: its near end is "beg", its far end "end".
-    Subtree sub = empty_subtree(start);
-    const torch::Tensor valid = build(t, d, active, sub);
-    const torch::Tensor fwd_live = forward & active, bck_live = torch::logical_not(forward) & active;
-    tr.fwd_end = select(fwd_live, t.z, tr.fwd_end);
-    tr.bck_end = select(bck_live, t.z, tr.bck_end);
-    rho_fwd = torch::where(col(fwd_live), sub.rho, rho_fwd);
-    rho_bck = torch::where(col(bck_live), sub.rho, rho_bck);
-    tr.p_fwd_bck = torch::where(col(fwd_live), sub.p_beg, tr.p_fwd_bck);
-    tr.ps_fwd_bck = torch::where(col(fwd_live), sub.ps_beg, tr.ps_fwd_bck);
-    tr.p_fwd_fwd = torch::where(col(fwd_live), sub.p_end, tr.p_fwd_fwd);
-    tr.ps_fwd_fwd = torch::where(col(fwd_live), sub.ps_end, tr.ps_fwd_fwd);
-    tr.p_bck_fwd = torch::where(col(bck_live), sub.p_beg, tr.p_bck_fwd);
-    tr.ps_bck_fwd = torch::where(col(bck_live), sub.ps_beg, tr.ps_bck_fwd);
-    tr.p_bck_bck = torch::where(col(bck_live), sub.p_end, tr.p_bck_bck);
-    tr.ps_bck_bck = torch::where(col(bck_live), sub.ps_end, tr.ps_bck_bck);
-    const torch::Tensor ok = active & valid;  // an invalid subtree ends the chain's trajectory, unused
-    depth = depth + ok.to(torch::kInt64);
-    // Between the old trajectory and the new subtree (Stan: biased progressive sampling).
-    torch::Tensor u = rand({c}, gen, f64);
-    sample = select(ok & (u < rules_.top_level(sub.log_sum_weight, log_sum_weight)), sub.sample, sample);
-    log_sum_weight = torch::where(ok, torch::logaddexp(log_sum_weight, sub.log_sum_weight), log_sum_weight);
-    tr.rho = torch::where(col(ok), rho_bck + rho_fwd, tr.rho);
-    // The U-turn criterion over the merged trajectory and across the seam.
-    torch::Tensor persist = torch::ones_like(ok);
-    if (rules_.check_merged) persist = no_u_turn(tr.ps_bck_bck, tr.ps_fwd_fwd, tr.rho);
-    persist = persist & no_u_turn(tr.ps_bck_bck, tr.ps_fwd_bck, rho_bck + tr.p_fwd_bck);
-    persist = persist & no_u_turn(tr.ps_bck_fwd, tr.ps_fwd_fwd, rho_fwd + tr.p_bck_fwd);
-    active = ok & persist;
-  }
-  ChainState next{sample.x, sample.energy, sample.grad};
   StepInfo info;
-  torch::Tensor accept = t.sum_metro / t.n_leapfrog.to(torch::kFloat64);
-  info.accept_prob = torch::clamp(torch::nan_to_num(accept, 0.0, 0.0, 0.0), 0.0, 1.0);
-  info.accepted = (sample.x != state.x).any(1);
-  info.divergent = t.divergent;
-  info.n_grad_chain = t.n_leapfrog;
-  info.n_grad = t.n_leapfrog.max().item<int64_t>();
-  info.tree_depth = depth;
-  info.energy = sample.energy + metric.kinetic(sample.p);
+  ChainState next = run(target, state, 1, 1, gen, p0, [&](const ChainState&, const StepInfo& i) {
+    info = i;
+    return true;
+  });
   return {next, info};
+}
+
+std::pair<ChainState, StepInfo> Nuts::step(Target& target, const ChainState& state, at::Generator& gen) {
+  StepInfo info;
+  ChainState next = run(target, state, 1, 1, gen, torch::Tensor(), [&](const ChainState&, const StepInfo& i) {
+    info = i;
+    return true;
+  });
+  return {next, info};
+}
+
+ChainState Nuts::run_steps(Target& target, ChainState state, int64_t n, at::Generator& gen,
+                           const StepCallback& on_step) {
+  int64_t lookahead = options_.lookahead;
+  if (lookahead == 0) {  // as many as 8, while the queued draws (x and dU) take at most 64 MiB
+    const double bytes_per_transition =
+        static_cast<double>(state.x.size(0)) * (16.0 * static_cast<double>(state.x.size(1)) + 128.0);
+    lookahead = std::clamp<int64_t>(static_cast<int64_t>(double(int64_t{64} << 20) / bytes_per_transition), 1, 8);
+  }
+  return run(target, state, n, lookahead, gen, torch::Tensor(), on_step);
 }
 
 }  // namespace nmcmc

@@ -24,6 +24,16 @@ ChainState MetropolisHastings::init(Target& target, const torch::Tensor& x) cons
   return s;
 }
 
+ChainState Kernel::run_steps(Target& target, ChainState state, int64_t n, at::Generator& gen,
+                             const StepCallback& on_step) {
+  for (int64_t i = 0; i < n; ++i) {
+    auto [next, info] = step(target, state, gen);
+    state = std::move(next);
+    if (!on_step(state, info)) break;
+  }
+  return state;
+}
+
 void Kernel::set_step_size(double /*eps*/) { TORCH_CHECK(false, "kernel '", name(), "' has no tunable step size"); }
 
 void Kernel::set_metric(const Metric& /*metric*/) { TORCH_CHECK(false, "kernel '", name(), "' has no metric to adapt"); }

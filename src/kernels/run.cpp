@@ -85,7 +85,7 @@ double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainStat
 }
 
 namespace {
-constexpr double kStateCopiesPerChain = 32;  // [C, D] tensors a kernel keeps alive (NUTS's trees: ~20)
+constexpr double kStateCopiesPerChain = 32;  // [C, D] tensors a kernel keeps alive (NUTS: its trees' buffers, ~20)
 constexpr double kStatBytesPerDraw = 48;     // lp, accept, divergent, n_grad, tree depth, energy per chain
 
 /// A float64 tensor backed by a scratch file that is unlinked at once: the kernel pages it out
@@ -321,18 +321,11 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   int64_t done = 0, flushed = 0;
   auto last_flush = Clock::now();
   if (o.sink && !o.keep_draws) throw UsageError("a draw sink needs keep_draws");
-  for (int64_t i = 0; i < s_count; ++i) {
-    if (stop()) break;
-    if (o.sink && done > flushed && std::chrono::duration<double>(Clock::now() - last_flush).count() >= 2.0) {
-      o.sink->append(res, flushed, done);  // rows as they are drawn, about every 2 s
-      flushed = done;
-      last_flush = Clock::now();
-    }
-    auto [next, info] = kernel.step(target, state, gen);
-    state = std::move(next);
-    done = i + 1;
-    if (o.keep_draws) res.draws[i].copy_(state.x);
-    res.lp[i].copy_(-state.energy);
+  // The kernel is fixed now: NUTS's chains may run ahead of each other (run_steps).
+  auto record = [&](const ChainState& now, const StepInfo& info) {
+    const int64_t i = done;
+    if (o.keep_draws) res.draws[i].copy_(now.x);
+    res.lp[i].copy_(-now.energy);
     res.accept_stat[i].copy_(info.accept_prob);
     res.divergent[i].copy_(info.divergent);
     n_grad[i] = info.n_grad;
@@ -347,8 +340,17 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
       if (info.energy.defined()) res.energy[i].copy_(info.energy);
     }
     acc_sum += info.accept_prob.sum();
-    report("sampling", i + 1, s_count, acc_sum, i + 1, i + 1 == s_count);
-  }
+    done = i + 1;
+    report("sampling", done, s_count, acc_sum, done, done == s_count);
+    if (stop()) return false;
+    if (o.sink && std::chrono::duration<double>(Clock::now() - last_flush).count() >= 2.0) {
+      o.sink->append(res, flushed, done);  // rows as they are drawn, about every 2 s
+      flushed = done;
+      last_flush = Clock::now();
+    }
+    return true;
+  };
+  if (!stop()) state = kernel.run_steps(target, std::move(state), s_count, gen, record);
   if (done < s_count) {  // stopped: keep what was drawn
     res.complete = false;
     for (torch::Tensor* t : {&res.draws, &res.lp, &res.accept_stat, &res.divergent, &res.n_grad, &res.n_grad_chain,

@@ -231,3 +231,41 @@ TEST(Nuts, HandDerivedTransitionWithADenseMetric) {
     EXPECT_EQ(as_derived, sharp) << info.tree_depth << info.n_grad_chain;
   }
 }
+
+// Note [Asynchronous NUTS chains]: a chain's transitions do not depend on which chains share its
+// batches, so chains that run ahead of each other (run_steps with a lookahead) draw bit for bit
+// what the same chains draw in lockstep, in fewer batched gradient calls (on a funnel the chains'
+// trees differ in depth); and a callback that returns false stops the run at once.
+TEST(Nuts, ChainsRunningAheadDrawWhatLockstepChainsDraw) {
+  auto target = make_target({{"name", "funnel"}, {"dim", 10}, {"sigma", 1.0}}, kF64);
+  const int64_t c = 16, n = 40;
+  auto run = [&](int64_t lookahead, int64_t stop_after, int64_t* calls) {
+    Nuts nuts(NutsOptions().set_step_size(0.4).set_lookahead(lookahead));
+    nuts.set_inv_mass(torch::linspace(0.5, 2.0, 10, kF64));
+    at::Generator gen = make_generator(41);
+    ChainState s = nuts.init(*target, rand({c, 10}, gen, kF64) * 2.0 - 1.0);
+    std::vector<torch::Tensor> xs;
+    std::vector<torch::Tensor> depth;
+    const int64_t before = target->grad_evals();
+    ChainState last = nuts.run_steps(*target, s, n, gen, [&](const ChainState& now, const StepInfo& info) {
+      xs.push_back(now.x.clone());
+      depth.push_back(info.tree_depth.clone());
+      return static_cast<int64_t>(xs.size()) < stop_after;
+    });
+    *calls = target->grad_evals() - before;
+    EXPECT_TRUE(torch::equal(last.x, xs.back()));
+    return std::make_pair(torch::stack(xs), torch::stack(depth));
+  };
+  int64_t lockstep_calls = 0, ahead_calls = 0, stopped_calls = 0;
+  auto [lock_x, lock_depth] = run(1, n, &lockstep_calls);
+  auto [ahead_x, ahead_depth] = run(8, n, &ahead_calls);
+  ASSERT_EQ(lock_x.size(0), n);
+  EXPECT_TRUE(torch::equal(lock_x, ahead_x)) << (lock_x - ahead_x).abs().max();
+  EXPECT_TRUE(torch::equal(lock_depth, ahead_depth));
+  EXPECT_LT(lock_depth.min().item<int64_t>(), lock_depth.max().item<int64_t>());  // the trees differ
+  EXPECT_LT(ahead_calls, lockstep_calls * 0.9) << ahead_calls << " against " << lockstep_calls;
+  auto [stopped_x, stopped_depth] = run(8, 5, &stopped_calls);
+  EXPECT_EQ(stopped_x.size(0), 5);
+  EXPECT_TRUE(torch::equal(stopped_x, lock_x.narrow(0, 0, 5)));
+  EXPECT_LT(stopped_calls, ahead_calls);
+}

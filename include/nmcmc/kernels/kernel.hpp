@@ -3,6 +3,7 @@
 /// run_sampler, adaptation and the diagnostics use (BlackJAX-style init + step).
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -32,6 +33,10 @@ struct StepInfo {
   torch::Tensor energy;        // [C] float64, the Hamiltonian at the new state
 };
 
+/// Receives the transitions of a multi-step run in order (the state after the i-th transition of
+/// every chain, and what it reported); returning false stops the run.
+using StepCallback = std::function<bool(const ChainState& state, const StepInfo& info)>;
+
 /// A Markov kernel over a batch of chains: MetropolisHastings (any proposal) or Nuts.
 class Kernel {
  public:
@@ -41,6 +46,12 @@ class Kernel {
   virtual ChainState init(Target& target, const torch::Tensor& x) const = 0;
   /// One transition of every chain. The returned state never contains NaN.
   virtual std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) = 0;
+  /// `n` transitions of every chain from `state` with the kernel held fixed, each handed to
+  /// `on_step` in order as soon as every chain has made it; returns the last state handed over
+  /// (`state` itself if none was). The default calls step() n times; NUTS lets its chains run
+  /// ahead of each other instead of waiting for the deepest tree (Note [Asynchronous NUTS chains]).
+  virtual ChainState run_steps(Target& target, ChainState state, int64_t n, at::Generator& gen,
+                               const StepCallback& on_step);
 
   /// The step size, for reports (0 when there is none).
   virtual double step_size() const { return 0.0; }

@@ -16,10 +16,26 @@
 //  - maximum tree depth (default 10); a leaf whose H exceeds H0 by more than 1000 is divergent
 //    and ends the trajectory; the reported accept statistic is the mean over all leaves of
 //    min(1, exp(H0 - H)).
-// Every chain builds its own tree in one [C, D] batch: at each depth every chain still going
-// extends in its own random direction; leaves are leapfrog steps of the chains still building
-// (the others wait, masked, and are not evaluated: the gradient is computed on the live rows
-// only), and each chain's gradient count is exact (StepInfo::n_grad_chain).
+// Each chain builds its own tree, iteratively: a stack of finished subtrees of 1, 2, 4, ...
+// leaves, merged as a binary counter carries (two of equal size become one, with the inside
+// multinomial choice and the three U-turn checks of Stan's build_tree), in plain C++ on the
+// chain's own float64 buffers. What is batched is the one costly thing: the leapfrog step (the
+// integrator's, kernels/integrator.hpp) and M^{-1} p of every chain that needs a leaf, in one
+// [A, D] call of the target. Each chain draws its directions, its choices and its momentum from
+// its own stream (splitmix64, seeded from the caller's generator at each call), so a chain's
+// transitions do not depend on which other chains share its batches. Each chain's gradient count
+// is exact (StepInfo::n_grad_chain).
+//
+// Note [Asynchronous NUTS chains]
+// Chains build trees of different depths, and a batch of chains in lockstep waits for its deepest
+// tree (on Funnel-1 a chain needs 22 gradients per transition where its batch needed 61). Given a
+// fixed kernel (the sampling phase: step size and metric frozen), a chain's transitions are a
+// Markov chain of their own, so run_steps lets a chain that has finished its transition begin its
+// next one while others still build theirs, up to `lookahead` transitions ahead of the last one
+// handed over; transition i of the run is handed over once every chain has made it. A chain's
+// draws are the same as in lockstep (its randomness is its own stream's); only the batches, and
+// so the wall time, change. Warm-up adapts the step size after every transition, so it steps in
+// lockstep (step(), one transition).
 #include <functional>
 
 #include "nmcmc/kernels/integrator.hpp"
@@ -29,12 +45,12 @@
 namespace nmcmc {
 
 /// How a NUTS transition chooses its sample: Stan's rules unless a caller asks otherwise. Each is a
-/// probability of taking the new part, from log weights ([C] float64 in, [C] float64 out).
+/// probability of taking the new part, from log weights (log sums of exp(H0 - H)).
 /// multinomial() is the other exact choice (Betancourt 2017, appendix A.3.2: multinomial at the
 /// top level too); tests build rules that are not exact (tests/support/broken.hpp) to prove the
 /// statistical tests' power.
 struct NutsRules {
-  using Choice = std::function<torch::Tensor(const torch::Tensor& log_w_new, const torch::Tensor& log_w_old)>;
+  using Choice = std::function<double(double log_w_new, double log_w_old)>;
   /// Between the old trajectory and a new valid subtree. Stan: biased progressive sampling,
   /// min(1, w_new / w_old).
   Choice top_level;
@@ -55,8 +71,12 @@ struct NutsOptions {
   double step_size = 0.0;      // 0: found at the start of the run (Stan's heuristic)
   int64_t max_depth = 10;
   double max_delta_h = 1000.0;  // divergence threshold on H - H0
+  /// run_steps: how many transitions a chain may be ahead of the last one handed over (1: the
+  /// chains step in lockstep; 0: as many as 8 while the queued draws take at most 64 MiB).
+  int64_t lookahead = 0;
   NutsOptions& set_step_size(double e) { step_size = e; return *this; }
   NutsOptions& set_max_depth(int64_t d) { max_depth = d; return *this; }
+  NutsOptions& set_lookahead(int64_t l) { lookahead = l; return *this; }
 };
 
 class Nuts : public Kernel {
@@ -65,8 +85,10 @@ class Nuts : public Kernel {
   std::string name() const override { return "nuts"; }
   ChainState init(Target& target, const torch::Tensor& x) const override;
   std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) override;
-  /// The transition from a given momentum p0 [C, D] (step() draws p0 ~ N(0, M) and calls this):
-  /// the directions and multinomial choices still come from `gen`.
+  ChainState run_steps(Target& target, ChainState state, int64_t n, at::Generator& gen,
+                       const StepCallback& on_step) override;
+  /// The transition from a given momentum p0 [C, D] (step() draws p0 ~ N(0, M)): the directions
+  /// and multinomial choices still come from `gen`.
   std::pair<ChainState, StepInfo> transition(Target& target, const ChainState& state, const torch::Tensor& p0,
                                              at::Generator& gen);
 
@@ -82,6 +104,10 @@ class Nuts : public Kernel {
   torch::Tensor probe_accept(Target& target, const ChainState& state, at::Generator& gen) override;
 
  private:
+  /// The engine behind step, transition and run_steps (p0: given momenta for the first transition).
+  ChainState run(Target& target, const ChainState& state, int64_t n, int64_t lookahead, at::Generator& gen,
+                 const torch::Tensor& p0, const StepCallback& on_step);
+
   NutsOptions options_;
   NutsRules rules_;
   double eps_;
