@@ -120,9 +120,11 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
     j["mean_tree_depth"] = r.tree_depth.to(torch::kFloat64).mean().item<double>();
   }
   if (r.n_grad_chain.defined()) {
-    // Batched gradient evaluations per step: the busiest chain's count, which the lockstep batch
-    // pays in time; grads_per_step / this is the batch's gradient utilisation.
-    j["batch_grads_per_step"] = r.n_grad.to(torch::kFloat64).mean().item<double>();
+    // Batched gradient calls per draw (chains running ahead of each other share calls across
+    // draws: Note [Asynchronous NUTS chains]); grads_per_step / this is the batch's utilisation.
+    j["batch_grads_per_step"] = r.batch_grads_sampling > 0 && r.n_grad.size(0) > 0
+                                    ? static_cast<double>(r.batch_grads_sampling) / static_cast<double>(r.n_grad.size(0))
+                                    : r.n_grad.to(torch::kFloat64).mean().item<double>();
   }
   json params = json::array();
   const std::vector<std::string> names = parameter_labels(target);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <vector>
 
@@ -100,7 +99,8 @@ struct Chain {
   bool divergent = false;
   bool building = false;
   int64_t started = 0;
-  std::deque<Done> done;
+  std::vector<Done> done;  // a ring of finished transitions not yet handed over
+  int64_t done_head = 0, done_count = 0;
 };
 
 void resize(Point& z, size_t d) {
@@ -122,8 +122,19 @@ class Engine {
  public:
   Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options, double eps,
          const ChainState& state, at::Generator& gen)
-      : target_(target), metric_(metric), rules_(rules), options_(options), eps_(eps),
+      : target_(target), metric64_(metric.to(torch::TensorOptions().dtype(torch::kFloat64))),
+        elementwise_(metric.kind() == MetricKind::kUnit || metric.kind() == MetricKind::kDiag),
+        single_(target.options().dtype() == torch::kFloat32), rules_(rules), options_(options), eps_(eps),
         c_(state.x.size(0)), d_(state.x.size(1)), chains_(c_) {
+    TORCH_CHECK(single_ || target.options().dtype() == torch::kFloat64, "NUTS runs targets in float32 or float64");
+    x_host_ = torch::empty({c_, d_}, host());
+    minv_.assign(static_cast<size_t>(d_), 1.0);
+    if (metric.kind() == MetricKind::kDiag) {
+      const torch::Tensor m = metric64_.inv_mass().contiguous();
+      TORCH_CHECK(m.numel() == d_, "NUTS: the metric is for ", m.numel(), " dimensions, the chains have ", d_);
+      std::memcpy(minv_.data(), m.data_ptr<double>(), static_cast<size_t>(d_) * sizeof(double));
+    }
+    for (double m : minv_) sqrt_minv_.push_back(std::sqrt(m));
     torch::Tensor x = state.x.to(torch::kCPU, torch::kFloat64).contiguous();
     torch::Tensor g = state.grad.to(torch::kCPU, torch::kFloat64).contiguous();
     torch::Tensor e = state.energy.to(torch::kCPU, torch::kFloat64).contiguous();
@@ -150,6 +161,7 @@ class Engine {
 
   /// n transitions of every chain, handed over in order; p0: the first transition's momenta.
   void run(int64_t n, int64_t lookahead, const torch::Tensor& p0, const StepCallback& on_step) {
+    for (Chain& ch : chains_) ch.done.resize(static_cast<size_t>(lookahead));
     int64_t emitted = 0;
     bool first = true;
     while (emitted < n) {
@@ -166,9 +178,9 @@ class Engine {
       }
       if (!live.empty()) leaves(live);
       TORCH_CHECK(!starting.empty() || !live.empty() ||
-                      std::all_of(chains_.begin(), chains_.end(), [](const Chain& ch) { return !ch.done.empty(); }),
+                      std::all_of(chains_.begin(), chains_.end(), [](const Chain& ch) { return ch.done_count > 0; }),
                   "NUTS: no chain can go on (internal error)");
-      while (emitted < n && std::all_of(chains_.begin(), chains_.end(), [](const Chain& ch) { return !ch.done.empty(); })) {
+      while (emitted < n && std::all_of(chains_.begin(), chains_.end(), [](const Chain& ch) { return ch.done_count > 0; })) {
         ++emitted;
         if (!hand_over(on_step)) return;
       }
@@ -184,10 +196,16 @@ class Engine {
   /// transition for the chains in `which`.
   void begin(const std::vector<int64_t>& which, const torch::Tensor& given) {
     const int64_t k = static_cast<int64_t>(which.size());
-    torch::Tensor p0;
+    const size_t d = static_cast<size_t>(d_);
     if (given.defined()) {
       TORCH_CHECK(k == c_, "NUTS: given momenta need every chain to start");
-      p0 = given.to(target_.options());
+      const torch::Tensor p0 = given.to(torch::kCPU, torch::kFloat64).contiguous();
+      for (int64_t i = 0; i < k; ++i) std::memcpy(chains_[which[i]].start.p.data(), p0.data_ptr<double>() + i * d_, d * sizeof(double));
+    } else if (elementwise_) {  // p = M^{1/2} z, M^{1/2} = diag(1 / sqrt(M^{-1}))
+      for (int64_t i = 0; i < k; ++i) {
+        Chain& ch = chains_[which[i]];
+        for (size_t j = 0; j < d; ++j) ch.start.p[j] = ch.rng.normal() / sqrt_minv_[j];
+      }
     } else {
       torch::Tensor z = torch::empty({k, d_}, host());
       double* zs = z.data_ptr<double>();
@@ -195,18 +213,13 @@ class Engine {
         Stream& rng = chains_[which[i]].rng;
         for (int64_t j = 0; j < d_; ++j) zs[i * d_ + j] = rng.normal();
       }
-      p0 = metric_.momentum(z.to(target_.options()));
+      const torch::Tensor p0 = metric64_.momentum(z).contiguous();
+      for (int64_t i = 0; i < k; ++i) std::memcpy(chains_[which[i]].start.p.data(), p0.data_ptr<double>() + i * d_, d * sizeof(double));
     }
-    torch::Tensor ps0 = metric_.velocity(p0).to(torch::kCPU, torch::kFloat64).contiguous();
-    p0 = p0.to(torch::kCPU, torch::kFloat64).contiguous();
-    const double* ps = p0.data_ptr<double>();
-    const double* vs = ps0.data_ptr<double>();
-    const size_t d = static_cast<size_t>(d_);
+    velocities(which, [this](int64_t c) -> Vec& { return chains_[c].start.p; });
     for (int64_t i = 0; i < k; ++i) {
       Chain& ch = chains_[which[i]];
-      std::memcpy(ch.start.p.data(), ps + i * d_, d * sizeof(double));
-      Vec& ps_start = ch.scratch;
-      std::memcpy(ps_start.data(), vs + i * d_, d * sizeof(double));
+      Vec& ps_start = ch.scratch;  // M^{-1} p0, from velocities()
       ch.h0 = ch.start.energy + 0.5 * dot(ch.start.p, ps_start);
       ch.start.h = ch.h0;
       if (!rules_.sharp) ps_start = ch.start.p;
@@ -224,6 +237,25 @@ class Engine {
       ch.started += 1;
       begin_depth(ch, 0);
     }
+  }
+
+  /// M^{-1} v into each chain's scratch, for the vectors v = of(c) of the chains in `which`.
+  template <typename Of>
+  void velocities(const std::vector<int64_t>& which, Of of) {
+    const int64_t k = static_cast<int64_t>(which.size());
+    const size_t d = static_cast<size_t>(d_);
+    if (elementwise_) {
+      for (int64_t i = 0; i < k; ++i) {
+        const Vec& v = of(which[i]);
+        Vec& out = chains_[which[i]].scratch;
+        for (size_t j = 0; j < d; ++j) out[j] = minv_[j] * v[j];
+      }
+      return;
+    }
+    torch::Tensor v = torch::empty({k, d_}, host());
+    for (int64_t i = 0; i < k; ++i) std::memcpy(v.data_ptr<double>() + i * d_, of(which[i]).data(), d * sizeof(double));
+    const torch::Tensor out = metric64_.velocity(v).contiguous();
+    for (int64_t i = 0; i < k; ++i) std::memcpy(chains_[which[i]].scratch.data(), out.data_ptr<double>() + i * d_, d * sizeof(double));
   }
 
   /// The next extension: a subtree of 2^d leaves in a random direction.
@@ -246,39 +278,48 @@ class Engine {
     ch.building = true;
   }
 
-  /// One leapfrog step of every chain in `live` (one batched gradient), then each chain's
-  /// bookkeeping.
+  /// One leapfrog step of every chain in `live` (Neal 2011, eqs. 5.18-5.20, as the integrator's
+  /// leapfrog: half kick, drift with M^{-1} p, half kick), the gradient in one batched call of the
+  /// target, then each chain's bookkeeping. The arithmetic is float64 on the chains' own buffers;
+  /// positions are rounded to the target's dtype, so a chain's x is where U and dU were evaluated.
   void leaves(const std::vector<int64_t>& live) {
     const int64_t a = static_cast<int64_t>(live.size());
-    torch::Tensor x = torch::empty({a, d_}, host()), p = torch::empty({a, d_}, host()),
-                  g = torch::empty({a, d_}, host()), e = torch::empty({a}, host()), eps = torch::empty({a, 1}, host());
-    double *xs = x.data_ptr<double>(), *ps = p.data_ptr<double>(), *gs = g.data_ptr<double>(),
-           *es = e.data_ptr<double>(), *hs = eps.data_ptr<double>();
-    const size_t bytes = static_cast<size_t>(d_) * sizeof(double);
-    for (int64_t i = 0; i < a; ++i) {
+    const size_t d = static_cast<size_t>(d_);
+    for (int64_t i = 0; i < a; ++i) {  // half kick: p <- p - (eps/2) dU(x)
       Chain& ch = chains_[live[i]];
-      const Point& z = ch.ends[ch.forward ? 1 : 0];
-      std::memcpy(xs + i * d_, z.x.data(), bytes);
-      std::memcpy(ps + i * d_, z.p.data(), bytes);
-      std::memcpy(gs + i * d_, z.grad.data(), bytes);
-      es[i] = z.energy;
-      hs[i] = ch.forward ? eps_ : -eps_;
+      Point& z = ch.ends[ch.forward ? 1 : 0];
+      const double half = 0.5 * (ch.forward ? eps_ : -eps_);
+      for (size_t j = 0; j < d; ++j) z.p[j] -= half * z.grad[j];
     }
-    const auto& opts = target_.options();
-    const PhasePoint z1 = leapfrog(target_, metric_, {x.to(opts), p.to(opts), g.to(opts), e}, eps.to(opts), 1);
-    auto back = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64).contiguous(); };
-    const torch::Tensor x1 = back(z1.x), p1 = back(z1.p), g1 = back(z1.grad), e1 = back(z1.energy),
-                        v1 = back(metric_.velocity(z1.p));
-    const double *x1s = x1.data_ptr<double>(), *p1s = p1.data_ptr<double>(), *g1s = g1.data_ptr<double>(),
-                 *e1s = e1.data_ptr<double>(), *v1s = v1.data_ptr<double>();
+    velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
+    torch::Tensor xh = x_host_.narrow(0, 0, a);
+    double* xs = xh.data_ptr<double>();
+    for (int64_t i = 0; i < a; ++i) {  // drift: x <- x + eps M^{-1} p
+      Chain& ch = chains_[live[i]];
+      Point& z = ch.ends[ch.forward ? 1 : 0];
+      const double e = ch.forward ? eps_ : -eps_;
+      for (size_t j = 0; j < d; ++j) {
+        const double x = z.x[j] + e * ch.scratch[j];
+        z.x[j] = single_ ? static_cast<double>(static_cast<float>(x)) : x;
+        xs[static_cast<size_t>(i) * d + j] = z.x[j];
+      }
+    }
+    const EnergyGrad eg = target_.energy_and_grad(xh.to(target_.options()));
+    const torch::Tensor e1 = eg.energy.to(torch::kCPU, torch::kFloat64).contiguous();
+    const torch::Tensor g1 = eg.grad.to(torch::kCPU, torch::kFloat64).contiguous();
+    const double *e1s = e1.data_ptr<double>(), *g1s = g1.data_ptr<double>();
+    for (int64_t i = 0; i < a; ++i) {  // half kick with the new gradient
+      Chain& ch = chains_[live[i]];
+      Point& z = ch.ends[ch.forward ? 1 : 0];
+      const double half = 0.5 * (ch.forward ? eps_ : -eps_);
+      std::memcpy(z.grad.data(), g1s + static_cast<size_t>(i) * d, d * sizeof(double));
+      for (size_t j = 0; j < d; ++j) z.p[j] -= half * z.grad[j];
+      z.energy = e1s[i];
+    }
+    velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
     for (int64_t i = 0; i < a; ++i) {
       Chain& ch = chains_[live[i]];
       Point& z = ch.ends[ch.forward ? 1 : 0];
-      std::memcpy(z.x.data(), x1s + i * d_, bytes);
-      std::memcpy(z.p.data(), p1s + i * d_, bytes);
-      std::memcpy(z.grad.data(), g1s + i * d_, bytes);
-      std::memcpy(ch.scratch.data(), v1s + i * d_, bytes);
-      z.energy = e1s[i];
       const double h = z.energy + 0.5 * dot(z.p, ch.scratch);
       z.h = std::isfinite(h) ? h : kInf;  // a NaN or infinite H: weight 0, divergent
       leaf(ch, z);
@@ -374,7 +415,8 @@ class Engine {
 
   void finish(Chain& ch) {
     ch.building = false;
-    Done r;
+    Done& r = ch.done[static_cast<size_t>((ch.done_head + ch.done_count) % static_cast<int64_t>(ch.done.size()))];
+    ch.done_count += 1;
     r.x = ch.sample.x;
     r.grad = ch.sample.grad;
     r.energy = ch.sample.energy;
@@ -385,7 +427,6 @@ class Engine {
     r.depth = ch.depth;
     r.divergent = ch.divergent;
     r.moved = ch.sample.x != ch.start.x;
-    ch.done.push_back(std::move(r));
     std::swap(ch.start, ch.sample);  // the next transition starts at the sample
   }
 
@@ -402,7 +443,8 @@ class Engine {
     const size_t bytes = static_cast<size_t>(d_) * sizeof(double);
     int64_t most = 0;
     for (int64_t c = 0; c < c_; ++c) {
-      Done& r = chains_[c].done.front();
+      Chain& ch = chains_[c];
+      const Done& r = ch.done[static_cast<size_t>(ch.done_head)];
       std::memcpy(xs + c * d_, r.x.data(), bytes);
       std::memcpy(gs + c * d_, r.grad.data(), bytes);
       es[c] = r.energy;
@@ -413,7 +455,8 @@ class Engine {
       vs[c] = r.divergent;
       ms[c] = r.moved;
       most = std::max(most, r.n_leapfrog);
-      chains_[c].done.pop_front();
+      ch.done_head = (ch.done_head + 1) % static_cast<int64_t>(ch.done.size());
+      ch.done_count -= 1;
     }
     const torch::Device dev = target_.options().device();
     last.x = x.to(target_.options());
@@ -431,7 +474,11 @@ class Engine {
   }
 
   Target& target_;
-  const Metric& metric_;
+  Metric metric64_;      // the metric in float64 on the CPU, for the chains' buffers
+  bool elementwise_;     // unit or diagonal: M^{-1} applied in the loops
+  Vec minv_, sqrt_minv_;  // its diagonal (ones for the unit metric) and the square roots
+  bool single_;          // a float32 target: positions rounded to float
+  torch::Tensor x_host_;  // [C, D] float64: the positions of a batch of leaves
   const NutsRules& rules_;
   const NutsOptions& options_;
   const double eps_;

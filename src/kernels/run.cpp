@@ -361,6 +361,7 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   res.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0).count();
   if (o.sink && done > flushed) o.sink->append(res, flushed, done);
   res.grads_sampling = target.grad_evals() - g_mid;
+  res.batch_grads_sampling = res.grads_sampling;
   res.energies_sampling = target.energy_evals() - e_mid;
   if (res.n_grad_chain.defined()) {
     // Each chain's own count (the target's counter sees the batch, i.e. the busiest chain).
@@ -405,7 +406,8 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
   const double c = static_cast<double>(run.chains);
   std::vector<double> t = parallel::all_reduce_doubles(
       comm, {mine.complete ? 0.0 : 1.0, mine.seconds_warmup, mine.seconds_sampling, mine.grads_warmup * c,
-             mine.grads_sampling * c, mine.energies_warmup * c, mine.energies_sampling * c});
+             mine.grads_sampling * c, mine.energies_warmup * c, mine.energies_sampling * c,
+             static_cast<double>(mine.batch_grads_sampling)});
   const int64_t common = comm.all_gather_rows(torch::tensor({have}, torch::kInt64)).min().item<int64_t>();
   const double total = static_cast<double>(options.chains);
   SampleResult r;
@@ -424,6 +426,7 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
   r.grads_sampling = std::llround(t[4] / total);
   r.energies_warmup = std::llround(t[5] / total);
   r.energies_sampling = std::llround(t[6] / total);
+  r.batch_grads_sampling = std::llround(t[7] / world);
   if (common == 0) return r;  // stopped before any rank drew
   auto first = [&](const torch::Tensor& x) { return x.defined() ? x.narrow(0, 0, common) : x; };
   if (mine.draws.defined()) r.draws = gather_chains(comm, first(mine.draws).to(torch::kFloat64));

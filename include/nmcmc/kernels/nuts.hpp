@@ -19,9 +19,10 @@
 // Each chain builds its own tree, iteratively: a stack of finished subtrees of 1, 2, 4, ...
 // leaves, merged as a binary counter carries (two of equal size become one, with the inside
 // multinomial choice and the three U-turn checks of Stan's build_tree), in plain C++ on the
-// chain's own float64 buffers. What is batched is the one costly thing: the leapfrog step (the
-// integrator's, kernels/integrator.hpp) and M^{-1} p of every chain that needs a leaf, in one
-// [A, D] call of the target. Each chain draws its directions, its choices and its momentum from
+// chain's own float64 buffers, and so is its leapfrog step (the integrator's steps, Neal 2011,
+// eqs. 5.18-5.20; M^{-1} p in the loops for unit and diagonal metrics, one batched call for dense
+// and low-rank ones). What is batched is the costly thing: the gradient of every chain that needs
+// a leaf, in one [A, D] call of the target. Each chain draws its directions, its choices and its momentum from
 // its own stream (splitmix64, seeded from the caller's generator at each call), so a chain's
 // transitions do not depend on which other chains share its batches. Each chain's gradient count
 // is exact (StepInfo::n_grad_chain).

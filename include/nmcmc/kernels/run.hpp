@@ -97,6 +97,9 @@ struct SampleResult {
   std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))
   int64_t grads_warmup = 0, grads_sampling = 0;      // per chain (NUTS: the mean over chains, rounded)
   int64_t energies_warmup = 0, energies_sampling = 0;  // per chain
+  /// The target's batched gradient calls in sampling (a call on any number of chains counts once;
+  /// a sharded run: the mean over ranks): what the wall time pays for on a cheap target.
+  int64_t batch_grads_sampling = 0;
   double seconds_warmup = 0, seconds_sampling = 0;
   uint64_t seed = 0;
   bool complete = true;       // false: stopped early (should_stop); the tensors hold what was drawn
