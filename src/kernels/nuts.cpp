@@ -22,20 +22,46 @@ double log_add_exp(double a, double b) {
   return m + std::log1p(std::exp(-std::abs(a - b)));
 }
 
+/// a . b with four partial sums (independent additions the compiler can keep in flight: the
+/// U-turn checks are most of a leaf's own work on a cheap target).
 double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
+  const size_t n = a.size();
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s0 += a[j] * b[j];
+    s1 += a[j + 1] * b[j + 1];
+    s2 += a[j + 2] * b[j + 2];
+    s3 += a[j + 3] * b[j + 3];
+  }
+  for (; j < n; ++j) s0 += a[j] * b[j];
+  return (s0 + s1) + (s2 + s3);
 }
 
-/// The generalised no-U-turn criterion with rho = r1 + r2: p#_minus . rho > 0 and p#_plus . rho > 0.
-bool no_u_turn(const Vec& ps_minus, const Vec& ps_plus, const Vec& r1, const Vec* r2 = nullptr) {
-  double minus = dot(ps_minus, r1), plus = dot(ps_plus, r1);
-  if (r2 != nullptr) {
-    minus += dot(ps_minus, *r2);
-    plus += dot(ps_plus, *r2);
+/// The generalised no-U-turn criterion with rho = r1 (+ r2): p#_minus . rho > 0 and
+/// p#_plus . rho > 0, in one pass.
+template <bool kTwo>
+bool no_u_turn_pass(const double* ps_minus, const double* ps_plus, const double* r1, const double* r2, size_t n) {
+  double m0 = 0, m1 = 0, p0 = 0, p1 = 0;
+  size_t j = 0;
+  for (; j + 2 <= n; j += 2) {
+    const double a = kTwo ? r1[j] + r2[j] : r1[j], b = kTwo ? r1[j + 1] + r2[j + 1] : r1[j + 1];
+    m0 += ps_minus[j] * a;
+    m1 += ps_minus[j + 1] * b;
+    p0 += ps_plus[j] * a;
+    p1 += ps_plus[j + 1] * b;
   }
-  return plus > 0 && minus > 0;
+  for (; j < n; ++j) {
+    const double a = kTwo ? r1[j] + r2[j] : r1[j];
+    m0 += ps_minus[j] * a;
+    p0 += ps_plus[j] * a;
+  }
+  return p0 + p1 > 0 && m0 + m1 > 0;
+}
+
+bool no_u_turn(const Vec& ps_minus, const Vec& ps_plus, const Vec& r1, const Vec* r2 = nullptr) {
+  return r2 != nullptr ? no_u_turn_pass<true>(ps_minus.data(), ps_plus.data(), r1.data(), r2->data(), r1.size())
+                       : no_u_turn_pass<false>(ps_minus.data(), ps_plus.data(), r1.data(), nullptr, r1.size());
 }
 
 /// A chain's own stream of uniforms and normals (splitmix64).
@@ -48,10 +74,18 @@ struct Stream {
     return z ^ (z >> 31);
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller, one of the pair
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  double normal() {  // Box-Muller: both of the pair, the second kept for the next call
+    if (has_spare) {
+      has_spare = false;
+      return spare;
+    }
+    const double r = std::sqrt(-2.0 * std::log(1.0 - uniform())), t = 2.0 * M_PI * uniform();
+    spare = r * std::sin(t);
+    has_spare = true;
+    return r * std::cos(t);
   }
+  double spare = 0;
+  bool has_spare = false;
 };
 
 /// A point in phase space: position, momentum, dU, U and H = U + K (+inf when not finite).
@@ -285,43 +319,76 @@ class Engine {
   void leaves(const std::vector<int64_t>& live) {
     const int64_t a = static_cast<int64_t>(live.size());
     const size_t d = static_cast<size_t>(d_);
-    for (int64_t i = 0; i < a; ++i) {  // half kick: p <- p - (eps/2) dU(x)
-      Chain& ch = chains_[live[i]];
-      Point& z = ch.ends[ch.forward ? 1 : 0];
-      const double half = 0.5 * (ch.forward ? eps_ : -eps_);
-      for (size_t j = 0; j < d; ++j) z.p[j] -= half * z.grad[j];
-    }
-    velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
     torch::Tensor xh = x_host_.narrow(0, 0, a);
     double* xs = xh.data_ptr<double>();
-    for (int64_t i = 0; i < a; ++i) {  // drift: x <- x + eps M^{-1} p
-      Chain& ch = chains_[live[i]];
-      Point& z = ch.ends[ch.forward ? 1 : 0];
-      const double e = ch.forward ? eps_ : -eps_;
-      for (size_t j = 0; j < d; ++j) {
-        const double x = z.x[j] + e * ch.scratch[j];
-        z.x[j] = single_ ? static_cast<double>(static_cast<float>(x)) : x;
-        xs[static_cast<size_t>(i) * d + j] = z.x[j];
+    if (elementwise_) {  // half kick p <- p - (eps/2) dU(x), then drift x <- x + eps M^{-1} p, in one pass
+      for (int64_t i = 0; i < a; ++i) {
+        Chain& ch = chains_[live[i]];
+        Point& z = ch.ends[ch.forward ? 1 : 0];
+        const double e = ch.forward ? eps_ : -eps_, half = 0.5 * e;
+        double* row = xs + static_cast<size_t>(i) * d;
+        for (size_t j = 0; j < d; ++j) {
+          const double p = z.p[j] - half * z.grad[j];
+          z.p[j] = p;
+          const double x = z.x[j] + e * (minv_[j] * p);
+          z.x[j] = single_ ? static_cast<double>(static_cast<float>(x)) : x;
+          row[j] = z.x[j];
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < a; ++i) {
+        Chain& ch = chains_[live[i]];
+        Point& z = ch.ends[ch.forward ? 1 : 0];
+        const double half = 0.5 * (ch.forward ? eps_ : -eps_);
+        for (size_t j = 0; j < d; ++j) z.p[j] -= half * z.grad[j];
+      }
+      velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
+      for (int64_t i = 0; i < a; ++i) {
+        Chain& ch = chains_[live[i]];
+        Point& z = ch.ends[ch.forward ? 1 : 0];
+        const double e = ch.forward ? eps_ : -eps_;
+        double* row = xs + static_cast<size_t>(i) * d;
+        for (size_t j = 0; j < d; ++j) {
+          const double x = z.x[j] + e * ch.scratch[j];
+          z.x[j] = single_ ? static_cast<double>(static_cast<float>(x)) : x;
+          row[j] = z.x[j];
+        }
       }
     }
     const EnergyGrad eg = target_.energy_and_grad(xh.to(target_.options()));
     const torch::Tensor e1 = eg.energy.to(torch::kCPU, torch::kFloat64).contiguous();
     const torch::Tensor g1 = eg.grad.to(torch::kCPU, torch::kFloat64).contiguous();
     const double *e1s = e1.data_ptr<double>(), *g1s = g1.data_ptr<double>();
-    for (int64_t i = 0; i < a; ++i) {  // half kick with the new gradient
+    for (int64_t i = 0; i < a; ++i) {  // half kick with the new gradient (and M^{-1} p, K(p) in the same pass)
       Chain& ch = chains_[live[i]];
       Point& z = ch.ends[ch.forward ? 1 : 0];
       const double half = 0.5 * (ch.forward ? eps_ : -eps_);
-      std::memcpy(z.grad.data(), g1s + static_cast<size_t>(i) * d, d * sizeof(double));
-      for (size_t j = 0; j < d; ++j) z.p[j] -= half * z.grad[j];
+      const double* g = g1s + static_cast<size_t>(i) * d;
+      double two_k = 0;
+      for (size_t j = 0; j < d; ++j) {
+        z.grad[j] = g[j];
+        const double p = z.p[j] - half * g[j];
+        z.p[j] = p;
+        if (elementwise_) {
+          ch.scratch[j] = minv_[j] * p;
+          two_k += p * ch.scratch[j];
+        }
+      }
       z.energy = e1s[i];
+      if (elementwise_) z.h = z.energy + 0.5 * two_k;
     }
-    velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
+    if (!elementwise_) {
+      velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
+      for (int64_t i = 0; i < a; ++i) {
+        Chain& ch = chains_[live[i]];
+        Point& z = ch.ends[ch.forward ? 1 : 0];
+        z.h = z.energy + 0.5 * dot(z.p, ch.scratch);
+      }
+    }
     for (int64_t i = 0; i < a; ++i) {
       Chain& ch = chains_[live[i]];
       Point& z = ch.ends[ch.forward ? 1 : 0];
-      const double h = z.energy + 0.5 * dot(z.p, ch.scratch);
-      z.h = std::isfinite(h) ? h : kInf;  // a NaN or infinite H: weight 0, divergent
+      if (!std::isfinite(z.h)) z.h = kInf;  // a NaN or infinite H: weight 0, divergent
       leaf(ch, z);
     }
   }
@@ -564,10 +631,10 @@ std::pair<ChainState, StepInfo> Nuts::step(Target& target, const ChainState& sta
 ChainState Nuts::run_steps(Target& target, ChainState state, int64_t n, at::Generator& gen,
                            const StepCallback& on_step) {
   int64_t lookahead = options_.lookahead;
-  if (lookahead == 0) {  // as many as 8, while the queued draws (x and dU) take at most 64 MiB
+  if (lookahead == 0) {  // as many as 64, while the queued draws (x and dU) take at most 64 MiB
     const double bytes_per_transition =
         static_cast<double>(state.x.size(0)) * (16.0 * static_cast<double>(state.x.size(1)) + 128.0);
-    lookahead = std::clamp<int64_t>(static_cast<int64_t>(double(int64_t{64} << 20) / bytes_per_transition), 1, 8);
+    lookahead = std::clamp<int64_t>(static_cast<int64_t>(double(int64_t{64} << 20) / bytes_per_transition), 1, 64);
   }
   return run(target, state, n, lookahead, gen, torch::Tensor(), on_step);
 }

@@ -73,7 +73,7 @@ struct NutsOptions {
   int64_t max_depth = 10;
   double max_delta_h = 1000.0;  // divergence threshold on H - H0
   /// run_steps: how many transitions a chain may be ahead of the last one handed over (1: the
-  /// chains step in lockstep; 0: as many as 8 while the queued draws take at most 64 MiB).
+  /// chains step in lockstep; 0: as many as 64 while the queued draws take at most 64 MiB).
   int64_t lookahead = 0;
   NutsOptions& set_step_size(double e) { step_size = e; return *this; }
   NutsOptions& set_max_depth(int64_t d) { max_depth = d; return *this; }
