@@ -556,11 +556,12 @@ TEST(Preconditioner, LowRankWarmUpRefitsWithItsFirstFitAsTheMetric) {
   };
   const double without = spread(false), with = spread(true);
   // Measured before the warm-up ran in float64 and restarted stuck chains (Note [Stuck chains in
-  // warm-up]): 14.8 without, 5.8 with the refit. Since then: 2.97 without, 4.48 with (400
-  // dimensions, 8 chains x 200 draws per stage): the first stage alone is now better than the two
-  // were, and on this target the refit no longer helps (BENCHMARKS.md). Both must stay far from
-  // an unscaled preconditioner (L = I: a spread of 900).
-  EXPECT_LT(without, 6.0) << "without " << without << ", with " << with;
+  // warm-up]): 14.8 without, 5.8 with the refit; then 2.97 without, 4.48 with (seed 3 only). With
+  // NUTS's chains on streams of their own (Note [Batched NUTS]), over seeds 1-6: 5.7-12.6
+  // without, 4.2-4.8 with (400 dimensions, 8 chains x 200 draws per stage): the first stage alone
+  // varies with the seed by 2x, the refit steadies it. Both must stay far from an unscaled
+  // preconditioner (L = I: a spread of 900).
+  EXPECT_LT(without, 20.0) << "without " << without << ", with " << with;
   EXPECT_LT(with, 6.0) << "without " << without << ", with " << with;
 }
 
