@@ -10,6 +10,7 @@ t0 <- Sys.time()
 model <- stan_model(model_file, auto_write = FALSE)
 compile_s <- as.numeric(difftime(Sys.time(), t0, units = "secs"))
 data <- fromJSON(data_file)
+if (length(data) == 0) data <- list()
 t1 <- Sys.time()
 fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warmup = warmup, seed = seed,
                 cores = 1, refresh = 0, control = list(adapt_delta = 0.8))
@@ -28,6 +29,8 @@ write(toJSON(list(model = basename(model_file), chains = chains, warmup = warmup
                   compile_seconds = compile_s, wall_seconds = wall_s,
                   seconds_warmup = sum(el[, "warmup"]), seconds_sampling = sum(el[, "sample"]),
                   grads_sampling = leap, grads_total = leap_all,
-                  min_ess_bulk = min(ess), max_rhat = max(rhat),
+                  min_ess_bulk = min(ess), max_rhat = max(rhat), ess_bulk = as.list(ess),
+                  mean = as.list(sapply(pars, function(p) mean(arr[, , p]))),
+                  sd = as.list(sapply(pars, function(p) sd(arr[, , p]))),
                   divergences = sum(sapply(sp, function(s) sum(s[, "divergent__"])))),
               auto_unbox = TRUE, digits = NA), out)
