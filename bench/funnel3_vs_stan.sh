@@ -10,8 +10,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-bench/out/funnel3_vs_stan}
 NMCMC=${NMCMC:-build/nmcmc}
 mkdir -p "$OUT"
-BH=$(Rscript -e 'cat(system.file(package="BH"))')
-[ -e "$BH/include" ] || ln -s /usr/include "$BH/include"
+. bench/stan/ready.sh
 for s in 1 2 3 4 5; do
   [ -f "$OUT/stan_s$s.json" ] || Rscript bench/stan/run_stan.R bench/stan/funnel3.stan bench/stan/empty.json 4 1000 2000 "$s" \
     "$OUT/stan_s$s.json" > "$OUT/stan_s$s.log" 2>&1

@@ -14,8 +14,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-bench/out/nuts_small_vs_stan}
 NMCMC=${NMCMC:-build/nmcmc}
 mkdir -p "$OUT"
-BH=$(Rscript -e 'cat(system.file(package="BH"))')
-[ -e "$BH/include" ] || ln -s /usr/include "$BH/include"
+. bench/stan/ready.sh
 /usr/bin/python3 scripts/posteriordb.py export "$OUT/modules" eight_schools-eight_schools_noncentered \
   kilpisjarvi_mod-kilpisjarvi > /dev/null
 declare -A STAN=([eight_schools-eight_schools_noncentered]="eight_schools_noncentered eight_schools"
