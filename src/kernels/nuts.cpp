@@ -135,6 +135,8 @@ struct Chain {
   int64_t started = 0;
   std::vector<Done> done;  // a ring of finished transitions not yet handed over
   int64_t done_head = 0, done_count = 0;
+  /// The end the integrator extends in this depth's direction.
+  Point& head() { return ends[forward ? 1 : 0]; }
 };
 
 void resize(Point& z, size_t d) {
@@ -324,7 +326,7 @@ class Engine {
     if (elementwise_) {  // half kick p <- p - (eps/2) dU(x), then drift x <- x + eps M^{-1} p, in one pass
       for (int64_t i = 0; i < a; ++i) {
         Chain& ch = chains_[live[i]];
-        Point& z = ch.ends[ch.forward ? 1 : 0];
+        Point& z = ch.head();
         const double e = ch.forward ? eps_ : -eps_, half = 0.5 * e;
         double* row = xs + static_cast<size_t>(i) * d;
         for (size_t j = 0; j < d; ++j) {
@@ -338,14 +340,14 @@ class Engine {
     } else {
       for (int64_t i = 0; i < a; ++i) {
         Chain& ch = chains_[live[i]];
-        Point& z = ch.ends[ch.forward ? 1 : 0];
+        Point& z = ch.head();
         const double half = 0.5 * (ch.forward ? eps_ : -eps_);
         for (size_t j = 0; j < d; ++j) z.p[j] -= half * z.grad[j];
       }
-      velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
+      velocities(live, [this](int64_t c) -> Vec& { return chains_[c].head().p; });
       for (int64_t i = 0; i < a; ++i) {
         Chain& ch = chains_[live[i]];
-        Point& z = ch.ends[ch.forward ? 1 : 0];
+        Point& z = ch.head();
         const double e = ch.forward ? eps_ : -eps_;
         double* row = xs + static_cast<size_t>(i) * d;
         for (size_t j = 0; j < d; ++j) {
@@ -361,7 +363,7 @@ class Engine {
     const double *e1s = e1.data_ptr<double>(), *g1s = g1.data_ptr<double>();
     for (int64_t i = 0; i < a; ++i) {  // half kick with the new gradient (and M^{-1} p, K(p) in the same pass)
       Chain& ch = chains_[live[i]];
-      Point& z = ch.ends[ch.forward ? 1 : 0];
+      Point& z = ch.head();
       const double half = 0.5 * (ch.forward ? eps_ : -eps_);
       const double* g = g1s + static_cast<size_t>(i) * d;
       double two_k = 0;
@@ -378,16 +380,16 @@ class Engine {
       if (elementwise_) z.h = z.energy + 0.5 * two_k;
     }
     if (!elementwise_) {
-      velocities(live, [this](int64_t c) -> Vec& { Chain& ch = chains_[c]; return ch.ends[ch.forward ? 1 : 0].p; });
+      velocities(live, [this](int64_t c) -> Vec& { return chains_[c].head().p; });
       for (int64_t i = 0; i < a; ++i) {
         Chain& ch = chains_[live[i]];
-        Point& z = ch.ends[ch.forward ? 1 : 0];
+        Point& z = ch.head();
         z.h = z.energy + 0.5 * dot(z.p, ch.scratch);
       }
     }
     for (int64_t i = 0; i < a; ++i) {
       Chain& ch = chains_[live[i]];
-      Point& z = ch.ends[ch.forward ? 1 : 0];
+      Point& z = ch.head();
       if (!std::isfinite(z.h)) z.h = kInf;  // a NaN or infinite H: weight 0, divergent
       leaf(ch, z);
     }
