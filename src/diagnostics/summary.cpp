@@ -103,6 +103,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   if (r.metric == "low-rank") j["metric_rank"] = r.metric_rank;
   // Note [Stuck chains in warm-up]: chains that restarted from a moving chain's position
   j["chains_restarted"] = r.chains_restarted;
+  j["chains_redrawn"] = r.chains_redrawn;
   j["accept_rate"] = r.accept_stat.mean().item<double>();
   j["divergences"] = r.divergent.sum().item<int64_t>();
   // Note [A density may fail]: the points where the density raised (rejected, as non-finite ones)
@@ -206,6 +207,10 @@ std::string format_summary(const json& j, int64_t rows) {
   if (j.value("metric", std::string("unit")) != "unit") {
     line(fmt::format("metric {}{}", j["metric"].get<std::string>(),
                      j.contains("metric_rank") ? fmt::format(" (rank {} correction)", j["metric_rank"].get<int64_t>()) : ""));
+  }
+  if (j.value("chains_redrawn", int64_t{0}) > 0) {
+    line(fmt::format("{} starting point(s) where no step size could move a chain were drawn again before warm-up",
+                     j["chains_redrawn"].get<int64_t>()));
   }
   if (j.value("chains_restarted", int64_t{0}) > 0) {
     line(fmt::format("{} chain(s) stuck at their starting points restarted from moving chains in early warm-up",

@@ -60,6 +60,51 @@ torch::Tensor finite_starting_points(Target& target, torch::Tensor x0, const std
   return x0;
 }
 
+namespace {
+// Note [Starting points that cannot move]
+// A random starting point can be finite and still hopeless: posteriordb's ARMA(1,1) with its
+// moving-average coefficient theta ~ uniform(-2, 2) and |theta| > 1 has errors growing like
+// theta^200 over its recursion, an energy near 1e70 and a gradient to match; no step size a
+// leapfrog can take there conserves the Hamiltonian, so every transition is rejected. Under the
+// pooled adaptation (one step size for all chains) such chains also drag everyone's step size
+// down: with 10 of 16 arma11 chains starting so, the initial step-size search ended at 1e-10
+// (their accept rate 0 kept the mean below 0.5), dual averaging took it to 1e-23 within 30
+// iterations, every tree ran to the depth limit, and the warm-up's estimated time was 1.5 hours.
+// So before warm-up, random starting points (not given ones) are screened: each chain's accept
+// statistic for one transition is taken at the step sizes 1, 0.1, ..., 1e-8 (nine batched
+// gradient calls), and a chain that accepts with probability below 0.001 at all of them is
+// drawn again (a finite point, as Stan's rule), up to 20 rounds; when every chain is stuck all of
+// them are redrawn. A chain that is merely slow accepts at some step size of the ladder. The
+// screening draws from a random stream of its own (where it redraws nothing, the run's draws are
+// those of a run without it) and its gradients count as warm-up.
+constexpr int kScreenRounds = 20;
+constexpr double kStuckAccept = 1e-3;
+
+torch::Tensor screen_starting_points(Target& target, Kernel& kernel, torch::Tensor x0, const std::string& scheme,
+                                     at::Generator& gen, int64_t& redrawn) {
+  if (!kernel.has_tunable_step_size()) return x0;
+  const double eps_before = kernel.step_size();
+  for (int round = 0; round < kScreenRounds; ++round) {
+    ChainState state = kernel.init(target, x0);
+    torch::Tensor best = torch::zeros({x0.size(0)}, torch::TensorOptions().dtype(torch::kFloat64));
+    for (double eps = 1.0; eps > 1e-8 / 2; eps /= 10) {
+      kernel.set_step_size(eps);
+      torch::Tensor a = kernel.probe_accept(target, state, gen).detach().to(torch::kCPU, torch::kFloat64).reshape({-1});
+      best = torch::maximum(best, torch::nan_to_num(a, 0.0));
+      if ((best >= kStuckAccept).all().item<bool>()) break;
+    }
+    const torch::Tensor stuck = best < kStuckAccept;
+    const int64_t n_stuck = stuck.sum().item<int64_t>();
+    if (n_stuck == 0) break;
+    redrawn += n_stuck;
+    torch::Tensor fresh = finite_starting_points(target, initial_positions(target, scheme, x0.size(0), gen), scheme, gen);
+    x0 = torch::where(stuck.to(x0.device()).unsqueeze(1), fresh, x0);
+  }
+  kernel.set_step_size(eps_before);
+  return x0;
+}
+}  // namespace
+
 double find_reasonable_step_size(Target& target, Kernel& kernel, const ChainState& state, at::Generator& gen,
                                  double start) {
   Kernel& prop = kernel;
@@ -182,8 +227,23 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
     x0 = initial_positions(target, o.init, o.chains, gen);
   }
   x0 = finite_starting_points(target, x0, o.init_x.defined() ? "" : o.init, gen);
-  ChainState state = kernel.init(target, x0);
   const int64_t g_start = target.grad_evals(), e_start = target.energy_evals();
+  // Note [Starting points that cannot move]: random starting points only, before warm-up.
+  const bool random_start = !o.init_x.defined() && (o.init == "uniform" || o.init == "exact");
+  if (random_start && o.warmup > 0) {
+    // on a stream of its own: where no chain is redrawn the run's draws are what they were without
+    at::Generator screen_gen = make_generator(seed ^ 0x5c3ee9a1u, device);
+    x0 = screen_starting_points(target, kernel, x0, o.init, screen_gen, res.chains_redrawn);
+  }
+  ChainState state = kernel.init(target, x0);
+  // Gradient calls outside the kernel's steps (screening, starting states, step-size searches):
+  // NUTS reports its steps' gradients per chain, these are added to them.
+  int64_t calls_outside_steps = target.grad_evals() - g_start;
+  auto outside_steps = [&](auto&& f) {
+    const int64_t before = target.grad_evals();
+    f();
+    calls_outside_steps += target.grad_evals() - before;
+  };
   auto t0 = Clock::now();
   auto last_report = t0;
   auto report = [&](const char* phase, int64_t i, int64_t total, const torch::Tensor& acc_sum, int64_t n, bool force) {
@@ -221,7 +281,7 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   }
   const bool tune = o.adapt_step.value_or(tunable) && o.warmup > 0;
   if (tune || (tunable && prop.step_size() <= 0)) {
-    find_reasonable_step_size(target, kernel, state, gen, prop.step_size() > 0 ? prop.step_size() : 1.0);
+    outside_steps([&] { find_reasonable_step_size(target, kernel, state, gen, prop.step_size() > 0 ? prop.step_size() : 1.0); });
   }
   DualAveraging da(prop.step_size(), o.target_accept);
   WarmupSchedule schedule(o.warmup);
@@ -235,8 +295,11 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   // 0.008). Stan adapts each chain's step size on its own; here, until the first slow window
   // (the metric's estimate) begins, every 25 iterations a chain whose mean accept statistic over
   // them was below 0.001 (it could not move) while the median chain's was above 0.1 restarts from
-  // the current position of a moving chain drawn at random. (A fresh random point does not do:
-  // at the step size the moving chains have adapted to, such a point is stuck too.) Warm-up draws
+  // the current position of a moving chain drawn at random, and the step-size search starts
+  // dual averaging again from there (the stuck chains had pulled the pooled step size down).
+  // (A fresh random point does not do: at the step size the moving chains have adapted to, such
+  // a point is stuck too. Starting points that no step size can move are drawn again before
+  // warm-up: Note [Starting points that cannot move].) Warm-up draws
   // are discarded, so this changes no draw's distribution; the price is that a restarted chain
   // begins its remaining warm-up (at least the slow and final windows) where another chain was,
   // which weakens what R-hat can tell about modes that chain never found. Given starting points
@@ -271,7 +334,11 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
           const torch::Tensor pick =
               moving.index_select(0, torch::randint(moving.size(0), {o.chains}, gen, moving.options()));
           const torch::Tensor donors = state.x.index_select(0, pick);
-          state = kernel.init(target, torch::where(stuck.unsqueeze(1), donors, state.x));
+          outside_steps([&] {
+            state = kernel.init(target, torch::where(stuck.unsqueeze(1), donors, state.x));
+            // the step size the stuck chains dragged down starts again from the moving chains'
+            if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));
+          });
           res.chains_restarted += n_stuck;
         }
       }
@@ -284,7 +351,7 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
       res.metric = enum_name(metric.kind());
       res.metric_rank = metric.kind() == MetricKind::kLowRank ? metric.basis().size(1) : 0;
       estimator->reset();
-      if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));
+      if (tune) outside_steps([&] { da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size())); });
     }
     report("warmup", i + 1, o.warmup, acc_sum, i + 1, i + 1 == o.warmup);
   }
@@ -295,7 +362,7 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   res.grads_warmup = target.grad_evals() - g_start;
   res.energies_warmup = target.energy_evals() - e_start;
   if (warmup_grads_chain.defined()) {
-    res.grads_warmup = std::llround(warmup_grads_chain.to(torch::kFloat64).mean().item<double>());
+    res.grads_warmup = std::llround(warmup_grads_chain.to(torch::kFloat64).mean().item<double>()) + calls_outside_steps;
   }
   res.max_tree_depth = kernel.max_tree_depth();
 
@@ -420,6 +487,7 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
   r.metric_rank = mine.metric_rank;
   r.chains_restarted =
       comm.all_gather_rows(torch::tensor({mine.chains_restarted}, torch::kInt64)).sum().item<int64_t>();
+  r.chains_redrawn = comm.all_gather_rows(torch::tensor({mine.chains_redrawn}, torch::kInt64)).sum().item<int64_t>();
   r.seconds_warmup = t[1] / world;  // the ranks run side by side: their mean wall time
   r.seconds_sampling = t[2] / world;
   r.grads_warmup = std::llround(t[3] / total);

@@ -94,7 +94,8 @@ json measures(const SampleResult& r, Target& target, double seconds_training, in
                {"fixed_seconds", s["seconds_warmup"]},
                {"sampling_grads", g * s["draws"].get<double>() * s["chains"].get<double>()},
                {"sampling_seconds", s["seconds_sampling"]},
-               {"ess", s["min_ess_bulk"]}};
+               {"ess", s["min_ess_bulk"]},
+               {"chains", s["chains"]}};  // the table charges warm-ups for a user's 4 (reproduce_table.cpp)
   m["all_in"] = all_in_json(run_cost_from_json(m["cost"]));
   return m;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/diagnostics/ess.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/services/sample.hpp"
@@ -268,4 +269,58 @@ TEST(Nuts, ChainsRunningAheadDrawWhatLockstepChainsDraw) {
   EXPECT_EQ(stopped_x.size(0), 5);
   EXPECT_TRUE(torch::equal(stopped_x, lock_x.narrow(0, 0, 5)));
   EXPECT_LT(stopped_calls, ahead_calls);
+}
+
+namespace {
+/// A standard normal with a wall, U(x) = |x|^2 / 2 + (2 x0)^200: finite everywhere, but beyond
+/// |x0| ~ 0.6 so steep (U ~ 1e23 at 0.65, 1e35 at 0.75, as an ARMA model whose recursion
+/// explodes) that no step size down to 1e-8 lets a chain move.
+class SteepWall : public Target {
+ public:
+  SteepWall() : Target(kF64) {}
+  std::string name() const override { return "steep_wall"; }
+  int64_t dim() const override { return 2; }
+  json spec() const override { return {{"name", "steep_wall"}}; }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override {
+    return 0.5 * x.pow(2).sum(1) + (2.0 * x.select(1, 0)).pow(200);
+  }
+};
+}  // namespace
+
+TEST(Nuts, StartingPointsNoStepSizeCanMoveAreDrawnAgain) {
+  // Note [Starting points that cannot move]. Seed 4's uniform(-2, 2) starts put 8 of 16 chains
+  // beyond |x0| = 0.65 (checked below, so the test keeps its premise). Given as starting points
+  // (never replaced), they drag the pooled step size to nothing (the power check: below 1e-6
+  // after 30 warm-up iterations); drawn at random, they are screened and drawn again, and the
+  // run adapts a usable step size and samples the right x1 (a standard normal; 4 sds of its
+  // mean's MCSE at a bulk-ESS over 400: a false fail below 1e-4).
+  SteepWall t;
+  const uint64_t seed = 4;
+  at::Generator gen = make_generator(seed);
+  const torch::Tensor starts = initial_positions(t, "uniform", 16, gen);
+  const int64_t hopeless = (starts.select(1, 0).abs() > 0.65).sum().item<int64_t>();
+  ASSERT_GE(hopeless, 8) << starts;
+
+  Nuts given(NutsOptions().set_max_depth(6));
+  RunOptions o;
+  o.set_chains(16).set_warmup(30).set_draws(5).set_metric(MetricAdapt::kDiag).set_init_x(starts);
+  SampleResult stuck = run_sampler(t, given, o, seed);
+  EXPECT_LT(stuck.step_size, 1e-6);
+  EXPECT_EQ(stuck.chains_redrawn, 0);
+
+  Nuts nuts;
+  RunOptions r;
+  r.set_chains(16).set_warmup(300).set_draws(300).set_metric(MetricAdapt::kDiag);
+  SampleResult res = run_sampler(t, nuts, r, seed);
+  EXPECT_GE(res.chains_redrawn, hopeless);
+  EXPECT_GT(res.step_size, 0.1);
+  EXPECT_LT(res.draws.select(2, 0).abs().max().item<double>(), 0.6);
+  const StanSummary sum = stan_summary(res.draws.select(2, 1).unsqueeze(2));
+  const double ess = sum.ess_bulk[0].item<double>(), mean = sum.mean[0].item<double>();
+  EXPECT_GT(ess, 400);
+  EXPECT_LT(sum.rhat[0].item<double>(), 1.02);
+  EXPECT_LT(std::abs(mean), 4.0 / std::sqrt(ess)) << mean;
+  EXPECT_NEAR(sum.sd[0].item<double>(), 1.0, 0.1);
 }

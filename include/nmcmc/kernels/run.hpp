@@ -92,6 +92,7 @@ struct SampleResult {
   std::string metric = "unit";  // the adapted metric's form: unit, diag, dense, low-rank
   int64_t metric_rank = 0;      // a low-rank metric's rank K
   int64_t chains_restarted = 0; // Note [Stuck chains in warm-up]: chains that restarted from a moving one
+  int64_t chains_redrawn = 0;   // Note [Starting points that cannot move] (kernels/run.cpp): starting points drawn again
   torch::Tensor step_size_chain;  // [C] when the chains were adapted apart (a sharded run), else undefined
   torch::Tensor inv_mass_chain;   // [C, D] or [C, D, D] likewise
   std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))
