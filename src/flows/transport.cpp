@@ -284,7 +284,9 @@ std::pair<torch::Tensor, torch::Tensor> TransportedTarget::ambient_pairs(const t
   torch::AutoGradMode enable(true);
   torch::Tensor zl = z.to(torch::kCPU, torch::kFloat64).detach().requires_grad_(true);
   TransportPass fwd = flow_->forward(zl);
-  torch::Tensor grad_ld = torch::autograd::grad({fwd.log_det.sum()}, {zl})[0];
+  // Without coupling layers log|det| does not depend on z (allow_unused: its gradient is zero).
+  torch::Tensor grad_ld = torch::autograd::grad({fwd.log_det.sum()}, {zl}, {}, c10::nullopt, false, /*allow_unused=*/true)[0];
+  if (!grad_ld.defined()) grad_ld = torch::zeros_like(zl);
   torch::Tensor x = fwd.out.detach().requires_grad_(true);
   torch::Tensor z_back = flow_->inverse(x).out;
   torch::Tensor v = g_z.to(torch::kCPU, torch::kFloat64) + grad_ld;

@@ -60,21 +60,26 @@ TEST(Transport, LogDetEqualsTheAutogradJacobian) {
 }
 
 TEST(Transport, PulledBackGradientAndAmbientPairs) {
-  auto target = make_target({{"name", "funnel"}, {"dim", 4}, {"sigma", 1.0}}, kF64);
-  TransportedTarget latent(*target, perturbed_flow(4, 4, 0.3, 7));
-  torch::Tensor z = torch::randn({6, 4}, make_generator(8), kF64) * 0.7;
-  EnergyGrad eg = latent.energy_and_grad(z);
-  torch::Tensor fd = test_support::finite_difference_grad(latent, z);
-  EXPECT_LT((eg.grad - fd).abs().max().item<double>(), 1e-5);
-  // U_z = U(T(z)) - log|det|
-  torch::Tensor x = latent.to_ambient(z);
-  EXPECT_LT((eg.energy - (target->energy(x) - latent.log_det(z))).abs().max().item<double>(), 1e-10);
-  // dU at x from the latent gradient, without a target evaluation
-  auto [xa, ga] = latent.ambient_pairs(z, eg.grad);
-  EXPECT_LT((xa - x).abs().max().item<double>(), 1e-12);
-  EXPECT_LT((ga - target->energy_and_grad(x).grad).abs().max().item<double>(), 1e-8);
-  // to_latent inverts to_ambient
-  EXPECT_LT((latent.to_latent(x) - z).abs().max().item<double>(), 1e-10);
+  // with coupling layers, and without (the affine map alone: `--transport-layers 0`, whose
+  // log-determinant does not depend on z)
+  for (int64_t layers : {4, 0}) {
+    SCOPED_TRACE("layers " + std::to_string(layers));
+    auto target = make_target({{"name", "funnel"}, {"dim", 4}, {"sigma", 1.0}}, kF64);
+    TransportedTarget latent(*target, perturbed_flow(4, layers, 0.3, 7));
+    torch::Tensor z = torch::randn({6, 4}, make_generator(8), kF64) * 0.7;
+    EnergyGrad eg = latent.energy_and_grad(z);
+    torch::Tensor fd = test_support::finite_difference_grad(latent, z);
+    EXPECT_LT((eg.grad - fd).abs().max().item<double>(), 1e-5);
+    // U_z = U(T(z)) - log|det|
+    torch::Tensor x = latent.to_ambient(z);
+    EXPECT_LT((eg.energy - (target->energy(x) - latent.log_det(z))).abs().max().item<double>(), 1e-10);
+    // dU at x from the latent gradient, without a target evaluation
+    auto [xa, ga] = latent.ambient_pairs(z, eg.grad);
+    EXPECT_LT((xa - x).abs().max().item<double>(), 1e-12);
+    EXPECT_LT((ga - target->energy_and_grad(x).grad).abs().max().item<double>(), 1e-8);
+    // to_latent inverts to_ambient
+    EXPECT_LT((latent.to_latent(x) - z).abs().max().item<double>(), 1e-10);
+  }
 }
 
 TEST(Transport, PulledBackGradientWithAGraphForTraining) {
