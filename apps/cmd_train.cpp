@@ -102,9 +102,12 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                              "the last {} steps (train.patience)\n",
                              result.steps, config.train.steps, config.train.min_gain, config.train.patience);
   } else if (result.stopped == "time") {
-    std::cout << fmt::format("stopped at step {} of {}: the time budget of {} s of training steps was spent "
-                             "(train.max_seconds)\n",
-                             result.steps, config.train.steps, config.train.max_seconds);
+    const bool shortened = result.preconditioner.is_object() && result.preconditioner.contains("train_time_limit");
+    std::cout << fmt::format("stopped at step {} of {}: the time budget of {:.4g} s of training steps was spent "
+                             "(train.max_seconds{})\n",
+                             result.steps, config.train.steps,
+                             shortened ? result.preconditioner["train_time_limit"].get<double>() : config.train.max_seconds,
+                             shortened ? ", less the warm-up's time beyond 30 s" : "");
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
                            "model: {}; log: {}\n",

@@ -143,6 +143,8 @@ def one(nmcmc, p, ref, row, args, t0):
     for goal in (1000, 10000):  # the cost of `goal` effective draws: the fixed part + goal at the sampling rate
         row[f"grads_for_{goal}"] = fixed_grads + goal * sampling_grads / ess
         row[f"seconds_for_{goal}"] = fixed_seconds + goal * s["seconds_sampling"] / ess
+    if isinstance(s.get("transport"), dict) and "choice" in s["transport"]:
+        row["transport_choice"] = s["transport"]["choice"].get("chosen")  # flow or affine
     ok, z, sd, why = moments_check(s, ref)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
@@ -232,17 +234,18 @@ def transport_table(flow_json: str, nuts_jsons) -> str:
     10,000 effective draws in seconds. Ratios above 1: the flow wins."""
     flow = {r["posterior"]: r for r in json.load(open(flow_json))}
     runs = [{r["posterior"]: r for r in json.load(open(f))} for f in nuts_jsons]
-    out = ["| posterior | D | kind | flow passes | sampling ESS/grad: flow (x best NUTS) | all-in ESS/grad: flow (x best) | "
-           "10k ESS seconds: flow (best NUTS / flow) | max R-hat |", "|---" * 8 + "|"]
+    out = ["| posterior | D | kind | kept (flow or its affine base) | flow passes | sampling ESS/grad: flow (x best NUTS) | "
+           "all-in ESS/grad: flow (x best) | 10k ESS seconds: flow (best NUTS / flow) | max R-hat |", "|---" * 9 + "|"]
     wins = {"sampling": [], "all-in": [], "seconds": []}
     for p, f in flow.items():
         ok = [r[p] for r in runs if p in r and r[p]["passes"]]
+        kept = f.get("transport_choice", "not recorded")
         if not f["passes"]:
-            out.append(f"| {p} | {f['dim']} | {f['kind']} | FAIL ({'; '.join(f['why'])[:60]}) | n/a | n/a | n/a | "
+            out.append(f"| {p} | {f['dim']} | {f['kind']} | {kept} | FAIL ({'; '.join(f['why'])[:60]}) | n/a | n/a | n/a | "
                        f"{f.get('max_rhat', float('nan')):.3f} |")
             continue
         if not ok:
-            out.append(f"| {p} | {f['dim']} | {f['kind']} | pass (no NUTS passes) | {f['ess_bulk_per_grad']:.3g} | "
+            out.append(f"| {p} | {f['dim']} | {f['kind']} | {kept} | pass (no NUTS passes) | {f['ess_bulk_per_grad']:.3g} | "
                        f"{f['allin_ess_per_grad']:.3g} | {f['seconds_for_10000']:.0f} | {f['max_rhat']:.3f} |")
             continue
         g = max(ok, key=lambda n: n["ess_bulk_per_grad"] or 0)
@@ -253,7 +256,7 @@ def transport_table(flow_json: str, nuts_jsons) -> str:
         wins["sampling"].append(r1)
         wins["all-in"].append(r2)
         wins["seconds"].append(r3)
-        out.append(f"| {p} | {f['dim']} | {f['kind']} | pass | {f['ess_bulk_per_grad']:.3g} ({r1:.2f}x {g['metric']}) | "
+        out.append(f"| {p} | {f['dim']} | {f['kind']} | {kept} | pass | {f['ess_bulk_per_grad']:.3g} ({r1:.2f}x {g['metric']}) | "
                    f"{f['allin_ess_per_grad']:.3g} ({r2:.2f}x {a['metric']}) | {f['seconds_for_10000']:.0f} "
                    f"({r3:.2f}x {c['metric']}) | {f['max_rhat']:.3f} |")
     out.append("")

@@ -276,13 +276,14 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   // the cost of a draw, not how well draws mix, and where the flow helps by mixing (eight
   // schools: 2.7x the bulk-ESS per gradient) the two cost the same per draw (6.25 and 6.4
   // gradients at seed 1), while on kilpisjarvi the flow's draws cost twice the affine's (7.4 and
-  // 3.7). Both trials come out of the final warm-up (their gradients and seconds are warm-up's),
-  // and the final warm-up starts where the chosen trial ended.
+  // 3.7). Both trials come out of the final warm-up (their gradients and seconds are warm-up's;
+  // they run when at least 100 iterations of it remain: the learned sampler's 500-iteration
+  // transport warm-up leaves 130), and the final warm-up starts where the chosen trial ended.
   constexpr int64_t kTrialWarmup = 40, kTrialDraws = 20;
   constexpr double kAffineIfBelow = 0.75;
   json choice = {{"chosen", "flow"}};
   std::optional<TransportedTarget> affine_latent;
-  if (t.layers > 0 && t.rounds >= 2 && final_warmup - 2 * (kTrialWarmup + kTrialDraws) >= 150) {
+  if (t.layers > 0 && t.rounds >= 2 && final_warmup - 2 * (kTrialWarmup + kTrialDraws) >= 100) {
     FlowTransport affine(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed));
     FitOptions fa = t.fit;
     fa.init_base = true;
