@@ -107,7 +107,7 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                              "(train.max_seconds{})\n",
                              result.steps, config.train.steps,
                              shortened ? result.preconditioner["train_time_limit"].get<double>() : config.train.max_seconds,
-                             shortened ? ", less the warm-up's time beyond 30 s" : "");
+                             shortened ? ", shortened by the long warm-up" : "");
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
                            "model: {}; log: {}\n",

@@ -228,7 +228,8 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   }
   x0 = finite_starting_points(target, x0, o.init_x.defined() ? "" : o.init, gen);
   const int64_t g_start = target.grad_evals(), e_start = target.energy_evals();
-  // Note [Starting points that cannot move]: random starting points only, before warm-up.
+  // Note [Starting points that cannot move]: random starting points only, before warm-up (given
+  // starting points are never replaced, here or by Note [Stuck chains in warm-up]).
   const bool random_start = !o.init_x.defined() && (o.init == "uniform" || o.init == "exact");
   if (random_start && o.warmup > 0) {
     // on a stream of its own: where no chain is redrawn the run's draws are what they were without
@@ -304,7 +305,7 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   // begins its remaining warm-up (at least the slow and final windows) where another chain was,
   // which weakens what R-hat can tell about modes that chain never found. Given starting points
   // are never replaced. (Per-chain step sizes, as Stan's, belong to issue #34.)
-  const bool redraw_stuck = !o.init_x.defined() && (o.init == "uniform" || o.init == "exact") && o.chains > 1;
+  const bool redraw_stuck = random_start && o.chains > 1;
   int64_t first_slow = 0;
   while (first_slow < o.warmup && !schedule.in_slow_window(first_slow)) ++first_slow;
   torch::Tensor block_accept;  // [C]: each chain's accept statistics over the current 25 iterations
