@@ -3,7 +3,8 @@
 # chains on ICG, German and Funnel-1, measured in the sampling phase of ordinary `nmcmc sample`
 # runs (so the step sizes and trajectory lengths are the adapted ones, not a guess).
 #   NUTS: --metric diag, target accept 0.8; HMC: --adapt-mass, 10 leapfrog steps, jitter 0.2.
-#   Warm-up 300 + 200 draws at 1 and 64 chains; 150 + 50 at 1024 chains. float32, 1 thread.
+#   Warm-up 300 + 1000 draws at 1 and 64 chains (200 until 2026-11-26: with NUTS chains running
+#   ahead, a short run is mostly its start and its drain); 150 + 50 at 1024 chains. float32, 1 thread.
 # Columns: steps/s = draws of the whole batch per second; grads/s = gradients the chains need
 # (each NUTS chain's own count) per second; batch grads/s = batched gradient evaluations per second;
 # utilisation = the chains' own gradients / (batch gradient evaluations x chains): NUTS chains in
@@ -21,7 +22,7 @@ for name in icg german funnel1; do
     for c in 1 64 1024; do
       dir="$OUT/${name}_${s}_c$c"
       [ -f "$dir/summary.json" ] && continue
-      w=300; n=200; [ "$c" = 1024 ] && { w=150; n=50; }
+      w=300; n=1000; [ "$c" = 1024 ] && { w=150; n=50; }
       extra="--metric diag"; [ "$s" = hmc ] && extra="--adapt-mass --leapfrog 10 --jitter 0.2"
       # shellcheck disable=SC2086
       "$NMCMC" sample ${T[$name]} --sampler $s $extra --chains $c --warmup $w --draws $n --seed 1 \

@@ -7,8 +7,66 @@
 #include <vector>
 
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/kernels/chain_stream.hpp"
 
 namespace nmcmc {
+
+namespace detail {
+namespace {
+/// The ziggurat's tables for N(0, 1), 128 layers (Marsaglia & Tsang 2000): kn, the accept
+/// thresholds of a layer's rectangle on a 31-bit magnitude; wn, the scale from that magnitude to
+/// x; fn, the density exp(-x^2 / 2) at each layer's edge.
+struct Ziggurat {
+  static constexpr double kR = 3.442619855899;         // the base layer's edge
+  static constexpr double kV = 9.91256303526217e-3;    // each layer's area
+  uint32_t kn[128];
+  double wn[128], fn[128];
+  Ziggurat() {
+    const double m1 = 2147483648.0;  // 2^31
+    double dn = kR, tn = dn;
+    const double q = kV / std::exp(-0.5 * dn * dn);
+    kn[0] = static_cast<uint32_t>((dn / q) * m1);
+    kn[1] = 0;
+    wn[0] = q / m1;
+    wn[127] = dn / m1;
+    fn[0] = 1.0;
+    fn[127] = std::exp(-0.5 * dn * dn);
+    for (int i = 126; i >= 1; --i) {
+      dn = std::sqrt(-2.0 * std::log(kV / dn + std::exp(-0.5 * dn * dn)));
+      kn[i + 1] = static_cast<uint32_t>((dn / tn) * m1);
+      tn = dn;
+      fn[i] = std::exp(-0.5 * dn * dn);
+      wn[i] = dn / m1;
+    }
+  }
+};
+const Ziggurat& ziggurat() {
+  static const Ziggurat z;
+  return z;
+}
+}  // namespace
+
+double ChainStream::normal() {
+  const Ziggurat& z = ziggurat();
+  for (;;) {
+    const uint64_t b = next();
+    const int layer = static_cast<int>(b & 127);
+    const auto hz = static_cast<int32_t>(static_cast<uint32_t>(b >> 32));  // a signed 32-bit value
+    const uint32_t magnitude = hz < 0 ? 0u - static_cast<uint32_t>(hz) : static_cast<uint32_t>(hz);
+    const double x = static_cast<double>(hz) * z.wn[layer];
+    if (magnitude < z.kn[layer]) return x;  // inside the layer's rectangle
+    if (layer == 0) {  // the tail beyond r (Marsaglia 1964)
+      double t = 0, y = 0;
+      do {
+        t = -std::log(1.0 - uniform()) / Ziggurat::kR;
+        y = -std::log(1.0 - uniform());
+      } while (y + y < t * t);
+      return hz > 0 ? Ziggurat::kR + t : -Ziggurat::kR - t;
+    }
+    if (z.fn[layer] + uniform() * (z.fn[layer - 1] - z.fn[layer]) < std::exp(-0.5 * x * x)) return x;  // the wedge
+  }
+}
+}  // namespace detail
 
 namespace {
 
@@ -64,29 +122,7 @@ bool no_u_turn(const Vec& ps_minus, const Vec& ps_plus, const Vec& r1, const Vec
                        : no_u_turn_pass<false>(ps_minus.data(), ps_plus.data(), r1.data(), nullptr, r1.size());
 }
 
-/// A chain's own stream of uniforms and normals (splitmix64).
-struct Stream {
-  uint64_t s = 0;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller: both of the pair, the second kept for the next call
-    if (has_spare) {
-      has_spare = false;
-      return spare;
-    }
-    const double r = std::sqrt(-2.0 * std::log(1.0 - uniform())), t = 2.0 * M_PI * uniform();
-    spare = r * std::sin(t);
-    has_spare = true;
-    return r * std::cos(t);
-  }
-  double spare = 0;
-  bool has_spare = false;
-};
+using Stream = detail::ChainStream;
 
 /// A point in phase space: position, momentum, dU, U and H = U + K (+inf when not finite).
 struct Point {
@@ -145,6 +181,16 @@ void resize(Point& z, size_t d) {
   z.grad.resize(d);
 }
 
+/// A leaf's point as a subtree's sample: the position, gradient, U and H (a sample's momentum is
+/// never read: the next transition draws its own).
+void copy_sample(Point& to, const Point& from) {
+  to.x = from.x;
+  to.p.resize(from.p.size());
+  to.grad = from.grad;
+  to.energy = from.energy;
+  to.h = from.h;
+}
+
 void copy_point(Point& to, const Point& from) {
   to.x = from.x;
   to.p = from.p;
@@ -163,7 +209,7 @@ class Engine {
         single_(target.options().dtype() == torch::kFloat32), rules_(rules), options_(options), eps_(eps),
         c_(state.x.size(0)), d_(state.x.size(1)), chains_(c_) {
     TORCH_CHECK(single_ || target.options().dtype() == torch::kFloat64, "NUTS runs targets in float32 or float64");
-    x_host_ = torch::empty({c_, d_}, host());
+    x_host_ = torch::empty({c_, d_}, torch::TensorOptions().dtype(single_ ? torch::kFloat32 : torch::kFloat64));
     minv_.assign(static_cast<size_t>(d_), 1.0);
     if (metric.kind() == MetricKind::kDiag) {
       const torch::Tensor m = metric64_.inv_mass().contiguous();
@@ -314,27 +360,68 @@ class Engine {
     ch.building = true;
   }
 
+  /// The second half kick of every chain in `live` with its new gradient (row i of gs, of type
+  /// G) and energy, and for a unit or diagonal metric M^{-1} p and H in the same pass.
+  template <typename G>
+  void kick_rows(const std::vector<int64_t>& live, const G* gs, const double* es) {
+    const size_t d = static_cast<size_t>(d_);
+    const double* minv = minv_.data();
+    for (size_t i = 0; i < live.size(); ++i) {
+      Chain& ch = chains_[live[i]];
+      Point& z = ch.head();
+      const double half = 0.5 * (ch.forward ? eps_ : -eps_);
+      const G* gt = gs + i * d;
+      double *p = z.p.data(), *g = z.grad.data();
+      for (size_t j = 0; j < d; ++j) {
+        g[j] = static_cast<double>(gt[j]);
+        p[j] -= half * g[j];
+      }
+      z.energy = es[i];
+      if (elementwise_) {
+        double* v = ch.scratch.data();
+        for (size_t j = 0; j < d; ++j) v[j] = minv[j] * p[j];
+        double two_k = 0;  // in order, one sum (H decides the multinomial weights: kept bit for bit)
+        for (size_t j = 0; j < d; ++j) two_k += p[j] * v[j];
+        z.h = z.energy + 0.5 * two_k;
+      }
+    }
+  }
+
   /// One leapfrog step of every chain in `live` (Neal 2011, eqs. 5.18-5.20, as the integrator's
   /// leapfrog: half kick, drift with M^{-1} p, half kick), the gradient in one batched call of the
   /// target, then each chain's bookkeeping. The arithmetic is float64 on the chains' own buffers;
   /// positions are rounded to the target's dtype, so a chain's x is where U and dU were evaluated.
   void leaves(const std::vector<int64_t>& live) {
+    if (single_) {
+      leaves_as<float>(live);
+    } else {
+      leaves_as<double>(live);
+    }
+  }
+
+  /// leaves() with the target's positions of type T (float or double): the batch's positions are
+  /// written once in T (a float32 target's rounded x is exact in float: no conversion pass), the
+  /// loops without a branch inside.
+  template <typename T>
+  void leaves_as(const std::vector<int64_t>& live) {
     const int64_t a = static_cast<int64_t>(live.size());
     const size_t d = static_cast<size_t>(d_);
     torch::Tensor xh = x_host_.narrow(0, 0, a);
-    double* xs = xh.data_ptr<double>();
+    T* xs = xh.data_ptr<T>();
+    const double* minv = minv_.data();
     if (elementwise_) {  // half kick p <- p - (eps/2) dU(x), then drift x <- x + eps M^{-1} p, in one pass
       for (int64_t i = 0; i < a; ++i) {
         Chain& ch = chains_[live[i]];
         Point& z = ch.head();
         const double e = ch.forward ? eps_ : -eps_, half = 0.5 * e;
-        double* row = xs + static_cast<size_t>(i) * d;
+        double *p = z.p.data(), *x = z.x.data();
+        const double* g = z.grad.data();
+        T* row = xs + static_cast<size_t>(i) * d;
         for (size_t j = 0; j < d; ++j) {
-          const double p = z.p[j] - half * z.grad[j];
-          z.p[j] = p;
-          const double x = z.x[j] + e * (minv_[j] * p);
-          z.x[j] = single_ ? static_cast<double>(static_cast<float>(x)) : x;
-          row[j] = z.x[j];
+          p[j] -= half * g[j];
+          const T xt = static_cast<T>(x[j] + e * (minv[j] * p[j]));
+          x[j] = static_cast<double>(xt);
+          row[j] = xt;
         }
       }
     } else {
@@ -349,35 +436,26 @@ class Engine {
         Chain& ch = chains_[live[i]];
         Point& z = ch.head();
         const double e = ch.forward ? eps_ : -eps_;
-        double* row = xs + static_cast<size_t>(i) * d;
+        double* x = z.x.data();
+        const double* v = ch.scratch.data();
+        T* row = xs + static_cast<size_t>(i) * d;
         for (size_t j = 0; j < d; ++j) {
-          const double x = z.x[j] + e * ch.scratch[j];
-          z.x[j] = single_ ? static_cast<double>(static_cast<float>(x)) : x;
-          row[j] = z.x[j];
+          const T xt = static_cast<T>(x[j] + e * v[j]);
+          x[j] = static_cast<double>(xt);
+          row[j] = xt;
         }
       }
     }
     const EnergyGrad eg = target_.energy_and_grad(xh.to(target_.options()));
+    // U in float64, dU read as the target gives it (float32 or float64; any other converted).
     const torch::Tensor e1 = eg.energy.to(torch::kCPU, torch::kFloat64).contiguous();
-    const torch::Tensor g1 = eg.grad.to(torch::kCPU, torch::kFloat64).contiguous();
-    const double *e1s = e1.data_ptr<double>(), *g1s = g1.data_ptr<double>();
-    for (int64_t i = 0; i < a; ++i) {  // half kick with the new gradient (and M^{-1} p, K(p) in the same pass)
-      Chain& ch = chains_[live[i]];
-      Point& z = ch.head();
-      const double half = 0.5 * (ch.forward ? eps_ : -eps_);
-      const double* g = g1s + static_cast<size_t>(i) * d;
-      double two_k = 0;
-      for (size_t j = 0; j < d; ++j) {
-        z.grad[j] = g[j];
-        const double p = z.p[j] - half * g[j];
-        z.p[j] = p;
-        if (elementwise_) {
-          ch.scratch[j] = minv_[j] * p;
-          two_k += p * ch.scratch[j];
-        }
-      }
-      z.energy = e1s[i];
-      if (elementwise_) z.h = z.energy + 0.5 * two_k;
+    torch::Tensor g1 = eg.grad.to(torch::kCPU).contiguous();
+    if (g1.scalar_type() != torch::kFloat32) g1 = g1.to(torch::kFloat64);
+    TORCH_CHECK(g1.numel() == a * d_ && e1.numel() == a, "NUTS: the target's gradient is not [", a, ", ", d_, "]");
+    if (g1.scalar_type() == torch::kFloat32) {
+      kick_rows(live, g1.data_ptr<float>(), e1.data_ptr<double>());
+    } else {
+      kick_rows(live, g1.data_ptr<double>(), e1.data_ptr<double>());
     }
     if (!elementwise_) {
       velocities(live, [this](int64_t c) -> Vec& { return chains_[c].head().p; });
@@ -406,16 +484,23 @@ class Engine {
       end_subtree(ch, false);
       return;
     }
-    Node& n = ch.stack[static_cast<size_t>(ch.top++)];
-    n.level = 0;
-    n.p_beg = z.p;
-    n.p_end = z.p;
     const Vec& ps = rules_.sharp ? ch.scratch : z.p;
-    n.ps_beg = ps;
-    n.ps_end = ps;
-    n.rho = z.p;
-    copy_point(n.sample, z);
-    n.log_w = w;
+    if (ch.top >= 1 && ch.stack[static_cast<size_t>(ch.top - 1)].level == 0) {
+      // The second leaf of a pair: merged with the first without a node of its own.
+      if (!merge_leaf(ch, ch.stack[static_cast<size_t>(ch.top - 1)], z, ps, w)) {
+        end_subtree(ch, false);
+        return;
+      }
+    } else {
+      // The first leaf of a pair (or the whole subtree at depth 0): its momenta (p_beg stands for
+      // p_end and rho while the node is a single leaf) and its point as the sample.
+      Node& n = ch.stack[static_cast<size_t>(ch.top++)];
+      n.level = 0;
+      n.p_beg = z.p;
+      n.ps_beg = ps;
+      copy_sample(n.sample, z);
+      n.log_w = w;
+    }
     while (ch.top >= 2 && ch.stack[ch.top - 1].level == ch.stack[ch.top - 2].level) {
       const bool valid = merge(ch, ch.stack[ch.top - 2], ch.stack[ch.top - 1]);
       ch.top -= 1;
@@ -424,7 +509,31 @@ class Engine {
         return;
       }
     }
-    if (ch.top == 1 && ch.stack[0].level == ch.d) end_subtree(ch, true);
+    if (ch.top == 1 && ch.stack[0].level == ch.d) {
+      Node& n = ch.stack[0];
+      if (n.level == 0) {  // a one-leaf subtree: its end is its beginning
+        n.p_end = n.p_beg;
+        n.ps_end = n.ps_beg;
+        n.rho = n.p_beg;
+      }
+      end_subtree(ch, true);
+    }
+  }
+
+  /// merge() for two single leaves, `init` on the stack and z just computed (momenta p1, p2):
+  /// the three U-turn checks of merge() are then one and the same, (p#1, p#2, rho = p1 + p2), so
+  /// it is made once (the same arithmetic, bit for bit); z is copied only if it is the sample.
+  bool merge_leaf(Chain& ch, Node& init, const Point& z, const Vec& ps, double w) {
+    const double log_w = log_add_exp(init.log_w, w);
+    if (ch.rng.uniform() < rules_.inside(w, init.log_w)) copy_sample(init.sample, z);
+    const bool persist = no_u_turn(init.ps_beg, ps, init.p_beg, &z.p);
+    init.rho.resize(init.p_beg.size());
+    for (size_t j = 0; j < init.rho.size(); ++j) init.rho[j] = init.p_beg[j] + z.p[j];
+    init.p_end = z.p;
+    init.ps_end = ps;
+    init.log_w = log_w;
+    init.level = 1;
+    return persist;
   }
 
   /// Two finished subtrees of equal size, `init` then `fin` in the direction of extension, into
@@ -501,21 +610,32 @@ class Engine {
 
   /// The oldest queued transition of every chain, as tensors, to the callback.
   bool hand_over(const StepCallback& on_step) {
-    torch::Tensor x = torch::empty({c_, d_}, host()), g = torch::empty({c_, d_}, host());
+    // On the CPU the tensors are made in their final dtype and filled in place (a draw of a cheap
+    // target costs less than a dozen tensor conversions); on another device they are moved there.
+    const torch::ScalarType xt = single_ ? torch::kFloat32 : torch::kFloat64;
+    torch::Tensor x = torch::empty({c_, d_}, torch::TensorOptions().dtype(xt));
+    torch::Tensor g = torch::empty({c_, d_}, torch::TensorOptions().dtype(xt));
     torch::Tensor e = torch::empty({c_}, host()), h = torch::empty({c_}, host()), acc = torch::empty({c_}, host());
     torch::Tensor nl = torch::empty({c_}, torch::kInt64), depth = torch::empty({c_}, torch::kInt64);
     torch::Tensor div = torch::empty({c_}, torch::kBool), moved = torch::empty({c_}, torch::kBool);
-    double *xs = x.data_ptr<double>(), *gs = g.data_ptr<double>(), *es = e.data_ptr<double>(), *hs = h.data_ptr<double>(),
-           *as = acc.data_ptr<double>();
+    double *es = e.data_ptr<double>(), *hs = h.data_ptr<double>(), *as = acc.data_ptr<double>();
     int64_t *ns = nl.data_ptr<int64_t>(), *ds = depth.data_ptr<int64_t>();
     bool *vs = div.data_ptr<bool>(), *ms = moved.data_ptr<bool>();
-    const size_t bytes = static_cast<size_t>(d_) * sizeof(double);
+    const size_t d = static_cast<size_t>(d_);
     int64_t most = 0;
     for (int64_t c = 0; c < c_; ++c) {
       Chain& ch = chains_[c];
       const Done& r = ch.done[static_cast<size_t>(ch.done_head)];
-      std::memcpy(xs + c * d_, r.x.data(), bytes);
-      std::memcpy(gs + c * d_, r.grad.data(), bytes);
+      if (single_) {  // x and dU were float32 values (the target's): exact
+        float *xr = x.data_ptr<float>() + c * d_, *gr = g.data_ptr<float>() + c * d_;
+        for (size_t j = 0; j < d; ++j) {
+          xr[j] = static_cast<float>(r.x[j]);
+          gr[j] = static_cast<float>(r.grad[j]);
+        }
+      } else {
+        std::memcpy(x.data_ptr<double>() + c * d_, r.x.data(), d * sizeof(double));
+        std::memcpy(g.data_ptr<double>() + c * d_, r.grad.data(), d * sizeof(double));
+      }
       es[c] = r.energy;
       hs[c] = r.h;
       as[c] = r.accept;
@@ -528,17 +648,18 @@ class Engine {
       ch.done_count -= 1;
     }
     const torch::Device dev = target_.options().device();
+    auto there = [&](const torch::Tensor& t) { return dev.is_cpu() ? t : t.to(dev); };
     last.x = x.to(target_.options());
     last.grad = g.to(target_.options());
-    last.energy = e.to(dev);
+    last.energy = there(e);
     StepInfo info;
-    info.accept_prob = acc.to(dev);
-    info.accepted = moved.to(dev);
-    info.divergent = div.to(dev);
-    info.n_grad_chain = nl.to(dev);
+    info.accept_prob = there(acc);
+    info.accepted = there(moved);
+    info.divergent = there(div);
+    info.n_grad_chain = there(nl);
     info.n_grad = most;
-    info.tree_depth = depth.to(dev);
-    info.energy = h.to(dev);
+    info.tree_depth = there(depth);
+    info.energy = there(h);
     return on_step(last, info);
   }
 
@@ -547,7 +668,7 @@ class Engine {
   bool elementwise_;     // unit or diagonal: M^{-1} applied in the loops
   Vec minv_, sqrt_minv_;  // its diagonal (ones for the unit metric) and the square roots
   bool single_;          // a float32 target: positions rounded to float
-  torch::Tensor x_host_;  // [C, D] float64: the positions of a batch of leaves
+  torch::Tensor x_host_;  // [C, D] in the target's dtype, on the CPU: the positions of a batch of leaves
   const NutsRules& rules_;
   const NutsOptions& options_;
   const double eps_;
