@@ -310,7 +310,7 @@ class Engine {
       ch.p_ff = ch.p_fb = ch.p_bf = ch.p_bb = ch.start.p;
       ch.ps_ff = ch.ps_fb = ch.ps_bf = ch.ps_bb = ps_start;
       ch.rho = ch.start.p;
-      copy_point(ch.sample, ch.start);
+      copy_sample(ch.sample, ch.start);
       ch.log_w = 0;  // log exp(H0 - H0)
       ch.depth = 0;
       ch.n_leapfrog = 0;
@@ -361,7 +361,7 @@ class Engine {
   }
 
   /// The second half kick of every chain in `live` with its new gradient (row i of gs, of type
-  /// G) and energy, and for a unit or diagonal metric M^{-1} p and H in the same pass.
+  /// G) and energy, and for a unit or diagonal metric M^{-1} p and H while the row is in cache.
   template <typename G>
   void kick_rows(const std::vector<int64_t>& live, const G* gs, const double* es) {
     const size_t d = static_cast<size_t>(d_);

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <functional>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <fcntl.h>
 #include <unistd.h>

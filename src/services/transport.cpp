@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 
 #include "nmcmc/core/errors.hpp"
@@ -142,25 +143,23 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   // first (the transient, which sets the affine base: Note [Transport warm-up]) lasts at least
   // kFirstRound iterations and the others share the rest, doubling. With train's 500-iteration
   // warm-up and 4 rounds the first round was 17 iterations: on kilpisjarvi (a correlation near
-  // -1) its states were still far from the posterior, the base fitted to them put the next round
-  // at step sizes of 5e-4 and every tree at the depth limit, and the learned sampler's warm-up
-  // did not finish in 9 minutes.
+  // -1) the base fitted to its states put the next round at step sizes of 5e-4, and the learned
+  // sampler's warm-up did not finish in 9 minutes; with 50 it finishes (438 s) and the sampler
+  // still fails there (BENCHMARKS.md, "The learned proposal through the flow on posteriordb").
   constexpr int64_t kFirstRound = 50;
   const int64_t fit_iters = static_cast<int64_t>(std::lround(t.fit_fraction * options.warmup));
   std::vector<int64_t> lengths;
-  int64_t used = 0;
-  const double unit = double(fit_iters) / double((int64_t{1} << t.rounds) - 1);
-  const int64_t first = t.rounds >= 2 ? std::max(kFirstRound, static_cast<int64_t>(std::lround(unit))) : 0;
-  const double later_unit = t.rounds >= 2 ? double(std::max<int64_t>(fit_iters - first, 0)) /
-                                                double((int64_t{1} << t.rounds) - 2)
-                                          : unit;
-  for (int64_t r = 0; r < t.rounds; ++r) {
-    const int64_t len = r == 0 && t.rounds >= 2
-                            ? first
-                            : std::max<int64_t>(10, static_cast<int64_t>(std::lround(later_unit * double(int64_t{1} << r))));
-    lengths.push_back(len);
-    used += len;
+  if (t.rounds == 1) {
+    lengths.push_back(std::max<int64_t>(10, fit_iters));
+  } else {
+    const int64_t first = std::max(kFirstRound, static_cast<int64_t>(std::lround(double(fit_iters) / double((int64_t{1} << t.rounds) - 1))));
+    const double later_unit = double(std::max<int64_t>(fit_iters - first, 0)) / double((int64_t{1} << t.rounds) - 2);
+    lengths.push_back(first);
+    for (int64_t r = 1; r < t.rounds; ++r) {
+      lengths.push_back(std::max<int64_t>(10, static_cast<int64_t>(std::lround(later_unit * double(int64_t{1} << r)))));
+    }
   }
+  const int64_t used = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   int64_t final_warmup = options.warmup - used;
   if (final_warmup < 20) throw UsageError("--warmup is too short for " + std::to_string(t.rounds) + " transport rounds");
 
