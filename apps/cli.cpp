@@ -31,7 +31,8 @@ void on_signal(int sig) {
   }
 }
 const char* const kTargetOptions[] = {"--target", "--dim", "--sigma", "--dataset", "--data-file", "--label-column",
-                                      "--target-seed", "--target-json", "--module", "--module-output"};
+                                      "--target-seed", "--target-json", "--module", "--module-output",
+                                      "--module-engine"};
 }  // namespace
 
 const std::string& command_line() { return g_command_line; }
@@ -68,6 +69,9 @@ void TargetArgs::add(CLI::App* cmd) {
   cmd->add_option("--target-seed", target_seed, "rotated_icg: seed of its eigenvalues and rotation");
   cmd->add_option("--module", module, "torchscript: your density, a module written by torch.jit.save (implies --target torchscript)");
   cmd->add_option("--module-output", module_output, "torchscript: what forward returns: energy (U(x), default) | log_prob");
+  cmd->add_option("--module-engine", module_engine,
+                  "torchscript: auto (default: nmcmc's own evaluator where the module's operations allow, else LibTorch) | "
+                  "native (an error if they do not) | libtorch");
   cmd->add_option("--target-json", spec_json, "the whole target spec as JSON, e.g. '{\"name\":\"funnel\",\"dim\":100,\"sigma\":1}'");
 }
 
@@ -84,8 +88,11 @@ json TargetArgs::spec() const {
     if (s["name"] != "torchscript") throw UsageError("--module goes with --target torchscript");
     s["module"] = *module;
     if (module_output) s["output"] = *module_output;
+    if (module_engine) s["engine"] = *module_engine;
   } else if (module_output) {
     throw UsageError("--module-output goes with --module");
+  } else if (module_engine) {
+    throw UsageError("--module-engine goes with --module");
   }
   if (dim) s["dim"] = *dim;
   if (sigma) s["sigma"] = *sigma;  // non-finite values are refused by the target, never replaced

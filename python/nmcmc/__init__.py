@@ -98,6 +98,16 @@ class Target:
         return list(self._t.names)
 
     @property
+    def engine(self) -> str:
+        """How a module's energy runs: "native" (nmcmc's evaluator), "libtorch", or "builtin" (not
+        a module); engine_note says why a module is not native."""
+        return self._t.engine[0]
+
+    @property
+    def engine_note(self) -> str:
+        return self._t.engine[1]
+
+    @property
     def dtype(self) -> torch.dtype:
         return torch.float64 if self._dtype == "float64" else torch.float32
 
@@ -130,12 +140,16 @@ def target(name: str, dtype="float32", device="cpu", **options) -> Target:
 
 
 def from_module(module, dim: _Optional[int] = None, output: str = "energy", dtype="float32",
-                device="cpu") -> Target:
+                device="cpu", engine: str = "auto") -> Target:
     """Your density as a TorchScript module: forward(x [C, D]) -> U(x) [C] (output="energy") or
     log p(x) [C] (output="log_prob"). `module` is a torch.nn.Module (scripted here), a
     torch.jit.ScriptModule, or the path of a file written by torch.jit.save. The module may carry
-    `dim`, `names` (List[str]) and reference moments `ref_mean`, `ref_sd` as attributes."""
+    `dim`, `names` (List[str]) and reference moments `ref_mean`, `ref_sd` as attributes.
+    engine: "auto" (nmcmc's own evaluator where the module's operations allow, else LibTorch),
+    "native" (an error if they do not) or "libtorch"; see Target.engine."""
     spec = {"name": "torchscript", "output": output}
+    if engine != "auto":
+        spec["engine"] = engine
     if dim is not None:
         spec["dim"] = int(dim)
     keep = None

@@ -218,6 +218,12 @@ PYBIND11_MODULE(_nmcmc, m) {
       .def_property_readonly("spec", [](const nmcmc::Target& t) { return t.spec().dump(); })
       .def_property_readonly("names", [](const nmcmc::Target& t) { return nmcmc::parameter_labels(t); })
       .def_property_readonly("has_sampler", &nmcmc::Target::has_sampler)
+      .def_property_readonly("engine",
+                             [](const nmcmc::Target& t) {
+                               auto* ts = dynamic_cast<const nmcmc::TorchScriptTarget*>(&t);
+                               return ts ? py::make_tuple(ts->engine(), ts->engine_note())
+                                         : py::make_tuple("builtin", "");
+                             })
       .def_property_readonly("reference_moments",
                              [](const nmcmc::Target& t) -> py::object {
                                auto m = t.reference_moments();

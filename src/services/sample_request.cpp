@@ -8,6 +8,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/services/sample.hpp"
+#include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "nmcmc/version.hpp"
 
@@ -137,6 +138,9 @@ Prepared prepare(const SampleRequest& request) {
             {"threads", torch::get_num_threads()},
             {"nmcmc_version", NMCMC_VERSION}};
   if (nuts) config["max_depth"] = a.max_depth;
+  if (auto* module = dynamic_cast<const TorchScriptTarget*>(target.get())) {
+    config["engine"] = {{"kind", module->engine()}, {"note", module->engine_note()}};  // Note [Native engine]
+  }
   if (a.transport != TransportKind::kNone) {
     config["transport"] = {{"kind", a.transport},
                            {"layers", a.transport_layers},

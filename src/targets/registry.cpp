@@ -285,7 +285,9 @@ std::vector<TargetInfo> builtin_infos() {
        "your density: a TorchScript module, forward(x [C, D]) -> U(x) [C] (see examples/torchscript)",
        {{"module", "file written by torch.jit.save (--module)"},
         {"dim", "dimension (the module's 'dim' attribute if it has one)"},
-        {"output", "energy (U(x), default) | log_prob (log p(x)) (--module-output)"}},
+        {"output", "energy (U(x), default) | log_prob (log p(x)) (--module-output)"},
+        {"engine", "auto (default: nmcmc's own evaluator where the module allows, else LibTorch) | native | libtorch "
+                   "(--module-engine)"}},
        {"module"}},
   };
 }

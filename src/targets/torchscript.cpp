@@ -1,5 +1,6 @@
 #include "nmcmc/targets/torchscript.hpp"
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/targets/script_program.hpp"
 
 namespace nmcmc {
 
@@ -191,7 +193,7 @@ std::string register_torchscript_module(const std::string& bytes) {
 
 TorchScriptTarget::TorchScriptTarget(std::shared_ptr<torch::jit::Module> module, json spec, int64_t dim, bool log_prob,
                                      std::vector<std::string> names, std::optional<Moments> reference,
-                                     torch::TensorOptions options)
+                                     torch::TensorOptions options, const std::string& engine)
     : Target(options),
       module_(std::move(module)),
       spec_(std::move(spec)),
@@ -199,13 +201,136 @@ TorchScriptTarget::TorchScriptTarget(std::shared_ptr<torch::jit::Module> module,
       log_prob_(log_prob),
       names_(std::move(names)),
       reference_(std::move(reference)) {
+  if (engine != "auto" && engine != "native" && engine != "libtorch") {
+    throw UsageError("torchscript: 'engine' must be \"auto\", \"native\" or \"libtorch\"");
+  }
+  module_->eval();
+  // compiled before the module is moved to the run's dtype: from its own buffers, in float64
+  engine_note_ = choose_engine(engine);
   module_->to(options.device(), options.dtype().toScalarType());
   module_->eval();
 }
 
+namespace {
+/// |a - b| small against the size of b (both non-finite counts as agreeing: the density's NaN).
+bool agrees(const torch::Tensor& a, const torch::Tensor& b, double tol) {
+  const torch::Tensor fa = torch::isfinite(a), fb = torch::isfinite(b);
+  if (!torch::equal(fa, fb)) return false;
+  const torch::Tensor scale = 1.0 + b.abs().where(fb, torch::zeros_like(b)).amax(-1, true);
+  return ((a - b).abs().where(fb, torch::zeros_like(b)) <= tol * scale).all().item<bool>();
+}
+}  // namespace
+
+std::string TorchScriptTarget::choose_engine(const std::string& engine) {
+  if (engine == "libtorch") return "asked for (engine libtorch)";
+  if (!options().device().is_cpu()) return "the run is not on the CPU";
+  torch::jit::Module m64 = module_->clone();
+  m64.to(torch::kFloat64);
+  m64.eval();
+  std::string why;
+  std::shared_ptr<ScriptProgram> program = ScriptProgram::compile(m64, &why);
+  if (!program) return why;
+  // Its results against LibTorch's autograd on the module in float64, at probe points like
+  // check_module's (rows where the module raises are left out).
+  at::Generator gen = make_generator(271828);
+  int agreed = 0;
+  for (int probe = 0; probe < 4; ++probe) {
+    const int64_t c = probe == 1 ? 1 : 3 + probe;
+    const torch::Tensor x = probe == 1 ? torch::zeros({1, dim_}, torch::kFloat64)
+                                       : torch::rand({c, dim_}, gen, torch::kFloat64) * (probe == 3 ? 6.0 : 4.0) - (probe == 3 ? 3.0 : 2.0);
+    EnergyGrad want;
+    try {
+      // Eager autograd through the plain graph: the graph executor's optimised plan differentiates
+      // with TorchScript's own derivative formulas, and 1.13's is wrong for softplus with beta != 1
+      // (tests/unit/test_script_program.cpp, NativeEngine.UnaryFunctions). Thread-local switch.
+      torch::jit::GraphOptimizerEnabledGuard plain(false);
+      want = autograd_energy_and_grad(
+          [&](const torch::Tensor& y) {
+            torch::IValue out = m64.forward({y});
+            if (!out.isTensor()) throw std::runtime_error("no tensor");
+            return out.toTensor();
+          },
+          x, false);
+      if (want.energy.dim() != 1 || want.energy.size(0) != c || !want.grad.defined()) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    torch::Tensor u = torch::empty({c}, torch::kFloat64), g = torch::empty({c, dim_}, torch::kFloat64);
+    try {
+      program->run(x.data_ptr<double>(), c, dim_, u.data_ptr<double>(), g.data_ptr<double>());
+    } catch (const std::exception& e) {
+      return std::string("its evaluation differs from LibTorch's (it raised: ") + e.what() + ")";
+    }
+    if (!agrees(u.unsqueeze(1), want.energy.unsqueeze(1), 1e-8) || !agrees(g, want.grad, 1e-8)) {
+      return "its results differ from LibTorch's autograd (max energy difference " +
+             std::to_string((u - want.energy).abs().nan_to_num(0).max().item<double>()) + ", gradient " +
+             std::to_string((g - want.grad).abs().nan_to_num(0).max().item<double>()) + "): please report it";
+    }
+    ++agreed;
+  }
+  if (agreed == 0) return "the module raised at every probe point, so its evaluation could not be checked";
+  native_ = std::move(program);
+  return "";
+}
+
+std::string TorchScriptTarget::engine() const { return native_ && !native_off_ ? "native" : "libtorch"; }
+
+bool TorchScriptTarget::use_native(const torch::Tensor& x) const {
+  return native_ && !native_off_ && x.device().is_cpu() && x.dim() == 2 && x.size(1) == dim_;
+}
+
+EnergyGrad TorchScriptTarget::native_energy(const torch::Tensor& x, bool with_grad) const {
+  const torch::Tensor xd = x.detach().to(torch::kFloat64).contiguous();
+  const int64_t c = xd.size(0);
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  torch::Tensor u = torch::empty({c}, f64), g;
+  if (with_grad) g = torch::empty({c, dim_}, f64);
+  try {
+    native_->run(xd.data_ptr<double>(), c, dim_, u.data_ptr<double>(), with_grad ? g.data_ptr<double>() : nullptr);
+  } catch (const ScriptProgram::NotCovered&) {
+    throw;
+  } catch (const DataError& e) {
+    throw DataError(where_label(spec_.at("module").get<std::string>()) + ": " + e.what());
+  } catch (const std::runtime_error& e) {
+    // the density's own failure at these points (Note [A density may fail]): those rows are rejected
+    throw std::runtime_error(where_label(spec_.at("module").get<std::string>()) + ": forward raised: " + e.what());
+  }
+  if (log_prob_) {
+    u.neg_();
+    if (with_grad) g.neg_();
+  }
+  if (x.scalar_type() != torch::kFloat64) {
+    u = u.to(x.scalar_type());
+    if (with_grad) g = g.to(x.scalar_type());
+  }
+  return {u, g};
+}
+
+EnergyGrad TorchScriptTarget::compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const {
+  if (!create_graph && use_native(x)) {
+    try {
+      return native_energy(x, true);
+    } catch (const ScriptProgram::NotCovered& e) {
+      native_off_ = true;
+      engine_note_ = std::string("met ") + e.what() + " at run time";
+    }
+  }
+  return Target::compute_energy_and_grad(x, create_graph);
+}
+
 torch::Tensor TorchScriptTarget::compute_energy(const torch::Tensor& x) const {
+  if (use_native(x) && !(x.requires_grad() && torch::GradMode::is_enabled())) {
+    try {
+      return native_energy(x, false).energy;
+    } catch (const ScriptProgram::NotCovered& e) {
+      native_off_ = true;
+      engine_note_ = std::string("met ") + e.what() + " at run time";
+    }
+  }
   torch::IValue out;
   try {
+    // The plain graph, differentiated by eager autograd: see choose_engine (a wrong softplus derivative)
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
     out = module_->forward({x});
   } catch (const c10::Error& e) {
     // the density's own failure at these points (Note [A density may fail]): those rows are rejected
@@ -254,8 +379,17 @@ std::unique_ptr<Target> make_torchscript_target(const json& spec, torch::TensorO
   auto names = module_names(*module, where, dim);
   auto reference = module_reference(*module, where, dim);
   json full = {{"name", "torchscript"}, {"module", where}, {"dim", dim}, {"output", log_prob ? "log_prob" : "energy"}};
-  auto target = std::make_unique<TorchScriptTarget>(module, full, dim, log_prob, names, reference, options);
+  std::string engine = "auto";
+  if (spec.contains("engine")) {
+    if (!spec["engine"].is_string()) throw UsageError("torchscript: 'engine' must be \"auto\", \"native\" or \"libtorch\"");
+    engine = spec["engine"].get<std::string>();
+    full["engine"] = engine;
+  }
+  auto target = std::make_unique<TorchScriptTarget>(module, full, dim, log_prob, names, reference, options, engine);
   check_module(*module, where, dim, options);
+  if (engine == "native" && target->engine() != "native") {
+    throw UsageError(where_label(where) + " cannot run on nmcmc's evaluator (engine native): " + target->engine_note());
+  }
   return target;
 }
 
