@@ -253,3 +253,45 @@ TEST(NativeEngine, LibTorchEngineDifferentiatesSoftplusRight) {
     EXPECT_TRUE(torch::allclose(t->energy_and_grad(x).grad, want, 1e-12, 1e-12)) << "call " << call;
   }
 }
+
+// Note [Native second derivatives]: training's double backward through the native engine (its
+// Hessian-vector products by central differences) against LibTorch's exact one, on a loss that
+// uses the energy and the gradient at points that depend on parameters; and a row whose
+// difference steps out of the support (log x0 at x0 = 1e-7) falls back to the exact product.
+TEST(NativeEngine, TrainingsSecondDerivativesAgreeWithLibTorch) {
+  at::Generator gen = make_generator(8);
+  const torch::Tensor w = torch::randn({3, 40}, gen, kF64), y = torch::randn({40}, gen, kF64);
+  const std::string path = save("second", "def forward(self, x):\n"
+                                          "    r = self.y - torch.tanh(x @ self.w)\n"
+                                          "    return 0.5 * (r * r).sum(-1) + torch.softplus(x, 1.0, 20.0).sum(-1) + torch.log(x[:, 0] * x[:, 0] + 0.1)\n",
+                                [&](torch::jit::Module& m) {
+                                  m.register_buffer("w", w);
+                                  m.register_buffer("y", y);
+                                });
+  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+    const auto opts = torch::TensorOptions().dtype(dtype);
+    auto native = load(path, 3, "native", opts), libtorch = load(path, 3, "libtorch", opts);
+    const torch::Tensor base = torch::randn({6, 3}, gen, kF64).to(dtype);
+    auto loss_grad = [&](Target& t) {
+      torch::Tensor theta = torch::full({1, 3}, 0.7, opts).requires_grad_(true);
+      const torch::Tensor x = base * theta + theta;
+      const EnergyGrad eg = t.energy_and_grad(x, /*create_graph=*/true);
+      const torch::Tensor x2 = x - 0.1 * eg.grad;  // a step that depends on dU, as the learned proposal's
+      const torch::Tensor loss = t.energy(x2).sum() + (eg.grad * eg.grad).sum() + eg.energy.sum();
+      return torch::autograd::grad({loss}, {theta})[0];
+    };
+    const torch::Tensor a = loss_grad(*native), b = loss_grad(*libtorch);
+    const double tol = dtype == torch::kFloat64 ? 1e-7 : 2e-3;
+    EXPECT_TRUE(torch::allclose(a, b, tol, tol)) << a << b;
+  }
+  // the support's edge: U = -log x0 + x1^2 / 2; at x0 = 1e-7 a difference step would cross zero
+  auto edge = load(save("edge", "def forward(self, x):\n    return -torch.log(x[:, 0]) + 0.5 * x[:, 1] * x[:, 1]\n"), 2,
+                   "native");
+  torch::Tensor theta = torch::ones({1, 2}, kF64).requires_grad_(true);
+  const torch::Tensor x = torch::tensor({{1e-7, 0.5}, {2.0, -1.0}}, kF64) * theta;
+  const EnergyGrad eg = edge->energy_and_grad(x, true);
+  const torch::Tensor d = torch::autograd::grad({(eg.grad * eg.grad).sum()}, {theta})[0];
+  // d/dtheta of (1/x0^2 + x1^2) with x = c * theta at theta = 1: -2/c0^2 and 2 c1^2, summed over rows
+  const torch::Tensor want = torch::tensor({{-2.0 / 1e-14 - 2.0 / 4.0, 2.0 * 0.25 + 2.0 * 1.0}}, kF64);
+  EXPECT_TRUE(torch::allclose(d, want, 1e-9, 0.0)) << d << want;
+}

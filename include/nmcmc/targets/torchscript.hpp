@@ -16,8 +16,9 @@
 /// Engine (Note [Native engine], targets/script_program.cpp): with "auto" (the default) energies
 /// and gradients that need no graph (sampling, warm-up) run on nmcmc's own evaluator when the
 /// module's graph is within it and its results agree with LibTorch's autograd on probe points,
-/// in float64 whatever the run's dtype (results rounded to it); training's differentiable
-/// gradients always run on LibTorch. "native" makes a module outside the evaluator a UsageError
+/// in float64 whatever the run's dtype (results rounded to it). Training's differentiable
+/// gradients run on it too, as one autograd node whose backward takes Hessian-vector products by
+/// central differences of its gradients (Note [Native second derivatives]). "native" makes a module outside the evaluator a UsageError
 /// (with the reason); "libtorch" never uses it.
 #include <memory>
 #include <optional>
@@ -63,8 +64,12 @@ class TorchScriptTarget : public Target {
   std::shared_ptr<ScriptProgram> native_;
   mutable bool native_off_ = false;  // set when a run meets a shape the evaluator does not cover
   mutable std::string engine_note_;
+  friend struct NativeEnergyNode;
   bool use_native(const torch::Tensor& x) const;
   EnergyGrad native_energy(const torch::Tensor& x, bool with_grad) const;
+  torch::Tensor libtorch_energy(const torch::Tensor& x) const;
+  /// H(x) v by LibTorch's double backward (float64 in and out).
+  torch::Tensor exact_hvp(const torch::Tensor& x64, const torch::Tensor& v) const;
   std::string choose_engine(const std::string& engine);
 };
 
