@@ -159,6 +159,9 @@ torch::Tensor leading_directions(const torch::Tensor& y, int64_t k) {
   return u.narrow(1, 0, top > 0 ? keep : 0);
 }
 
+Metric low_rank_part(const torch::Tensor& xs, const torch::Tensor& gs, const torch::Tensor& scale2, double n,
+                     const LowRankOptions& o);
+
 }  // namespace
 
 Metric fisher_low_rank(const torch::Tensor& x, const torch::Tensor& g, const LowRankOptions& o) {
@@ -172,7 +175,25 @@ Metric fisher_low_rank(const torch::Tensor& x, const torch::Tensor& g, const Low
   const torch::Tensor scale2 = fisher_diagonal(xc.pow(2).mean(0), gc.pow(2).mean(0));  // sigma^2 [D]
   const torch::Tensor sigma = scale2.sqrt();
   const torch::Tensor xs = xc / sigma, gs = gc * sigma;  // the scaled coordinates
+  const Metric diagonal_only = Metric::low_rank(scale2, torch::zeros({d, 0}, scale2.options()), torch::zeros({0}, scale2.options()));
+  // Draws or gradients so large that their products overflow (a chain far out in a recursion's
+  // tail) leave no low-rank part to estimate: the diagonal alone, rather than a LAPACK failure.
+  if (!torch::isfinite(xs).all().item<bool>() || !torch::isfinite(gs).all().item<bool>() ||
+      !torch::isfinite(xs.square().sum()).item<bool>() || !torch::isfinite(gs.square().sum()).item<bool>()) {
+    return diagonal_only;
+  }
+  try {
+    return low_rank_part(xs, gs, scale2, n, o);
+  } catch (const c10::Error&) {  // an eigendecomposition or SVD that did not converge
+    return diagonal_only;
+  }
+}
+
+namespace {
+Metric low_rank_part(const torch::Tensor& xs, const torch::Tensor& gs, const torch::Tensor& scale2, double n,
+                     const LowRankOptions& o) {
   const torch::Tensor both = torch::cat({leading_directions(xs, o.max_rank), leading_directions(gs, o.max_rank)}, 1);
+  const int64_t d = xs.size(1);
   if (both.size(1) == 0) return Metric::low_rank(scale2, torch::zeros({d, 0}, scale2.options()), torch::zeros({0}, scale2.options()));
   const torch::Tensor q = std::get<0>(torch::linalg::qr(both, "reduced"));  // [D, m] orthonormal
   const torch::Tensor px = torch::matmul(xs, q), pg = torch::matmul(gs, q);  // [n, m]
@@ -187,6 +208,7 @@ Metric fisher_low_rank(const torch::Tensor& x, const torch::Tensor& g, const Low
   const torch::Tensor keep = ((lambda > o.cutoff) | (lambda < 1.0 / o.cutoff)).nonzero().reshape({-1});
   return Metric::low_rank(scale2, torch::matmul(q, v.index_select(1, keep)), lambda.index_select(0, keep));
 }
+}  // namespace
 
 MetricEstimator::MetricEstimator(MetricAdapt kind, LowRankOptions low_rank, int64_t max_rows)
     : kind_(kind), low_rank_(low_rank), max_rows_(max_rows) {

@@ -81,6 +81,7 @@ enum class Op : uint8_t {
   kStack,
   kCat,
   kMatmul,
+  kIndexSelect,  // index_select(self, dim, index), index(self, [None, ..., index, ...])
   kFullLike,  // full_like, zeros_like, ones_like: s0 the value
   kScalar,
   kSize,      // aten::size(Tensor, int) / aten::len(Tensor)
@@ -107,11 +108,17 @@ enum Sub : uint8_t {
 };
 
 struct Reg {
-  enum Kind : uint8_t { kNone, kInt, kDouble, kBool, kTensor, kIntList, kTensorList, kString };
+  enum Kind : uint8_t { kNone, kInt, kDouble, kBool, kTensor, kIntList, kTensorList, kString, kIndex, kIndexList };
   Kind kind = kNone;
-  int64_t i = 0;  // int, bool, tensor id, string index
+  int64_t i = 0;  // int, bool, tensor id, string index, index array
   double d = 0;
-  std::vector<int64_t> list;
+  std::vector<int64_t> list;  // ints; tensor ids; kIndexList: index arrays, -1 for None
+};
+
+/// A constant integer tensor (indices into the data, e.g. a hierarchical model's group of each row).
+struct IndexArr {
+  Shape shape;
+  std::vector<int64_t> v;
 };
 
 struct Instr;
@@ -441,6 +448,7 @@ struct ScriptProgram::Impl {
   int x_reg = -1, out_reg = -1;
   std::vector<Reg> regs;
   std::vector<std::string> strings;
+  std::vector<IndexArr> indices;
   std::deque<Arr> arrs;  // references stay valid as it grows
   int64_t n_const = 0, top = 0;
   std::vector<Rec> tape;
@@ -471,8 +479,19 @@ struct ScriptProgram::Impl {
     if (iv->isTensor()) {
       torch::Tensor t = iv->toTensor();
       if (!t.device().is_cpu()) throw Unsupported{"a constant tensor not on the CPU"};
+      if (t.scalar_type() == torch::kInt64 || t.scalar_type() == torch::kInt32) {
+        t = t.to(torch::kInt64).contiguous();
+        IndexArr a;
+        a.shape = t.sizes().vec();
+        check_rank_compile(a.shape);
+        a.v.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+        r.kind = Reg::kIndex;
+        r.i = static_cast<int64_t>(indices.size());
+        indices.push_back(std::move(a));
+        return;
+      }
       if (t.scalar_type() != torch::kFloat64) {
-        throw Unsupported{"a constant " + std::string(c10::toString(t.scalar_type())) + " tensor (only float64 arrays are covered)"};
+        throw Unsupported{"a constant " + std::string(c10::toString(t.scalar_type())) + " tensor (float64 arrays and int64 indices are covered)"};
       }
       t = t.contiguous();
       Arr a;
@@ -492,6 +511,24 @@ struct ScriptProgram::Impl {
       r.kind = Reg::kNone;
     } else if (iv->isIntList()) {
       r.kind = Reg::kIntList, r.list = iv->toIntVector();
+    } else if (iv->isList()) {  // a folded index list (x[:, idx]): None or constant int tensors
+      r.kind = Reg::kIndexList;
+      for (const c10::IValue& e : iv->toListRef()) {
+        if (e.isNone()) {
+          r.list.push_back(-1);
+          continue;
+        }
+        if (!e.isTensor() || (e.toTensor().scalar_type() != torch::kInt64 && e.toTensor().scalar_type() != torch::kInt32)) {
+          throw Unsupported{"a constant list of type " + v->type()->str()};
+        }
+        const torch::Tensor t = e.toTensor().to(torch::kInt64).contiguous();
+        IndexArr a;
+        a.shape = t.sizes().vec();
+        check_rank_compile(a.shape);
+        a.v.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+        r.list.push_back(static_cast<int64_t>(indices.size()));
+        indices.push_back(std::move(a));
+      }
     } else if (iv->isString()) {
       r.kind = Reg::kString, r.i = static_cast<int64_t>(strings.size());
       strings.push_back(iv->toStringRef());
@@ -712,8 +749,24 @@ struct ScriptProgram::Impl {
       I.op = Op::kListLen, inputs(1), outputs();
       return I;
     }
+    if (kind == "aten::index_select" && ins.size() == 3) {
+      I.op = Op::kIndexSelect, I.sub = 0;
+      inputs(3), outputs();
+      return I;
+    }
+    if (kind == "aten::index" && overload == "Tensor" && ins.size() == 2) {
+      I.op = Op::kIndexSelect, I.sub = 1;
+      inputs(2), outputs();
+      return I;
+    }
     if (kind == "prim::ListConstruct") {
       auto lt = n->output()->type()->cast<c10::ListType>();
+      auto opt = lt ? lt->getElementType()->cast<c10::OptionalType>() : nullptr;
+      if (opt && opt->getElementType()->kind() == c10::TypeKind::TensorType) {  // x[:, idx]'s indices
+        I.op = Op::kListConstruct, I.sub = 2;
+        inputs(ins.size()), outputs();
+        return I;
+      }
       const auto ek = lt ? lt->getElementType()->kind() : c10::TypeKind::AnyType;
       if (ek != c10::TypeKind::IntType && ek != c10::TypeKind::TensorType) throw Unsupported{name + " of " + n->output()->type()->str()};
       I.op = Op::kListConstruct, I.sub = ek == c10::TypeKind::TensorType;
@@ -1194,6 +1247,58 @@ struct ScriptProgram::Impl {
         set_tensor(I.out[0], o);
         return;
       }
+      case Op::kIndexSelect: {
+        const int ia = tensor_in(I, 0);
+        const Shape s = arr(ia).shape;
+        const int64_t nd = static_cast<int64_t>(s.size());
+        int64_t dim = 0, which = -1;
+        if (I.sub == 0) {
+          dim = wrap_dim(integer(I.in[1]), nd);
+          const Reg& r = regs[I.in[2]];
+          if (r.kind != Reg::kIndex) throw NotCovered("index_select with an index that is not a constant int tensor");
+          which = r.i;
+          if (indices[which].shape.size() > 1) throw std::runtime_error("index_select(): index must be 0-d or 1-d");
+        } else {
+          const Reg& r = regs[I.in[1]];
+          if (r.kind != Reg::kIndexList) throw NotCovered("indexing by tensors that are not constant int tensors");
+          for (size_t k = 0; k < r.list.size(); ++k) {
+            if (r.list[k] < 0) continue;
+            if (which >= 0) throw NotCovered("indexing by more than one index tensor");
+            which = r.list[k], dim = static_cast<int64_t>(k);
+          }
+          if (which < 0 || dim >= nd) throw std::runtime_error("index(): too many indices for the array");
+        }
+        const IndexArr& idx = indices[which];
+        const int64_t n = s[dim], len = static_cast<int64_t>(idx.v.size());
+        for (int64_t j : idx.v) {
+          if (j < -n || j >= n) {
+            throw std::runtime_error("index " + std::to_string(j) + " is out of bounds for dimension " + std::to_string(dim) +
+                                     " with size " + std::to_string(n));
+          }
+        }
+        Shape os(s.begin(), s.begin() + dim);
+        if (I.sub == 0) {
+          os.push_back(len);
+        } else {
+          os.insert(os.end(), idx.shape.begin(), idx.shape.end());
+        }
+        os.insert(os.end(), s.begin() + dim + 1, s.end());
+        int64_t outer = 1, inner = 1;
+        for (int64_t k = 0; k < dim; ++k) outer *= s[k];
+        for (int64_t k = dim + 1; k < nd; ++k) inner *= s[k];
+        const int o = fresh(os, arr(ia).needs);
+        const Arr& a = arr(ia);
+        Arr& out = arr(o);
+        for (int64_t i = 0; i < outer; ++i) {
+          for (int64_t m = 0; m < len; ++m) {
+            const int64_t j = idx.v[m] < 0 ? idx.v[m] + n : idx.v[m];
+            std::copy_n(a.v.data() + (i * n + j) * inner, inner, out.v.data() + (i * len + m) * inner);
+          }
+        }
+        if (out.needs) record(Op::kIndexSelect, 0, o, ia, -1, 0, 0, dim, which);
+        set_tensor(I.out[0], o);
+        return;
+      }
       case Op::kFullLike: {
         const int ia = tensor_in(I, 0);
         const double v = I.sub == 2 ? number(I.in[1]) : I.sub == 1 ? 1.0 : 0.0;
@@ -1236,6 +1341,22 @@ struct ScriptProgram::Impl {
         set_int(I.out[0], static_cast<int64_t>(regs[I.in[0]].list.size()));
         return;
       case Op::kListConstruct: {
+        if (I.sub == 2) {  // optional index arrays: -1 for None
+          Reg& r = regs[I.out[0]];
+          r.kind = Reg::kIndexList;
+          r.list.resize(I.in.size());
+          for (size_t k = 0; k < I.in.size(); ++k) {
+            const Reg& e = regs[I.in[k]];
+            if (e.kind == Reg::kNone) {
+              r.list[k] = -1;
+            } else if (e.kind == Reg::kIndex) {
+              r.list[k] = e.i;
+            } else {
+              throw NotCovered("indexing by a float or boolean tensor");
+            }
+          }
+          return;
+        }
         Reg& r = regs[I.out[0]];
         r.kind = I.sub ? Reg::kTensorList : Reg::kIntList;
         r.list.resize(I.in.size());
@@ -1472,6 +1593,23 @@ struct ScriptProgram::Impl {
       case Op::kReshape: {
         Arr& a = arrs[r.a];
         for (size_t k = 0; k < a.g.size(); ++k) a.g[k] += out.g[k];
+        return;
+      }
+      case Op::kIndexSelect: {
+        Arr& a = arrs[r.a];
+        const IndexArr& idx = indices[r.p1];
+        const int64_t dim = r.p0, n = a.shape[dim], len = static_cast<int64_t>(idx.v.size());
+        int64_t outer = 1, inner = 1;
+        for (int64_t k = 0; k < dim; ++k) outer *= a.shape[k];
+        for (size_t k = dim + 1; k < a.shape.size(); ++k) inner *= a.shape[k];
+        for (int64_t i = 0; i < outer; ++i) {
+          for (int64_t m = 0; m < len; ++m) {
+            const int64_t j = idx.v[m] < 0 ? idx.v[m] + n : idx.v[m];
+            double* dst = a.g.data() + (i * n + j) * inner;
+            const double* src = out.g.data() + (i * len + m) * inner;
+            for (int64_t q = 0; q < inner; ++q) dst[q] += src[q];
+          }
+        }
         return;
       }
       case Op::kPermute:

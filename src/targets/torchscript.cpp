@@ -63,6 +63,18 @@ torch::jit::Module load_module(const std::string& where) {
 
 std::string where_label(const std::string& where) { return "torchscript module '" + where + "'"; }
 
+/// The module's floating-point parameters and buffers to `dtype` on `device`; integer ones (a
+/// hierarchical model's group of each observation) only to `device`. (jit::Module::to(dtype)
+/// converts every tensor, so group indices became doubles and indexing failed.)
+void module_to(torch::jit::Module& m, torch::Device device, torch::ScalarType dtype) {
+  auto move = [&](torch::Tensor t) {
+    torch::Tensor moved = t.is_floating_point() ? t.to(device, dtype) : t.to(device);
+    t.set_data(moved);
+  };
+  for (const auto& p : m.named_parameters(/*recurse=*/true)) move(p.value);
+  for (const auto& b : m.named_buffers(/*recurse=*/true)) move(b.value);
+}
+
 int64_t module_dim(const torch::jit::Module& m, const std::string& where) {
   if (!m.hasattr("dim")) return 0;
   torch::IValue v = m.attr("dim");
@@ -208,7 +220,7 @@ TorchScriptTarget::TorchScriptTarget(std::shared_ptr<torch::jit::Module> module,
   module_->eval();
   // compiled before the module is moved to the run's dtype: from its own buffers, in float64
   engine_note_ = choose_engine(engine);
-  module_->to(options.device(), options.dtype().toScalarType());
+  module_to(*module_, options.device(), options.dtype().toScalarType());
   module_->eval();
 }
 
@@ -226,7 +238,7 @@ std::string TorchScriptTarget::choose_engine(const std::string& engine) {
   if (engine == "libtorch") return "asked for (engine libtorch)";
   if (!options().device().is_cpu()) return "the run is not on the CPU";
   torch::jit::Module m64 = module_->clone();
-  m64.to(torch::kFloat64);
+  module_to(m64, torch::kCPU, torch::kFloat64);
   m64.eval();
   std::string why;
   std::shared_ptr<ScriptProgram> program = ScriptProgram::compile(m64, &why);

@@ -123,6 +123,22 @@ TEST(MetricAdaptation, FisherLowRankRecoversWideAndNarrowDirections) {
   EXPECT_LT((torch::matmul(m.basis().t(), m.basis()) - torch::eye(m.basis().size(1), kF64)).abs().max().item<double>(), 1e-10);
 }
 
+TEST(MetricAdaptation, FisherLowRankFallsBackToItsDiagonalWhereProductsOverflow) {
+  // A chain far out in a recursion's tail (ARMA through the flow, 52154a8+): finite draws and
+  // gradients whose squares overflow made LAPACK's eigendecomposition fail and ended the run.
+  // Now the estimate is the diagonal part alone, finite and positive.
+  at::Generator g = make_generator(10);
+  torch::Tensor x = torch::randn({200, 4}, g, kF64), grad = -x.clone();
+  grad[7][2] = 1e200;
+  grad[8][2] = -1e200;
+  const Metric m = fisher_low_rank(x, grad);
+  EXPECT_EQ(m.kind(), MetricKind::kLowRank);
+  EXPECT_EQ(m.basis().size(1), 0);
+  EXPECT_TRUE(torch::isfinite(m.inv_mass()).all().item<bool>());
+  EXPECT_TRUE((torch::linalg::eigvalsh(m.inv_mass(), "L") > 0).all().item<bool>());
+  // (FisherLowRankRecoversWideAndNarrowDirections: the low-rank part where nothing overflows)
+}
+
 TEST(MetricAdaptation, WarmupAdaptsEachMetricWithNuts) {
   // run_sampler with each metric on a correlated 6-d Gaussian: the adapted metric's form, and how
   // round it makes the target. Stan's diagonal and fisher-diag cannot undo the correlation

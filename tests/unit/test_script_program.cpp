@@ -139,6 +139,24 @@ TEST(NativeEngine, MatmulSmallAndThroughBlas) {
                        });
 }
 
+TEST(NativeEngine, IndexingByGroups) {
+  // a hierarchical model as users write it: each observation's group effect by an int index
+  at::Generator gen = make_generator(9);
+  const torch::Tensor group = torch::randint(0, 5, {60}, gen, torch::kInt64), y = torch::randn({60}, gen, kF64);
+  expect_engines_agree("groups",
+                       "def forward(self, x):\n"
+                       "    theta = x[:, 0:5]\n"
+                       "    mu = theta[:, self.group] + torch.index_select(x, 1, self.pick)\n"  // [C, 60] + [C, 60]
+                       "    r = self.y - mu\n"
+                       "    return 0.5 * (r * r).sum(-1) + 0.5 * (theta * theta).sum(-1) + x[:, self.last].sum(-1)\n",
+                       6, [&](torch::jit::Module& m) {
+                         m.register_buffer("group", group);
+                         m.register_buffer("y", y);
+                         m.register_buffer("pick", torch::full({60}, 5, torch::kInt64));
+                         m.register_buffer("last", torch::tensor({-1, 2}, torch::kInt64));
+                       });
+}
+
 TEST(NativeEngine, LoopsAndBranchesOverInts) {
   // a recursion over a data series (as GARCH's and ARMA's), a while loop and an int branch
   at::Generator gen = make_generator(5);
@@ -294,4 +312,20 @@ TEST(NativeEngine, TrainingsSecondDerivativesAgreeWithLibTorch) {
   // d/dtheta of (1/x0^2 + x1^2) with x = c * theta at theta = 1: -2/c0^2 and 2 c1^2, summed over rows
   const torch::Tensor want = torch::tensor({{-2.0 / 1e-14 - 2.0 / 4.0, 2.0 * 0.25 + 2.0 * 1.0}}, kF64);
   EXPECT_TRUE(torch::allclose(d, want, 1e-9, 0.0)) << d << want;
+}
+
+// A module's integer buffers keep their dtype when the module is moved to the run's dtype (they
+// were converted to doubles, and indexing by them failed: every such module was refused).
+TEST(NativeEngine, IntegerBuffersSurviveTheRunsDtype) {
+  const std::string path = save("intbuf", "def forward(self, x):\n    return (x[:, self.group] ** 2).sum(-1)\n",
+                                [](torch::jit::Module& m) { m.register_buffer("group", torch::tensor({0, 0, 1}, torch::kInt64)); });
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (const std::string engine : {"libtorch", "auto"}) {
+      auto t = load(path, 2, engine, torch::TensorOptions().dtype(dtype));
+      const torch::Tensor x = torch::tensor({{1.0, 2.0}}, torch::TensorOptions().dtype(dtype));
+      const EnergyGrad eg = t->energy_and_grad(x);
+      EXPECT_NEAR(eg.energy.item<double>(), 6.0, 1e-6) << engine;
+      EXPECT_TRUE(torch::allclose(eg.grad, torch::tensor({{4.0, 4.0}}, torch::TensorOptions().dtype(dtype)))) << engine;
+    }
+  }
 }

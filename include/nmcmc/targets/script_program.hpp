@@ -6,7 +6,8 @@
 /// batch of rows at the cost of the arithmetic, where a LibTorch call pays 100+ microseconds of
 /// dispatch and autograd bookkeeping per call whatever the model's size. It covers what
 /// posteriordb-style energies are made of (elementwise arithmetic and functions, sums and
-/// logsumexp, select/slice/stack/cat, views, matmul, loops and ifs over ints); a graph with
+/// logsumexp, select/slice/stack/cat, indexing by constant int tensors, views, matmul, loops and
+/// ifs over ints); a graph with
 /// anything else is not compiled and runs on LibTorch as before.
 #include <cstdint>
 #include <memory>
