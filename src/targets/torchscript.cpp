@@ -255,7 +255,7 @@ std::string TorchScriptTarget::choose_engine(const std::string& engine) {
     try {
       // Eager autograd through the plain graph: the graph executor's optimised plan differentiates
       // with TorchScript's own derivative formulas, and 1.13's is wrong for softplus with beta != 1
-      // (tests/unit/test_script_program.cpp, NativeEngine.UnaryFunctions). Thread-local switch.
+      // (NativeEngine.LibTorchEngineDifferentiatesSoftplusRight). Thread-local switch.
       torch::jit::GraphOptimizerEnabledGuard plain(false);
       want = autograd_energy_and_grad(
           [&](const torch::Tensor& y) {
@@ -330,7 +330,10 @@ EnergyGrad TorchScriptTarget::native_energy(const torch::Tensor& x, bool with_gr
 // relative in float64, far below float32 training's own noise. Where dU(x) is finite but a side's
 // energy or the difference is not (a step left the support: log's gradient is finite on the wrong
 // side of zero, its energy is not) the batch is done exactly by LibTorch's double backward. Within
-// h of a kink (relu, abs) the difference averages the two sides' gradients. The node's backward is not itself differentiable (third derivatives: none needed).
+// h of a kink (relu, abs) the difference averages the two sides' gradients. The node's backward
+// is not itself differentiable (third derivatives: none needed). Accounting: the difference's two
+// gradients are part of the backward pass, not counted as target gradient evaluations, as
+// LibTorch's double backward never was (BENCHMARKS' training gradients count forward calls).
 struct NativeEnergyNode : torch::autograd::Function<NativeEnergyNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 int64_t self) {
