@@ -642,8 +642,46 @@ struct ScriptProgram::Impl {
       outputs();
       return I;
     }
-    if (kind == "aten::softplus" && ins.size() == 3) {
-      I.op = Op::kSoftplus, inputs(3), outputs();
+    // Operations whose instruction is their inputs as they come (or the first `take` of them).
+    struct Direct {
+      const char* kind;
+      const char* overload;  // nullptr: any
+      int arity;             // -1: any
+      bool tensor_first;     // the first input must be a tensor
+      Op op;
+      uint8_t sub;
+      int take;  // -1: all inputs
+    };
+    static const Direct direct[] = {
+        {"aten::softplus", nullptr, 3, false, Op::kSoftplus, 0, 3},
+        {"aten::logsumexp", nullptr, 3, false, Op::kLogSumExp, 0, 3},
+        {"aten::select", "int", -1, false, Op::kSelect, 0, 3},
+        {"aten::slice", "Tensor", -1, false, Op::kSlice, 0, 5},
+        {"aten::t", nullptr, 1, false, Op::kPermute, 0, -1},
+        {"aten::transpose", "int", -1, false, Op::kPermute, 0, -1},
+        {"aten::expand", nullptr, 3, false, Op::kExpand, 0, 2},
+        {"aten::expand_as", nullptr, 2, false, Op::kExpand, 1, 2},
+        {"aten::stack", nullptr, 2, false, Op::kStack, 0, 2},
+        {"aten::cat", nullptr, 2, false, Op::kCat, 0, 2},
+        {"aten::matmul", nullptr, 2, false, Op::kMatmul, 0, 2},
+        {"aten::mm", nullptr, 2, false, Op::kMatmul, 0, 2},
+        {"aten::mv", nullptr, 2, false, Op::kMatmul, 0, 2},
+        {"aten::dot", nullptr, 2, false, Op::kMatmul, 0, 2},
+        {"aten::size", "int", -1, false, Op::kSize, 0, 2},
+        {"aten::size", nullptr, 1, false, Op::kSizes, 0, 1},
+        {"aten::len", "Tensor", -1, false, Op::kSize, 0, 1},
+        {"aten::dim", nullptr, -1, true, Op::kDim, 0, 1},
+        {"aten::numel", nullptr, -1, true, Op::kNumel, 0, 1},
+        {"aten::len", "t", -1, false, Op::kListLen, 0, 1},
+        {"aten::index_select", nullptr, 3, false, Op::kIndexSelect, 0, 3},
+        {"aten::index", "Tensor", 2, false, Op::kIndexSelect, 1, 2},
+    };
+    for (const Direct& e : direct) {
+      if (kind != e.kind || (e.overload && overload != e.overload)) continue;
+      if ((e.arity >= 0 && static_cast<int>(ins.size()) != e.arity) || (e.tensor_first && !first_tensor)) continue;
+      I.op = e.op, I.sub = e.sub;
+      inputs(e.take < 0 ? ins.size() : static_cast<size_t>(e.take));
+      outputs();
       return I;
     }
     if ((kind == "aten::sum" || kind == "aten::mean") && first_tensor) {
@@ -658,18 +696,6 @@ struct ScriptProgram::Impl {
         throw unsupported();
       }
       outputs();
-      return I;
-    }
-    if (kind == "aten::logsumexp" && ins.size() == 3) {
-      I.op = Op::kLogSumExp, inputs(3), outputs();
-      return I;
-    }
-    if (kind == "aten::select" && overload == "int") {
-      I.op = Op::kSelect, inputs(3), outputs();
-      return I;
-    }
-    if (kind == "aten::slice" && overload == "Tensor") {
-      I.op = Op::kSlice, inputs(5), outputs();
       return I;
     }
     if (first_tensor && (kind == "aten::view" || kind == "aten::reshape" || kind == "aten::flatten" ||
@@ -694,24 +720,6 @@ struct ScriptProgram::Impl {
       outputs();
       return I;
     }
-    if ((kind == "aten::t" && ins.size() == 1) || (kind == "aten::transpose" && overload == "int")) {
-      I.op = Op::kPermute, inputs(ins.size()), outputs();
-      return I;
-    }
-    if ((kind == "aten::expand" && ins.size() == 3) || (kind == "aten::expand_as" && ins.size() == 2)) {
-      I.op = Op::kExpand, I.sub = kind == "aten::expand_as";
-      inputs(2), outputs();
-      return I;
-    }
-    if ((kind == "aten::stack" || kind == "aten::cat") && ins.size() == 2) {
-      I.op = kind == "aten::stack" ? Op::kStack : Op::kCat;
-      inputs(2), outputs();
-      return I;
-    }
-    if ((kind == "aten::matmul" || kind == "aten::mm" || kind == "aten::mv" || kind == "aten::dot") && ins.size() == 2) {
-      I.op = Op::kMatmul, inputs(2), outputs();
-      return I;
-    }
     if (kind == "aten::full_like" || kind == "aten::zeros_like" || kind == "aten::ones_like") {
       const size_t first_opt = kind == "aten::full_like" ? 2 : 1;
       for (size_t j = first_opt; j < ins.size(); ++j) none_only(ins[j], name);
@@ -720,43 +728,9 @@ struct ScriptProgram::Impl {
       inputs(first_opt), outputs();
       return I;
     }
-    if (kind == "aten::size" && overload == "int") {
-      I.op = Op::kSize, inputs(2), outputs();
-      return I;
-    }
-    if (kind == "aten::size" && ins.size() == 1) {
-      I.op = Op::kSizes, inputs(1), outputs();
-      return I;
-    }
-    if (kind == "aten::len" && overload == "Tensor") {
-      I.op = Op::kSize, inputs(1), outputs();
-      return I;
-    }
-    if (kind == "aten::dim" && first_tensor) {
-      I.op = Op::kDim, inputs(1), outputs();
-      return I;
-    }
-    if (kind == "aten::numel" && first_tensor) {
-      I.op = Op::kNumel, inputs(1), outputs();
-      return I;
-    }
     if (kind == "aten::__getitem__" && overload == "t" && ins[0]->type()->cast<c10::ListType>() &&
         ins[0]->type()->cast<c10::ListType>()->getElementType()->kind() == c10::TypeKind::IntType) {
       I.op = Op::kListGet, inputs(2), outputs();
-      return I;
-    }
-    if (kind == "aten::len" && overload == "t") {
-      I.op = Op::kListLen, inputs(1), outputs();
-      return I;
-    }
-    if (kind == "aten::index_select" && ins.size() == 3) {
-      I.op = Op::kIndexSelect, I.sub = 0;
-      inputs(3), outputs();
-      return I;
-    }
-    if (kind == "aten::index" && overload == "Tensor" && ins.size() == 2) {
-      I.op = Op::kIndexSelect, I.sub = 1;
-      inputs(2), outputs();
       return I;
     }
     if (kind == "prim::ListConstruct") {
