@@ -2,7 +2,7 @@
 gradient on every posteriordb port, in microseconds, both engines in the same process, alternating
 (rounds of `--calls` calls each, the median round kept), one thread.
 
-Usage: PYTHONPATH=build/python /usr/bin/python3 bench/module_engine.py [--rows 4 64] [--rounds 5]
+Usage: PYTHONPATH=build/python /usr/bin/python3 bench/module_engine.py [--rows 4 64] [--rounds 5] [--only P ...]
 Prints a markdown table; `--json FILE` also writes the figures.
 """
 import argparse
@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[4, 64])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.2, help="seconds per round and engine (sets the calls)")
+    ap.add_argument("--only", nargs="+", help="these posteriors only")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -44,6 +45,8 @@ def main():
         f"{r} rows: LibTorch us | {r} rows: native us | {r} rows: LibTorch / native" for r in args.rows) + " |")
     print("|---|---|---|" + "---|---|---|" * len(args.rows))
     for p in ports.PORTS:
+        if args.only and p not in args.only:
+            continue
         module = posteriordb.scripted(p)
         native = nmcmc.from_module(module, dtype="float64")
         libtorch = nmcmc.from_module(module, dtype="float64", engine="libtorch")

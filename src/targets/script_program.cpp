@@ -94,6 +94,11 @@ enum class Op : uint8_t {
   kLoop,
   kIf,
   kRaise,
+  kEye,        // eye(n[, m], ...): dtype, layout and device ignored (its values are exact in any)
+  kDiagonal,   // diagonal(self, offset, dim1, dim2)
+  kCholesky,   // linalg_cholesky(self, upper), cholesky(self, upper)
+  kTriSolve,   // linalg_solve_triangular(A, B, upper, left, unitriangular)
+  kNop,        // prim::dtype, prim::device: their results only feed arguments the evaluator ignores
 };
 
 enum Sub : uint8_t {
@@ -286,13 +291,135 @@ void broadcast_each(const Shape& sa, const Shape& sb, const Shape& out, F&& f) {
 /// Above this many multiply-adds a matmul goes to LibTorch's BLAS (its call costs a few us).
 constexpr int64_t kBlasWork = 8192;
 
-/// A [rows, cols] float64 tensor over `v`'s storage (no copy).
-torch::Tensor blob(const std::vector<double>& v, int64_t rows, int64_t cols) {
-  return torch::from_blob(const_cast<double*>(v.data()), {rows, cols}, torch::kFloat64);
-}
-
 void check_rank(const Shape& s) {
   if (s.size() > kMaxDim) throw NotCovered("arrays of more than 8 dimensions");
+}
+
+// Note [Native linear algebra]
+// Gaussian-process models factor a kernel matrix per row of x: a [C, n, n] batch of small
+// matrices (posteriordb's GPs: n = 11). LibTorch spends its time there in per-call dispatch and
+// LAPACK set-up, not arithmetic, so the evaluator does batched matmul, Cholesky, triangular
+// solves and diagonals itself, one small dense matrix at a time (row-major, n x n). The
+// derivatives are LibTorch's (so the load-time check against its autograd holds to rounding):
+// Cholesky A = L L^T: gA = L^-T sym(Phi(L^T gL)) L^-1, Phi the lower triangle with a halved
+// diagonal, sym(M) = (M + M^T) / 2 (Murray, "Differentiation of the Cholesky decomposition",
+// 2016); X = A^-1 B: gB = A^-T gX, gA = -gB X^T restricted to A's triangle. A matrix that is not
+// positive definite raises, as LibTorch does, and the target rejects the rows that raise
+// (Note [A density may fail]).
+
+/// A [rows, cols] float64 tensor over raw storage (no copy).
+torch::Tensor blob_at(const double* v, int64_t rows, int64_t cols) {
+  return torch::from_blob(const_cast<double*>(v), {rows, cols}, torch::kFloat64);
+}
+
+/// out (n x m) = a (n x k) b (k x m), or += when `add`.
+void mm_kernel(const double* a, const double* b, double* out, int64_t n, int64_t k, int64_t m, bool add) {
+  if (n * k * m >= kBlasWork) {
+    torch::Tensor o = blob_at(out, n, m);
+    if (add) {
+      o.addmm_(blob_at(a, n, k), blob_at(b, k, m));
+    } else {
+      at::mm_out(o, blob_at(a, n, k), blob_at(b, k, m));
+    }
+    return;
+  }
+  if (!add) std::fill_n(out, n * m, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    double* row = out + i * m;
+    for (int64_t j = 0; j < k; ++j) {
+      const double aij = a[i * k + j];
+      const double* brow = b + j * m;
+      for (int64_t l = 0; l < m; ++l) row[l] += aij * brow[l];
+    }
+  }
+}
+
+/// The backward of out = a b: ga += go b^T, gb += a^T go (either may be null).
+void mm_kernel_back(const double* a, const double* b, const double* go, double* ga, double* gb, int64_t n, int64_t k,
+                    int64_t m) {
+  if (n * k * m >= kBlasWork) {
+    const torch::Tensor g = blob_at(go, n, m);
+    if (ga) blob_at(ga, n, k).addmm_(g, blob_at(b, k, m).t());
+    if (gb) blob_at(gb, k, m).addmm_(blob_at(a, n, k).t(), g);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const double* g = go + i * m;
+    for (int64_t j = 0; j < k; ++j) {
+      const double* brow = b + j * m;
+      if (ga) {
+        double s = 0;
+        for (int64_t l = 0; l < m; ++l) s += g[l] * brow[l];
+        ga[i * k + j] += s;
+      }
+      if (gb) {
+        const double aij = a[i * k + j];
+        double* gbrow = gb + j * m;
+        for (int64_t l = 0; l < m; ++l) gbrow[l] += aij * g[l];
+      }
+    }
+  }
+}
+
+/// The lower Cholesky factor l of a (n x n, its lower triangle read); the order of the first
+/// leading minor that is not positive definite, or 0.
+int64_t cholesky_lower(const double* a, double* l, int64_t n) {
+  std::fill_n(l, n * n, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j <= i; ++j) {
+      double s = a[i * n + j];
+      for (int64_t q = 0; q < j; ++q) s -= l[i * n + q] * l[j * n + q];
+      if (i == j) {
+        if (!(s > 0)) return i + 1;  // also NaN
+        l[i * n + i] = std::sqrt(s);
+      } else {
+        l[i * n + j] = s / l[j * n + j];
+      }
+    }
+  }
+  return 0;
+}
+
+/// x (n x k) = op(a)^-1 b for a triangular a (n x n): op(a) = a^T when `trans`; `upper` says
+/// which triangle of a holds it; `unit`: its diagonal is taken as ones. x may alias b.
+void tri_solve(const double* a, const double* b, double* x, int64_t n, int64_t k, bool upper, bool trans, bool unit) {
+  auto at = [&](int64_t i, int64_t j) { return trans ? a[j * n + i] : a[i * n + j]; };
+  const bool up = upper != trans;  // op(a) is upper triangular
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t i = up ? n - 1 - t : t;
+    for (int64_t c = 0; c < k; ++c) {
+      double s = b[i * k + c];
+      if (up) {
+        for (int64_t j = i + 1; j < n; ++j) s -= at(i, j) * x[j * k + c];
+      } else {
+        for (int64_t j = 0; j < i; ++j) s -= at(i, j) * x[j * k + c];
+      }
+      x[i * k + c] = unit ? s : s / at(i, i);
+    }
+  }
+}
+
+/// The batch layout of a batched matrix operation on a ([..., n, k]) and b ([..., k, m]): the
+/// batch dimensions must be equal, or one operand a plain matrix shared by every batch entry.
+struct MatBatch {
+  Shape batch;  // the result's batch dimensions
+  int64_t count = 1;
+  bool a_shared = false, b_shared = false;
+};
+MatBatch mat_batch(const Shape& sa, const Shape& sb, const char* what) {
+  const Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
+  MatBatch r;
+  if (ba == bb) {
+    r.batch = ba;
+  } else if (ba.empty()) {
+    r.batch = bb, r.a_shared = true;
+  } else if (bb.empty()) {
+    r.batch = ba, r.b_shared = true;
+  } else {
+    throw NotCovered(std::string(what) + " of " + shape_text(sa) + " and " + shape_text(sb) + " (broadcast batch dimensions)");
+  }
+  r.count = numel_of(r.batch);
+  return r;
 }
 
 inline double pow_fwd(double a, double s) {
@@ -452,7 +579,8 @@ struct ScriptProgram::Impl {
   std::deque<Arr> arrs;  // references stay valid as it grows
   int64_t n_const = 0, top = 0;
   std::vector<Rec> tape;
-  std::vector<int64_t> extra;  // the inputs of stack and cat records
+  std::vector<int64_t> extra;  // the inputs of stack and cat records, diagonal's offsets
+  std::vector<double> scratch;  // the backward's work space (Cholesky, triangular solves)
   int64_t n_instr = 0;
   mutable std::mutex mutex;
 
@@ -507,7 +635,7 @@ struct ScriptProgram::Impl {
       r.kind = Reg::kDouble, r.d = iv->toDouble();
     } else if (iv->isBool()) {
       r.kind = Reg::kBool, r.i = iv->toBool();
-    } else if (iv->isNone()) {
+    } else if (iv->isNone() || iv->isDevice()) {  // a device only reaches arguments the evaluator ignores
       r.kind = Reg::kNone;
     } else if (iv->isIntList()) {
       r.kind = Reg::kIntList, r.list = iv->toIntVector();
@@ -675,6 +803,14 @@ struct ScriptProgram::Impl {
         {"aten::len", "t", -1, false, Op::kListLen, 0, 1},
         {"aten::index_select", nullptr, 3, false, Op::kIndexSelect, 0, 3},
         {"aten::index", "Tensor", 2, false, Op::kIndexSelect, 1, 2},
+        {"aten::linalg_cholesky", nullptr, 2, true, Op::kCholesky, 0, 2},
+        {"aten::cholesky", nullptr, 2, true, Op::kCholesky, 0, 2},
+        {"aten::linalg_solve_triangular", nullptr, 5, false, Op::kTriSolve, 0, 5},
+        {"aten::diagonal", "", 4, true, Op::kDiagonal, 0, 4},
+        {"aten::eye", "", 5, false, Op::kEye, 0, 1},
+        {"aten::eye", "m", 6, false, Op::kEye, 1, 2},
+        {"prim::dtype", nullptr, 1, true, Op::kNop, 0, 0},
+        {"prim::device", nullptr, 1, true, Op::kNop, 0, 0},
     };
     for (const Direct& e : direct) {
       if (kind != e.kind || (e.overload && overload != e.overload)) continue;
@@ -1193,9 +1329,30 @@ struct ScriptProgram::Impl {
       case Op::kMatmul: {
         const int ia = tensor_in(I, 0), ib = tensor_in(I, 1);
         const Shape sa = arr(ia).shape, sb = arr(ib).shape;
-        if (sa.empty() || sb.empty() || sa.size() > 2 || sb.size() > 2) throw NotCovered("matmul of " + shape_text(sa) + " and " + shape_text(sb));
+        if (sa.empty() || sb.empty()) throw NotCovered("matmul of " + shape_text(sa) + " and " + shape_text(sb));
+        if (sa.size() > 2 || sb.size() > 2) {  // batched: [..., n, k] @ [..., k, m]
+          if (sa.size() < 2 || sb.size() < 2) throw NotCovered("matmul of " + shape_text(sa) + " and " + shape_text(sb));
+          const int64_t n = sa[sa.size() - 2], k = sa.back(), m = sb.back();
+          if (sb[sb.size() - 2] != k) throw std::runtime_error("matmul of " + shape_text(sa) + " and " + shape_text(sb) + ": sizes differ");
+          const MatBatch mb = mat_batch(sa, sb, "matmul");
+          Shape os = mb.batch;
+          os.push_back(n), os.push_back(m);
+          const int o = fresh(os, arr(ia).needs || arr(ib).needs);
+          const Arr &a = arr(ia), &b = arr(ib);
+          Arr& out = arr(o);
+          for (int64_t q = 0; q < mb.count; ++q) {
+            mm_kernel(a.v.data() + (mb.a_shared ? 0 : q * n * k), b.v.data() + (mb.b_shared ? 0 : q * k * m),
+                      out.v.data() + q * n * m, n, k, m, false);
+          }
+          if (out.needs) {
+            record(Op::kMatmul, static_cast<uint8_t>((mb.a_shared ? 1 : 0) | (mb.b_shared ? 2 : 0)), o, ia, ib,
+                   static_cast<double>(mb.count), 0, n, k, m);
+          }
+          set_tensor(I.out[0], o);
+          return;
+        }
         const int64_t n = sa.size() == 2 ? sa[0] : 1, k = sa.back();
-        const int64_t kb = sb.size() == 2 ? sb[0] : sb[0], m = sb.size() == 2 ? sb[1] : 1;
+        const int64_t kb = sb[0], m = sb.size() == 2 ? sb[1] : 1;
         if (k != kb) throw std::runtime_error("matmul of " + shape_text(sa) + " and " + shape_text(sb) + ": sizes differ");
         Shape os;
         if (sa.size() == 2) os.push_back(n);
@@ -1203,21 +1360,106 @@ struct ScriptProgram::Impl {
         const int o = fresh(os, arr(ia).needs || arr(ib).needs);
         const Arr &a = arr(ia), &b = arr(ib);
         Arr& out = arr(o);
-        if (n * k * m >= kBlasWork) {
-          torch::Tensor result = blob(out.v, n, m);
-          at::mm_out(result, blob(a.v, n, k), blob(b.v, k, m));
-        } else {
+        mm_kernel(a.v.data(), b.v.data(), out.v.data(), n, k, m, false);
+        if (out.needs) record(Op::kMatmul, 0, o, ia, ib, 1.0, 0, n, k, m);
+        set_tensor(I.out[0], o);
+        return;
+      }
+      case Op::kEye: {
+        const int64_t n = integer(I.in[0]), m = I.sub ? integer(I.in[1]) : n;
+        if (n < 0 || m < 0) throw std::runtime_error("eye: negative size");
+        const int o = fresh({n, m}, false);
+        Arr& out = arr(o);
         std::fill(out.v.begin(), out.v.end(), 0.0);
-        for (int64_t i = 0; i < n; ++i) {
-          double* row = out.v.data() + i * m;
-          for (int64_t j = 0; j < k; ++j) {
-            const double aij = a.v[i * k + j];
-            const double* brow = b.v.data() + j * m;
-            for (int64_t l = 0; l < m; ++l) row[l] += aij * brow[l];
+        for (int64_t i = 0; i < std::min(n, m); ++i) out.v[i * m + i] = 1.0;
+        set_tensor(I.out[0], o);
+        return;
+      }
+      case Op::kNop:
+        return;
+      case Op::kDiagonal: {
+        const int ia = tensor_in(I, 0);
+        const Shape s = arr(ia).shape;
+        const int64_t nd = static_cast<int64_t>(s.size());
+        if (nd < 2) throw std::runtime_error("diagonal of a " + std::to_string(nd) + "-d array");
+        const int64_t off = integer(I.in[1]), d1 = wrap_dim(integer(I.in[2]), nd), d2 = wrap_dim(integer(I.in[3]), nd);
+        if (d1 == d2) throw std::runtime_error("diagonal: dim1 and dim2 are the same");
+        const int64_t len = std::max<int64_t>(0, off >= 0 ? std::min(s[d1], s[d2] - off) : std::min(s[d1] + off, s[d2]));
+        std::array<int64_t, kMaxDim> st{};
+        for (int64_t k = nd - 1, acc = 1; k >= 0; --k) st[k] = acc, acc *= s[k];
+        Shape os, rest_st;
+        for (int64_t k = 0; k < nd; ++k) {
+          if (k != d1 && k != d2) os.push_back(s[k]), rest_st.push_back(st[k]);
+        }
+        os.push_back(len);
+        rest_st.push_back(st[d1] + st[d2]);
+        const int64_t base = len == 0 ? 0 : (off >= 0 ? off * st[d2] : -off * st[d1]);
+        const int o = fresh(os, arr(ia).needs);
+        Arr& out = arr(o);
+        const Arr& a = arr(ia);
+        const int64_t at0 = static_cast<int64_t>(extra.size());
+        std::array<int64_t, kMaxDim> zero{};
+        each(os, rest_st.data(), zero.data(), [&](int64_t k, int64_t j, int64_t) {
+          out.v[k] = a.v[base + j];
+          if (out.needs) extra.push_back(base + j);
+        });
+        if (out.needs) record(Op::kDiagonal, 0, o, ia, -1, 0, 0, at0, static_cast<int64_t>(out.v.size()));
+        set_tensor(I.out[0], o);
+        return;
+      }
+      case Op::kCholesky: {
+        const int ia = tensor_in(I, 0);
+        const bool upper = I.in.size() > 1 && regs[I.in[1]].kind != Reg::kNone && integer(I.in[1]) != 0;
+        const Shape s = arr(ia).shape;
+        if (s.size() < 2 || s[s.size() - 1] != s[s.size() - 2]) {
+          throw std::runtime_error("linalg.cholesky: the input must be (batches of) square matrices, not " + shape_text(s));
+        }
+        const int64_t n = s.back(), count = numel_of(s) / std::max<int64_t>(1, n * n);
+        const int o = fresh(s, arr(ia).needs);
+        Arr& out = arr(o);
+        const Arr& a = arr(ia);
+        for (int64_t q = 0; q < count; ++q) {
+          double* l = out.v.data() + q * n * n;
+          const int64_t minor = cholesky_lower(a.v.data() + q * n * n, l, n);
+          if (minor) {
+            throw std::runtime_error("linalg.cholesky: (batch element " + std::to_string(q) +
+                                     "): the input is not positive-definite (the leading minor of order " +
+                                     std::to_string(minor) + " is not positive-definite)");
+          }
+          if (upper) {
+            for (int64_t i = 0; i < n; ++i) {
+              for (int64_t j = 0; j < i; ++j) std::swap(l[i * n + j], l[j * n + i]);
+            }
           }
         }
+        if (out.needs) record(Op::kCholesky, upper ? 1 : 0, o, ia, -1, 0, 0, n, count);
+        set_tensor(I.out[0], o);
+        return;
+      }
+      case Op::kTriSolve: {
+        const int ia = tensor_in(I, 0), ib = tensor_in(I, 1);
+        const bool upper = integer(I.in[2]) != 0, left = integer(I.in[3]) != 0, unit = integer(I.in[4]) != 0;
+        if (!left) throw NotCovered("linalg_solve_triangular with left=False");
+        const Shape sa = arr(ia).shape, sb = arr(ib).shape;
+        if (sa.size() < 2 || sb.size() < 2 || sa[sa.size() - 1] != sa[sa.size() - 2] || sb[sb.size() - 2] != sa.back()) {
+          throw std::runtime_error("linalg.solve_triangular: shapes " + shape_text(sa) + " and " + shape_text(sb) + " do not fit");
         }
-        if (out.needs) record(Op::kMatmul, 0, o, ia, ib, 0, 0, n, k, m);
+        const int64_t n = sa.back(), k = sb.back();
+        const MatBatch mb = mat_batch(sa, sb, "linalg_solve_triangular");
+        Shape os = mb.batch;
+        os.push_back(n), os.push_back(k);
+        const int o = fresh(os, arr(ia).needs || arr(ib).needs);
+        const Arr &a = arr(ia), &b = arr(ib);
+        Arr& out = arr(o);
+        for (int64_t q = 0; q < mb.count; ++q) {
+          tri_solve(a.v.data() + (mb.a_shared ? 0 : q * n * n), b.v.data() + (mb.b_shared ? 0 : q * n * k),
+                    out.v.data() + q * n * k, n, k, upper, false, unit);
+        }
+        if (out.needs) {
+          record(Op::kTriSolve,
+                 static_cast<uint8_t>((upper ? 1 : 0) | (unit ? 2 : 0) | (mb.a_shared ? 4 : 0) | (mb.b_shared ? 8 : 0)),
+                 o, ia, ib, 0, 0, n, k, mb.count);
+        }
         set_tensor(I.out[0], o);
         return;
       }
@@ -1622,26 +1864,78 @@ struct ScriptProgram::Impl {
       }
       case Op::kMatmul: {
         Arr &a = arrs[r.a], &b = arrs[r.b];
-        const int64_t n = r.p0, k = r.p1, m = r.p2;
-        if (n * k * m >= kBlasWork) {
-          const torch::Tensor go = blob(out.g, n, m);
-          if (a.needs) blob(a.g, n, k).addmm_(go, blob(b.v, k, m).t());
-          if (b.needs) blob(b.g, k, m).addmm_(blob(a.v, n, k).t(), go);
-          return;
+        const int64_t n = r.p0, k = r.p1, m = r.p2, count = std::max<int64_t>(1, static_cast<int64_t>(r.s0));
+        const bool a_shared = r.sub & 1, b_shared = r.sub & 2;
+        for (int64_t q = 0; q < count; ++q) {
+          const int64_t oa = a_shared ? 0 : q * n * k, ob = b_shared ? 0 : q * k * m;
+          mm_kernel_back(a.v.data() + oa, b.v.data() + ob, out.g.data() + q * n * m, a.needs ? a.g.data() + oa : nullptr,
+                         b.needs ? b.g.data() + ob : nullptr, n, k, m);
         }
-        for (int64_t i = 0; i < n; ++i) {
-          const double* go = out.g.data() + i * m;
-          for (int64_t j = 0; j < k; ++j) {
-            const double* brow = b.v.data() + j * m;
-            if (a.needs) {
-              double s = 0;
-              for (int64_t l = 0; l < m; ++l) s += go[l] * brow[l];
-              a.g[i * k + j] += s;
+        return;
+      }
+      case Op::kDiagonal: {
+        Arr& a = arrs[r.a];
+        const int64_t* at = extra.data() + r.p0;
+        for (int64_t k = 0; k < r.p1; ++k) a.g[at[k]] += out.g[k];
+        return;
+      }
+      case Op::kCholesky: {
+        Arr& a = arrs[r.a];
+        if (!a.needs) return;
+        const int64_t n = r.p0, nn = n * n;
+        scratch.resize(5 * nn);
+        double *l = scratch.data(), *gl = l + nn, *g = gl + nn, *y = g + nn, *z = y + nn;
+        for (int64_t q = 0; q < r.p1; ++q) {
+          const double *lv = out.v.data() + q * nn, *lg = out.g.data() + q * nn;
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              l[i * n + j] = r.sub ? lv[j * n + i] : lv[i * n + j];  // upper: U = L^T
+              gl[i * n + j] = r.sub ? lg[j * n + i] : lg[i * n + j];
             }
-            if (b.needs) {
-              const double aij = a.v[i * k + j];
-              double* gb = b.g.data() + j * m;
-              for (int64_t l = 0; l < m; ++l) gb[l] += aij * go[l];
+          }
+          // g = sym(Phi(tril(L^T gL)))
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j <= i; ++j) {
+              double t = 0;
+              for (int64_t p = i; p < n; ++p) t += l[p * n + i] * gl[p * n + j];
+              g[i * n + j] = g[j * n + i] = 0.5 * t;
+            }
+          }
+          tri_solve(l, g, y, n, n, false, true, false);  // y = L^-T g
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j < n; ++j) g[i * n + j] = y[j * n + i];
+          }
+          tri_solve(l, g, z, n, n, false, true, false);  // z = L^-T y^T = (y L^-1)^T
+          double* ga = a.g.data() + q * nn;
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j < n; ++j) ga[i * n + j] += z[j * n + i];
+          }
+        }
+        return;
+      }
+      case Op::kTriSolve: {
+        Arr &a = arrs[r.a], &b = arrs[r.b];
+        const int64_t n = r.p0, k = r.p1, count = r.p2;
+        const bool upper = r.sub & 1, unit = r.sub & 2, a_shared = r.sub & 4, b_shared = r.sub & 8;
+        scratch.resize(n * k);
+        double* y = scratch.data();
+        for (int64_t q = 0; q < count; ++q) {
+          const double* av = a.v.data() + (a_shared ? 0 : q * n * n);
+          const double *xv = out.v.data() + q * n * k, *gx = out.g.data() + q * n * k;
+          tri_solve(av, gx, y, n, k, upper, true, unit);  // gB = A^-T gX
+          if (b.needs) {
+            double* gb = b.g.data() + (b_shared ? 0 : q * n * k);
+            for (int64_t e = 0; e < n * k; ++e) gb[e] += y[e];
+          }
+          if (a.needs) {  // gA = -gB X^T on A's triangle
+            double* ga = a.g.data() + (a_shared ? 0 : q * n * n);
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t j0 = upper ? (unit ? i + 1 : i) : 0, j1 = upper ? n : (unit ? i : i + 1);
+              for (int64_t j = j0; j < j1; ++j) {
+                double t = 0;
+                for (int64_t c = 0; c < k; ++c) t += y[i * k + c] * xv[j * k + c];
+                ga[i * n + j] -= t;
+              }
             }
           }
         }

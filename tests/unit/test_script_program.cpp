@@ -139,6 +139,66 @@ TEST(NativeEngine, MatmulSmallAndThroughBlas) {
                        });
 }
 
+// Note [Native linear algebra]: a Gaussian process's kernel matrix per row, its Cholesky factor
+// (lower and upper), triangular solves (lower, upper, unit diagonal, a shared matrix or a shared
+// right-hand side), diagonals with offsets, batched matmul with either operand shared, eye.
+TEST(NativeEngine, BatchedLinearAlgebra) {
+  at::Generator gen = make_generator(5);
+  const torch::Tensor w = torch::randn({4, 4}, gen, kF64) * 0.5, v = torch::randn({1, 3}, gen, kF64);
+  const torch::Tensor tri = torch::randn({4, 4}, gen, kF64).tril() * 0.3 + torch::eye(4, kF64) * 2.0;
+  const torch::Tensor rhs = torch::randn({4, 2}, gen, kF64), xs = torch::linspace(0.0, 3.0, 4, kF64);
+  expect_engines_agree("linalg",
+                       "def forward(self, x):\n"
+                       "    n = x.size(1) - 2\n"
+                       "    eye = torch.eye(n, dtype=x.dtype, device=x.device)\n"
+                       "    b = x[:, 0:4].unsqueeze(2) * self.w\n"                                  // [C, 4, 4]
+                       "    k = torch.exp(x[:, 4]).view(-1, 1, 1) * torch.exp(-0.5 * self.sq / torch.exp(x[:, 5]).view(-1, 1, 1))\n"
+                       "    cov = torch.matmul(b, b.transpose(1, 2)) + k + eye\n"
+                       "    l = torch.linalg_cholesky(cov)\n"
+                       "    u = torch.linalg_cholesky(cov, upper=True) + torch.cholesky(cov, upper=True) - torch.cholesky(cov, True)\n"
+                       "    r = x[:, 1:5].unsqueeze(2) * self.v\n"                                  // [C, 4, 3]
+                       "    z = torch.linalg_solve_triangular(l, r, upper=False)\n"
+                       "    zu = torch.linalg_solve_triangular(u, r, upper=True)\n"
+                       "    z1 = torch.linalg_solve_triangular(l, r, upper=False, unitriangular=True)\n"
+                       "    za = torch.linalg_solve_triangular(self.tri, r, upper=False)\n"          // shared A
+                       "    zb = torch.linalg_solve_triangular(u, self.rhs, upper=True)\n"           // shared B
+                       "    d = torch.log(torch.diagonal(l, 0, 1, 2)).sum(-1) + torch.diagonal(cov, 1, 1, 2).sum(-1)\n"
+                       "    d = d + torch.diagonal(cov, -2, -2, -1).sum(-1) + torch.diagonal(u, 1, 2, 1).sum(-1)\n"
+                       "    m = (self.w @ b).sum([1, 2]) + torch.sin(b @ self.w).sum([1, 2]) + (l @ z).sum([1, 2])\n"
+                       "    e = (torch.eye(3, 4, dtype=x.dtype) * x[:, 0:4].unsqueeze(1)).sum([1, 2])\n"
+                       "    return 0.5 * (z * z).sum([1, 2]) + (zu * z1).sum([1, 2]) + torch.tanh(za).sum([1, 2]) + zb.sum([1, 2]) + d + m + e\n",
+                       6, [&](torch::jit::Module& m) {
+                         m.register_buffer("w", w);
+                         m.register_buffer("v", v);
+                         m.register_buffer("tri", tri);
+                         m.register_buffer("rhs", rhs);
+                         m.register_buffer("sq", (xs.unsqueeze(0) - xs.unsqueeze(1)).pow(2));
+                       });
+}
+
+// A kernel matrix that is not positive definite raises on the evaluator as on LibTorch, and only
+// the rows that raise are rejected (Note [A density may fail]).
+TEST(NativeEngine, ACholeskyThatFailsRejectsItsRowsOnly) {
+  const std::string path = save("cholfail",
+                                "def forward(self, x):\n"
+                                "    cov = torch.eye(2, dtype=x.dtype) * (x.unsqueeze(2) + 2.5) + 0.1\n"
+                                "    l = torch.linalg_cholesky(cov)\n"
+                                "    return 2.0 * torch.log(torch.diagonal(l, 0, -2, -1)).sum(-1) + (x * x).sum(-1)\n");
+  auto native = load(path, 2, "native");
+  auto libtorch = load(path, 2, "libtorch");
+  ASSERT_EQ(as_module(*native).engine(), "native") << as_module(*native).engine_note();
+  const torch::Tensor x = torch::tensor({{0.3, -0.2}, {-2.9, 0.1}, {1.0, 2.0}}, kF64);
+  const EnergyGrad a = native->energy_and_grad(x), b = libtorch->energy_and_grad(x);
+  EXPECT_TRUE(std::isnan(a.energy[1].item<double>()) && torch::isnan(a.grad[1]).all().item<bool>());
+  EXPECT_TRUE(std::isnan(b.energy[1].item<double>()));
+  for (int64_t row : {0, 2}) {
+    EXPECT_NEAR(a.energy[row].item<double>(), b.energy[row].item<double>(), 1e-12);
+    EXPECT_TRUE(torch::allclose(a.grad[row], b.grad[row], 1e-12, 1e-12)) << a.grad << b.grad;
+  }
+  EXPECT_EQ(native->density_failures(), 1);
+  EXPECT_NE(native->first_density_failure().find("positive-definite"), std::string::npos) << native->first_density_failure();
+}
+
 TEST(NativeEngine, IndexingByGroups) {
   // a hierarchical model as users write it: each observation's group effect by an int index
   at::Generator gen = make_generator(9);
@@ -234,7 +294,7 @@ TEST(NativeEngine, WhatItDoesNotCoverRunsOnLibTorchWithTheReason) {
                             2, "auto"))
                 .engine(),
             "libtorch");
-  auto batched = load(save("bmm", "def forward(self, x):\n    return (x.unsqueeze(1) @ x.unsqueeze(2)).view(-1)\n"), 2, "auto");
+  auto batched = load(save("bmv", "def forward(self, x):\n    return (x.unsqueeze(1) @ x[0]).view(-1)\n"), 2, "auto");
   EXPECT_EQ(as_module(*batched).engine(), "libtorch");
   EXPECT_NE(as_module(*batched).engine_note().find("matmul"), std::string::npos) << as_module(*batched).engine_note();
   // engine libtorch is honoured; an unknown engine is refused
