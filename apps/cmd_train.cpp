@@ -47,7 +47,7 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   if (a.seed) cfg["train"]["seed"] = *a.seed;
   if (a.compute.dtype) cfg["dtype"] = *a.compute.dtype;
   if ((a.transport_layers || a.transport_rounds) && !a.transport) {
-    throw UsageError("--transport-layers and --transport-rounds go with --transport flow");
+    throw UsageError("--transport-layers and --transport-rounds go with --transport flow or auto");
   }
   if (a.transport) {
     cfg["transport"] = json{{"kind", parse_enum<TransportKind>(*a.transport)}};
@@ -78,6 +78,17 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   }
   if (!result.preconditioner.is_null()) {
     const json& p = result.preconditioner;
+    if (p.contains("auto") && p["auto"].is_object()) {
+      const json& au = p["auto"];
+      const json& f = au.value("fisher_per_dim", json(nullptr));
+      std::cout << fmt::format("transport auto: the affine map leaves a Fisher divergence of {} per dimension "
+                               "(threshold {:.3g}): {}\n",
+                               f.is_number() ? fmt::format("{:.3g}", f.get<double>()) : std::string("n/a"),
+                               au.value("threshold", 0.0),
+                               au.value("chose", "") == "flow" ? "the proposal trains in a flow transport's latent space"
+                                                                : au.contains("why") ? au["why"].get<std::string>()
+                                                                                     : "the affine map is kept");
+    }
     if (p.contains("transport") && p["transport"].is_object()) {
       const json& t = p["transport"];
       const json& rounds = t.value("rounds", json::array());
@@ -151,7 +162,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
   cmd->add_option("--transport", a->transport,
                   "flow: fit a normalizing flow in the warm-up and train the proposal in its latent space "
-                  "(docs/transport.md); none: the affine preconditioner only");
+                  "(docs/transport.md); none: the affine preconditioner only; auto (the default without a "
+                  "config): the flow where the affine map does not fit the posterior");
   cmd->add_option("--transport-layers", a->transport_layers, "the flow's coupling layers (default 8)");
   cmd->add_option("--transport-rounds", a->transport_rounds, "its fits during the warm-up (default 4)");
   a->compute.add(cmd, "float32 | float64 (default: the config's)");

@@ -90,7 +90,9 @@ def check(args) -> int:
         ref = ports.reference(p)
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
-        row["transport"] = args.transport
+        if args.transport == "auto" and args.sampler == "nuts":
+            raise SystemExit("posteriordb.py: --transport auto is the learned sampler's (nmcmc train's)")
+        row["transport"] = args.transport or ("auto" if args.sampler == "learned" else "none")
         if args.sampler == "nuts":
             row["metric"] = args.metric + ("+flow" if args.transport == "flow" else "")
         try:
@@ -115,13 +117,15 @@ def one(nmcmc, p, ref, row, args, t0):
     fixed_grads = fixed_seconds = 0.0  # warm-up, preconditioner and training: paid before sampling
     if args.sampler == "nuts":
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
-                           metric=args.metric, transport=args.transport, progress=False)
+                           metric=args.metric, transport=args.transport or "none", progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
-        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype,
-                            transport=None if args.transport == "none" else args.transport)
+        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport)
         tr = model.training
         pre = tr.get("preconditioner") or {}
+        if "auto" in pre:  # Note [Choosing the transport]: what it measured and chose
+            row["transport"] = "auto:" + pre["auto"]["chose"]
+            row["fisher_per_dim"] = pre["auto"]["fisher_per_dim"]
         row.update({"training_seconds": time.time() - t0, "training_steps": tr["steps"], "stopped": tr.get("stopped"),
                     "preconditioner_grads": pre.get("grads", 0), "preconditioner_seconds": pre.get("seconds", 0.0),
                     "training_grads": tr["grads"] * batch, "training_loop_seconds": tr["seconds"]})
@@ -321,9 +325,10 @@ def main() -> int:
     c.add_argument("--only", nargs="*")
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
-    c.add_argument("--transport", choices=["none", "flow"], default="none",
-                   help="nuts: sample through a flow fitted in warm-up; learned: train and sample in its latent "
-                        "space (docs/transport.md)")
+    c.add_argument("--transport", choices=["none", "flow", "auto"], default=None,
+                   help="nuts: sample through a flow fitted in warm-up (default none); learned: train and sample "
+                        "in its latent space; auto (the learned sampler's default, nmcmc train's): the flow "
+                        "where the affine map does not fit (docs/transport.md)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--draws", type=int, default=1000)

@@ -403,7 +403,9 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves.
     transport: "flow" fits a normalizing flow in the warm-up and trains the proposal in its latent
     space (docs/transport.md); the model then samples there (transport_layers, transport_rounds:
-    the flow's coupling layers and fits)."""
+    the flow's coupling layers and fits). "auto" (the default without a config) does so only where
+    the affine preconditioner does not fit the posterior (model.training["preconditioner"]["auto"]
+    says what it measured and chose); "none": the affine preconditioner only."""
     cfg = _load_config(config)
     if config is None:
         # Your own target: the defaults `nmcmc train --module` uses (the Langevin variant with the
@@ -429,10 +431,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     if dtype is not None:
         cfg["dtype"] = _dtype_name(dtype)
     if transport is None and (transport_layers is not None or transport_rounds is not None):
-        raise ValueError("nmcmc.train: transport_layers and transport_rounds go with transport='flow'")
+        raise ValueError("nmcmc.train: transport_layers and transport_rounds go with transport='flow' or 'auto'")
     if transport is not None:
-        if transport not in ("flow", "none"):
-            raise ValueError(f"nmcmc.train: transport must be 'flow' or 'none', not {transport!r}")
+        if transport not in ("flow", "auto", "none"):
+            raise ValueError(f"nmcmc.train: transport must be 'flow', 'auto' or 'none', not {transport!r}")
         cfg["transport"] = {"kind": transport}
         if transport_layers is not None:
             cfg["transport"]["layers"] = int(transport_layers)

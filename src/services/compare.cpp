@@ -199,6 +199,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
     results["samplers"][nuts_name(m)]["metric_adapt"] = m;
   }
+  if (o.transport == TransportKind::kAuto) throw UsageError("compare: --transport takes none or flow (auto is nmcmc train's)");
   if (o.transport != TransportKind::kNone) {
     if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
     tell("-- nuts_flow");

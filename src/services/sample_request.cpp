@@ -43,6 +43,10 @@ Prepared prepare(const SampleRequest& request) {
   FlowTransport model_flow(nullptr);
   const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
+  if (a.transport == TransportKind::kAuto) {
+    throw UsageError("--transport auto is nmcmc train's choice between the affine map and a flow; sampling takes "
+                     "none or flow");
+  }
   if (a.transport != TransportKind::kNone && learned) {
     throw UsageError("--transport applies to nuts, hmc and mala; the learned sampler gets its flow in training "
                      "(nmcmc train --transport flow) and samples in it");

@@ -76,11 +76,12 @@ TrainConfig parse_train_config(const json& j) {
     if (c.transport.rounds < 1) throw UsageError("config: transport.rounds must be at least 1");
     if (c.transport.kind != TransportKind::kNone &&
         (c.train.precondition_sampler == SamplerKind::kRwm || c.train.precondition_sampler == SamplerKind::kLearned)) {
-      throw UsageError("config: a flow transport is fitted from gradients: train.precondition_sampler must be nuts, "
-                       "hmc or mala");
+      throw UsageError("config: a flow transport (kind flow or auto) is fitted from gradients: "
+                       "train.precondition_sampler must be nuts, hmc or mala");
     }
     if (c.transport.kind != TransportKind::kNone && c.train.precondition_warmup < 100) {
-      throw UsageError("config: a flow transport is fitted in the warm-up: train.precondition_warmup must be at least 100");
+      throw UsageError("config: a flow transport (kind flow or auto) is fitted in the warm-up: "
+                       "train.precondition_warmup must be at least 100");
     }
   }
   return c;
@@ -88,7 +89,20 @@ TrainConfig parse_train_config(const json& j) {
 
 json default_train_config() {
   return {{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}}},
-          {"train", {{"rho", 0.3}, {"batch", 256}, {"steps", 3000}, {"patience", 300}, {"min_gain", 0.01}, {"max_seconds", 90}}}};
+          {"train", {{"rho", 0.3}, {"batch", 256}, {"steps", 3000}, {"patience", 300}, {"min_gain", 0.01}, {"max_seconds", 90}}},
+          {"transport", {{"kind", "auto"}}}};
+}
+
+double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l) {
+  const torch::Tensor x64 = x.to(torch::kFloat64);
+  const EnergyGrad eg = target.energy_and_grad(x64.to(target.options()));
+  const torch::Tensor g = eg.grad.to(torch::kFloat64);
+  const torch::Tensor ok = torch::isfinite(g).all(1) & torch::isfinite(x64).all(1);
+  if (ok.sum().item<int64_t>() < 2) return std::numeric_limits<double>::quiet_NaN();
+  const torch::Tensor xs = x64.index({ok}), gs = g.index({ok});
+  const torch::Tensor z = torch::linalg_solve(l, (xs - xs.mean(0)).t()).t();  // x = m + L z
+  const torch::Tensor gz = gs.matmul(l);                                      // d(-log p)/dz = L^T grad U
+  return (gz - z).pow(2).sum(1).mean().item<double>() / static_cast<double>(x.size(1));
 }
 
 namespace {
@@ -196,6 +210,15 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   if (o.eps_from_warmup) sampler->set_eps(r.step_size);
   seed_buffer_from(trainer, r.draws, model_target.options());
   record["divergent"] = r.divergent.sum().item<int64_t>();
+  {
+    // Note [Choosing the transport]: how far the Gaussian the affine map fits is from the target,
+    // from the last draws and their gradients.
+    torch::Tensor x = r.draws.reshape({-1, target.dim()});
+    x = x.narrow(0, std::max<int64_t>(0, x.size(0) - kFisherRows), std::min<int64_t>(x.size(0), kFisherRows));
+    const double f = affine_fisher_per_dim(target, x, sampler->precondition_matrix().to(torch::kFloat64));
+    record["fisher_per_dim"] = std::isfinite(f) ? json(f) : json(nullptr);
+    record["grads"] = record["grads"].get<int64_t>() + x.size(0);
+  }
   if (o.eps_from_warmup && o.beta_from_warmup) record["beta"] = trainer.warm_start_beta();
   return record;
 }
@@ -278,13 +301,19 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
-  const bool with_transport = config.transport.kind != TransportKind::kNone;
-  if (with_transport && comm->world_size() > 1) throw UsageError("training with a flow transport runs in one process");
+  const bool distributed = comm->world_size() > 1;
+  const bool auto_transport = config.transport.kind == TransportKind::kAuto;
+  bool with_transport = config.transport.kind == TransportKind::kFlow;
+  if (with_transport && distributed) throw UsageError("training with a flow transport runs in one process");
   // With a transport the flow is the preconditioner; "auto" adds a learned diagonal one in its
   // latent space (Note [Learned proposal in a flow's latent space]).
-  model.precondition = with_transport && model.precondition == Precondition::kAuto
-                           ? Precondition::kDiag
-                           : resolve_precondition(model.precondition, model.dim);
+  const Precondition asked_precondition = model.precondition;
+  auto set_precondition = [&] {
+    model.precondition = with_transport && asked_precondition == Precondition::kAuto
+                             ? Precondition::kDiag
+                             : resolve_precondition(asked_precondition, model.dim);
+  };
+  set_precondition();
   // Resume only when every rank sees the checkpoint (rank 0 writes it; other machines need the
   // same path on a shared directory).
   bool resuming = resume && std::filesystem::exists(output);
@@ -292,6 +321,12 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   if (seen > 0 && seen < comm->world_size()) {
     throw UsageError(fmt::format("{}: checkpoint '{}' exists on {} of {} processes; to resume, every process needs it "
                                  "(a directory all machines share)", comm->where(), output, seen, comm->world_size()));
+  }
+  if (auto_transport && resuming) {  // the checkpoint holds the choice
+    auto ar = open_learned_checkpoint(output);
+    with_transport = read_learned_meta(ar, output).contains("transport");
+    if (with_transport && distributed) throw UsageError("checkpoint '" + output + "' was trained with a flow transport, which runs in one process");
+    set_precondition();
   }
   TrainOptions train_options = config.train;
   if (resuming && train_options.shards == 0) {
@@ -305,9 +340,49 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
       train_options.shards = *stored;
     }
   }
+  TrainResult result;
+  // Every rank runs the same warm-up (same seed); rank 0's result is then broadcast. Distributed, a
+  // stop during it waits for the first training step (so all ranks stop together).
+  auto run_affine_warmup = [&](LearnedSampler& s, Trainer& t, bool& interrupted) {
+    json record = warm_up_preconditioner(*target, s, t, config.train, progress, distributed ? nullptr : should_stop);
+    interrupted = parallel::all_reduce_doubles(*comm, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
+    return record;
+  };
+  // Note [Choosing the transport]: the affine warm-up first; its model and trainer are kept when
+  // the affine map fits.
+  LearnedSampler affine_sampler{nullptr};
+  std::unique_ptr<Trainer> affine_trainer;
+  json affine_record, auto_record;
+  if (auto_transport && !resuming) {
+    affine_sampler = LearnedSampler(model);
+    affine_trainer = std::make_unique<Trainer>(*target, affine_sampler.ptr(), train_options, comm);
+    if (affine_sampler->preconditioned()) {
+      bool interrupted = false;
+      affine_record = run_affine_warmup(affine_sampler, *affine_trainer, interrupted);
+      if (interrupted) {
+        result.interrupted = true;
+        result.saved = false;
+        return result;
+      }
+      const json f = affine_record.value("fisher_per_dim", json(nullptr));
+      const bool misfit = f.is_number() && f.get<double>() > kFlowFisherPerDim;
+      auto_record = {{"fisher_per_dim", f},
+                     {"threshold", kFlowFisherPerDim},
+                     {"chose", misfit && !distributed ? "flow" : "affine"},
+                     {"affine_grads", affine_record.value("grads", int64_t{0})},
+                     {"affine_seconds", affine_record.value("seconds", 0.0)}};
+      if (misfit && distributed) auto_record["why"] = "a distributed run keeps the affine map";
+      affine_record["auto"] = auto_record;
+      if (misfit && !distributed) {
+        with_transport = true;
+        set_precondition();
+        affine_trainer.reset();
+        affine_sampler = nullptr;
+      }
+    }
+  }
   // Note [Learned proposal in a flow's latent space]: the flow comes from the checkpoint when
   // resuming, else from its warm-up, and the proposal trains on the pulled-back target.
-  TrainResult result;
   FlowTransport flow(nullptr);
   torch::Tensor latent_draws;  // [S, C, D] float64, the transport warm-up's draws in z
   json transport_record;
@@ -318,7 +393,14 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
     if (!flow) throw UsageError("checkpoint '" + output + "' was trained without a transport; resume it without one");
     if (meta.contains("preconditioner")) transport_record = meta["preconditioner"];
   } else if (with_transport) {
-    transport_record = warm_up_transport(*target, config.transport, config.train, flow, latent_draws, progress, should_stop);
+    TrainTransport tt = config.transport;
+    tt.kind = TransportKind::kFlow;
+    transport_record = warm_up_transport(*target, tt, config.train, flow, latent_draws, progress, should_stop);
+    if (!auto_record.is_null()) {  // all-in: the affine warm-up that chose the flow is paid too
+      transport_record["auto"] = auto_record;
+      transport_record["grads"] = transport_record.value("grads", int64_t{0}) + auto_record["affine_grads"].get<int64_t>();
+      transport_record["seconds"] = transport_record.value("seconds", 0.0) + auto_record["affine_seconds"].get<double>();
+    }
     if (transport_record.value("interrupted", false)) {
       result.interrupted = true;
       result.saved = false;
@@ -328,10 +410,12 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   std::unique_ptr<TransportedTarget> latent;
   if (flow) latent = std::make_unique<TransportedTarget>(*target, flow);
   Target& train_target = latent ? static_cast<Target&>(*latent) : *target;
-  LearnedSampler sampler(model);
-  Trainer trainer(train_target, sampler.ptr(), train_options, comm);
+  LearnedSampler sampler = affine_trainer ? affine_sampler : LearnedSampler(model);
+  std::unique_ptr<Trainer> trainer_owner =
+      affine_trainer ? std::move(affine_trainer) : std::make_unique<Trainer>(train_target, sampler.ptr(), train_options, comm);
+  Trainer& trainer = *trainer_owner;
   json extra = {{"name", config.name}, {"config", config.to_json()}};
-  if (flow) extra["transport"] = {{"kind", config.transport.kind}, {"flow", flow->options()}};
+  if (flow) extra["transport"] = {{"kind", TransportKind::kFlow}, {"flow", flow->options()}};
   if (resuming) {
     if (!with_transport) {
       auto ar = open_learned_checkpoint(output);
@@ -363,16 +447,15 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
     trainer.broadcast_from_root();
   } else {
     if (sampler->preconditioned()) {
-      // Every rank runs the same warm-up (same seed); rank 0's result is then broadcast.
-      // Distributed, a stop during it waits for the first training step (so all ranks stop together).
-      json record = warm_up_preconditioner(*target, sampler, trainer, config.train, progress,
-                                           comm->world_size() > 1 ? nullptr : should_stop);
-      const bool interrupted =
-          parallel::all_reduce_doubles(*comm, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
-      if (interrupted) {
-        result.interrupted = true;
-        result.saved = false;
-        return result;
+      json record = affine_record;
+      if (record.is_null()) {
+        bool interrupted = false;
+        record = run_affine_warmup(sampler, trainer, interrupted);
+        if (interrupted) {
+          result.interrupted = true;
+          result.saved = false;
+          return result;
+        }
       }
       extra["preconditioner"] = result.preconditioner = record;
     }
@@ -389,7 +472,6 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
     }
     if (comm->is_root()) write_training_log(log_path, trainer.log());
   };
-  const bool distributed = comm->world_size() > 1;
   // Note [Training budget]: the proposal entropy's moving average and when it last gained enough.
   const TrainOptions& budget = config.train;
   const double min_gain = budget.min_gain * static_cast<double>(target->dim());

@@ -79,10 +79,29 @@ struct TrainResult {
 /// Runs the warm-up of Note [Affine preconditioner] with the training options' precondition_*
 /// settings and sets the model's m, L (and eps, with eps_from_warmup); seeds the trainer's buffer
 /// with its draws. Returns its record: sampler, chains, iterations, grads (all chains), seconds,
-/// step_size; with "interrupted": true when should_stop ended it (the model is then unchanged).
+/// step_size, fisher_per_dim (Note [Choosing the transport]); with "interrupted": true when
+/// should_stop ended it (the model is then unchanged).
 nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer,
                                       const TrainOptions& options, const TrainProgressFn& progress = nullptr,
                                       const std::function<bool()>& should_stop = nullptr);
+
+/// Note [Choosing the transport]
+/// `nmcmc train` without a config (and nmcmc.train(target)) has transport "auto": it runs the
+/// affine preconditioner's warm-up as before and then measures how far the Gaussian N(m, L L^T)
+/// that the affine map fits is from the target: the Fisher divergence per dimension
+/// E||L^T grad U(x) - L^-1 (x - m)||^2 / D over the warm-up's last draws (up to kFisherRows), 0
+/// for a Gaussian target (the whitened gradient is then the whitened point). Above
+/// kFlowFisherPerDim the affine map cannot whiten the posterior, and the learned proposal trains
+/// in a flow transport's latent space (its warm-up fitted next; the affine warm-up's gradients and
+/// seconds are counted in the record, "auto"); else it trains on the affine map, with nothing
+/// spent beyond one batched gradient. On posteriordb's reference draws the divergence is 0.007-0.6
+/// per dimension on 15 of the 16 posteriors (GARCH 0.6, eight schools 0.19) and 6.1 on the latent
+/// Gaussian process, the one the affine learned sampler fails (BENCHMARKS.md). A distributed run
+/// keeps the affine map (the flow trains in one process).
+constexpr double kFlowFisherPerDim = 1.0;
+constexpr int64_t kFisherRows = 1024;
+/// That divergence at draws x [N, D] for the affine map x = mean(x) + L z (NaN with < 2 finite rows).
+double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l);
 
 /// Note [Learned proposal in a flow's latent space]: the warm-up of run_with_transport (the
 /// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow` and returns

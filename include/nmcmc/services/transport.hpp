@@ -39,12 +39,13 @@
 
 namespace nmcmc {
 
-enum class TransportKind { kNone, kFlow };
+/// kAuto: training's choice between the affine map and a flow (Note [Choosing the transport]).
+enum class TransportKind { kNone, kFlow, kAuto };
 template <>
 struct EnumNames<TransportKind> {
   static constexpr const char* what = "transport";
   static std::vector<std::pair<TransportKind, const char*>> values() {
-    return {{TransportKind::kNone, "none"}, {TransportKind::kFlow, "flow"}};
+    return {{TransportKind::kNone, "none"}, {TransportKind::kFlow, "flow"}, {TransportKind::kAuto, "auto"}};
   }
 };
 NMCMC_ENUM_JSON(TransportKind)
