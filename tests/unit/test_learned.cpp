@@ -662,3 +662,58 @@ TEST(LearnedProposal, Bfloat16NetworksKeepTheIdentityRowByRow) {
     EXPECT_FALSE(torch::equal(again, rev));  // the other rows did change
   }
 }
+
+// Note [Choosing the transport]: the Fisher divergence per dimension between the target and the
+// Gaussian an affine map fits, 0 for a Gaussian target, large for a funnel (the affine map cannot
+// whiten it) and for a Gaussian with a wrong map (the power: the statistic sees the misfit).
+TEST(Preconditioner, FisherDivergenceOfTheAffineFitChoosesTheTransport) {
+  at::Generator gen = make_generator(31);
+  auto icg = make_target({{"name", "icg"}, {"dim", 10}}, kF64);
+  const torch::Tensor x = icg->sample(4000, gen);
+  const torch::Tensor c = x - x.mean(0);
+  const torch::Tensor l = torch::linalg_cholesky(c.t().matmul(c) / 3999.0);
+  const double fit = affine_fisher_per_dim(*icg, x, l);
+  EXPECT_LT(fit, 0.05) << fit;  // sampling error only: about D / n
+  const double wrong = affine_fisher_per_dim(*icg, x, torch::eye(10, kF64));
+  EXPECT_GT(wrong, 10.0 * kFlowFisherPerDim) << wrong;  // variances 1e-2 .. 1e2 left unscaled: 29
+  auto funnel = make_target({{"name", "funnel"}, {"dim", 10}, {"sigma", 3.0}}, kF64);
+  const torch::Tensor y = funnel->sample(4000, gen);
+  const torch::Tensor cy = y - y.mean(0);
+  const double f = affine_fisher_per_dim(*funnel, y, torch::linalg_cholesky(cy.t().matmul(cy) / 3999.0));
+  EXPECT_GT(f, 10.0 * kFlowFisherPerDim) << f;
+}
+
+// The train service with transport auto: on a Gaussian it keeps the affine map (the record says
+// what it measured); on a funnel it fits the flow and trains in its latent space, and the affine
+// warm-up that decided is counted in the checkpoint's gradients and seconds.
+TEST(Preconditioner, TransportAutoKeepsTheAffineMapOnAGaussianAndFitsAFlowOnAFunnel) {
+  const std::string dir = ::testing::TempDir();
+  auto config = [](const json& target) {
+    return parse_train_config({{"target", target},
+                               {"model", {{"hidden", 16}, {"precondition", "auto"}}},
+                               {"transport", {{"kind", "auto"}, {"layers", 2}, {"rounds", 1}}},
+                               {"train",
+                                {{"steps", 2},
+                                 {"batch", 32},
+                                 {"precondition_warmup", 150},
+                                 {"precondition_draws", 40},
+                                 {"precondition_chains", 8},
+                                 {"seed", 5}}}});
+  };
+  TrainResult g = train(config({{"name", "icg"}, {"dim", 6}}), torch::kCPU, dir + "auto_icg.pt", dir + "auto_icg.csv", false);
+  ASSERT_TRUE(g.preconditioner.contains("auto")) << g.preconditioner.dump();
+  EXPECT_EQ(g.preconditioner["auto"]["chose"], "affine");
+  EXPECT_LT(g.preconditioner["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_FALSE(g.preconditioner.contains("transport"));
+  EXPECT_FALSE(load_model(dir + "auto_icg.pt").second.contains("transport"));
+  TrainResult f = train(config({{"name", "funnel"}, {"dim", 6}, {"sigma", 3.0}}), torch::kCPU, dir + "auto_funnel.pt",
+                        dir + "auto_funnel.csv", false);
+  ASSERT_TRUE(f.preconditioner.contains("auto")) << f.preconditioner.dump();
+  EXPECT_EQ(f.preconditioner["auto"]["chose"], "flow");
+  EXPECT_GT(f.preconditioner["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_EQ(f.preconditioner["kind"], "flow");
+  const json& au = f.preconditioner["auto"];
+  EXPECT_GT(f.preconditioner["grads"].get<int64_t>(), au["affine_grads"].get<int64_t>());
+  EXPECT_GT(f.preconditioner["seconds"].get<double>(), au["affine_seconds"].get<double>());
+  EXPECT_EQ(load_model(dir + "auto_funnel.pt").second["transport"]["kind"], "flow");
+}
