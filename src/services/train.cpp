@@ -105,6 +105,18 @@ double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch
   return (gz - z).pow(2).sum(1).mean().item<double>() / static_cast<double>(x.size(1));
 }
 
+double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x) {
+  const torch::Tensor x64 = x.to(torch::kFloat64);
+  const torch::Tensor xs = x64.index({torch::isfinite(x64).all(1)});
+  if (xs.size(0) <= xs.size(1)) return std::numeric_limits<double>::quiet_NaN();
+  const torch::Tensor c = xs - xs.mean(0);
+  torch::Tensor cov = c.t().matmul(c) / static_cast<double>(xs.size(0) - 1);
+  // A draw set that spans fewer than D directions (chains that did not move) has no Cholesky factor.
+  const auto [l, info] = torch::linalg_cholesky_ex(cov);
+  if (info.item<int64_t>() != 0) return std::numeric_limits<double>::quiet_NaN();
+  return affine_fisher_per_dim(target, xs, l);
+}
+
 namespace {
 /// Seeds the trainer's bootstrap buffer from a warm-up's draws [S, C, D]: the last draws of every
 /// chain (where the warm-up left them), enough rows for one batch.
@@ -215,7 +227,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
     // from the last draws and their gradients.
     torch::Tensor x = r.draws.reshape({-1, target.dim()});
     x = x.narrow(0, std::max<int64_t>(0, x.size(0) - kFisherRows), std::min<int64_t>(x.size(0), kFisherRows));
-    const double f = affine_fisher_per_dim(target, x, sampler->precondition_matrix().to(torch::kFloat64));
+    const double f = gaussian_fisher_per_dim(target, x);
     record["fisher_per_dim"] = std::isfinite(f) ? json(f) : json(nullptr);
     record["grads"] = record["grads"].get<int64_t>() + x.size(0);
   }
