@@ -94,7 +94,11 @@ def test_exported_modules_are_the_ports(tmp_path):
         u_py = ports.module(p)(xr)
         g_py, = torch.autograd.grad(u_py.sum(), xr)
         assert torch.allclose(u, u_py.detach(), rtol=1e-10, atol=1e-8), p
-        assert torch.allclose(g, g_py, rtol=1e-8, atol=1e-8), p
+        # The latent GP's kernel matrix (jitter 1e-10) has condition numbers near 1e10 at these
+        # draws: float64 fixes its gradient only to ~1e-6 relative (LibTorch's own, through two
+        # equivalent formulas of the kernel, differs by 7e-7; the evaluator's by 1.6e-7).
+        tol = 1e-6 if p == "gp_pois_regr-gp_pois_regr" else 1e-8
+        assert torch.allclose(g, g_py, rtol=tol, atol=tol), p
 
 
 def test_gaussian_process_raises_where_its_kernel_matrix_fails_and_nmcmc_rejects_there():

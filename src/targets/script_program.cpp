@@ -405,6 +405,12 @@ struct MatBatch {
   Shape batch;  // the result's batch dimensions
   int64_t count = 1;
   bool a_shared = false, b_shared = false;
+  /// The result's shape: the batch dimensions, then rows x cols.
+  Shape result(int64_t rows, int64_t cols) const {
+    Shape s = batch;
+    s.push_back(rows), s.push_back(cols);
+    return s;
+  }
 };
 MatBatch mat_batch(const Shape& sa, const Shape& sb, const char* what) {
   const Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
@@ -1335,9 +1341,7 @@ struct ScriptProgram::Impl {
           const int64_t n = sa[sa.size() - 2], k = sa.back(), m = sb.back();
           if (sb[sb.size() - 2] != k) throw std::runtime_error("matmul of " + shape_text(sa) + " and " + shape_text(sb) + ": sizes differ");
           const MatBatch mb = mat_batch(sa, sb, "matmul");
-          Shape os = mb.batch;
-          os.push_back(n), os.push_back(m);
-          const int o = fresh(os, arr(ia).needs || arr(ib).needs);
+          const int o = fresh(mb.result(n, m), arr(ia).needs || arr(ib).needs);
           const Arr &a = arr(ia), &b = arr(ib);
           Arr& out = arr(o);
           for (int64_t q = 0; q < mb.count; ++q) {
@@ -1446,9 +1450,7 @@ struct ScriptProgram::Impl {
         }
         const int64_t n = sa.back(), k = sb.back();
         const MatBatch mb = mat_batch(sa, sb, "linalg_solve_triangular");
-        Shape os = mb.batch;
-        os.push_back(n), os.push_back(k);
-        const int o = fresh(os, arr(ia).needs || arr(ib).needs);
+        const int o = fresh(mb.result(n, k), arr(ia).needs || arr(ib).needs);
         const Arr &a = arr(ia), &b = arr(ib);
         Arr& out = arr(o);
         for (int64_t q = 0; q < mb.count; ++q) {
