@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 #include "nmcmc/core/errors.hpp"
 
@@ -290,6 +291,14 @@ void broadcast_each(const Shape& sa, const Shape& sb, const Shape& out, F&& f) {
 
 /// Above this many multiply-adds a matmul goes to LibTorch's BLAS (its call costs a few us).
 constexpr int64_t kBlasWork = 8192;
+
+/// The sizes before and after dimension `dim` of a row-major shape: the array as [outer, s[dim], inner].
+std::pair<int64_t, int64_t> outer_inner(const Shape& s, int64_t dim) {
+  int64_t outer = 1, inner = 1;
+  for (int64_t k = 0; k < dim; ++k) outer *= s[k];
+  for (size_t k = dim + 1; k < s.size(); ++k) inner *= s[k];
+  return {outer, inner};
+}
 
 void check_rank(const Shape& s) {
   if (s.size() > kMaxDim) throw NotCovered("arrays of more than 8 dimensions");
@@ -1119,9 +1128,7 @@ struct ScriptProgram::Impl {
         if (idx < 0) idx += s[dim];
         Shape os(s);
         os.erase(os.begin() + dim);
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= s[k];
-        for (int64_t k = dim + 1; k < nd; ++k) inner *= s[k];
+        const auto [outer, inner] = outer_inner(s, dim);
         const int64_t n = s[dim];
         const int o = fresh(os, arr(ia).needs);
         const Arr& a = arr(ia);
@@ -1149,9 +1156,7 @@ struct ScriptProgram::Impl {
         const int64_t len = (end - start + step - 1) / step;
         Shape os(s);
         os[dim] = len;
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= s[k];
-        for (int64_t k = dim + 1; k < nd; ++k) inner *= s[k];
+        const auto [outer, inner] = outer_inner(s, dim);
         const int o = fresh(os, arr(ia).needs);
         const Arr& a = arr(ia);
         Arr& out = arr(o);
@@ -1311,9 +1316,7 @@ struct ScriptProgram::Impl {
         } else {
           os[dim] = total;
         }
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= os[k];
-        for (size_t k = dim + 1; k < os.size(); ++k) inner *= os[k];
+        const auto [outer, inner] = outer_inner(os, dim);
         const int o = fresh(os, needs);
         Arr& out = arr(o);
         int64_t at = 0;
@@ -1501,9 +1504,7 @@ struct ScriptProgram::Impl {
           os.insert(os.end(), idx.shape.begin(), idx.shape.end());
         }
         os.insert(os.end(), s.begin() + dim + 1, s.end());
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= s[k];
-        for (int64_t k = dim + 1; k < nd; ++k) inner *= s[k];
+        const auto [outer, inner] = outer_inner(s, dim);
         const int o = fresh(os, arr(ia).needs);
         const Arr& a = arr(ia);
         Arr& out = arr(o);
@@ -1793,9 +1794,7 @@ struct ScriptProgram::Impl {
         Arr& a = arrs[r.a];
         const Shape& s = a.shape;
         const int64_t dim = r.p0;
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= s[k];
-        for (size_t k = dim + 1; k < s.size(); ++k) inner *= s[k];
+        const auto [outer, inner] = outer_inner(s, dim);
         const int64_t n = s[dim];
         const int64_t len = r.op == Op::kSelect ? 1 : out.shape[dim];
         const int64_t start = r.p1, step = r.op == Op::kSelect ? 1 : r.p2;
@@ -1817,9 +1816,7 @@ struct ScriptProgram::Impl {
         Arr& a = arrs[r.a];
         const IndexArr& idx = indices[r.p1];
         const int64_t dim = r.p0, n = a.shape[dim], len = static_cast<int64_t>(idx.v.size());
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= a.shape[k];
-        for (size_t k = dim + 1; k < a.shape.size(); ++k) inner *= a.shape[k];
+        const auto [outer, inner] = outer_inner(a.shape, dim);
         for (int64_t i = 0; i < outer; ++i) {
           for (int64_t m = 0; m < len; ++m) {
             const int64_t j = idx.v[m] < 0 ? idx.v[m] + n : idx.v[m];
@@ -1845,9 +1842,7 @@ struct ScriptProgram::Impl {
       case Op::kCat: {
         const int64_t dim = r.p2;
         const Shape& os = out.shape;
-        int64_t outer = 1, inner = 1;
-        for (int64_t k = 0; k < dim; ++k) outer *= os[k];
-        for (size_t k = dim + 1; k < os.size(); ++k) inner *= os[k];
+        const auto [outer, inner] = outer_inner(os, dim);
         const int64_t total = os[dim];
         int64_t at = 0;
         for (int64_t q = 0; q < r.p1; ++q) {
