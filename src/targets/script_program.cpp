@@ -614,6 +614,17 @@ struct ScriptProgram::Impl {
     return it->second;
   }
 
+  /// Stores a constant int tensor as an index array; returns its number.
+  int64_t add_index(const torch::Tensor& tensor) {
+    const torch::Tensor t = tensor.to(torch::kInt64).contiguous();
+    IndexArr a;
+    a.shape = t.sizes().vec();
+    check_rank_compile(a.shape);
+    a.v.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    indices.push_back(std::move(a));
+    return static_cast<int64_t>(indices.size()) - 1;
+  }
+
   void constant(const jit::Node* n) {
     const jit::Value* v = n->output();
     c10::optional<c10::IValue> iv = jit::toIValue(v);
@@ -623,14 +634,8 @@ struct ScriptProgram::Impl {
       torch::Tensor t = iv->toTensor();
       if (!t.device().is_cpu()) throw Unsupported{"a constant tensor not on the CPU"};
       if (t.scalar_type() == torch::kInt64 || t.scalar_type() == torch::kInt32) {
-        t = t.to(torch::kInt64).contiguous();
-        IndexArr a;
-        a.shape = t.sizes().vec();
-        check_rank_compile(a.shape);
-        a.v.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
         r.kind = Reg::kIndex;
-        r.i = static_cast<int64_t>(indices.size());
-        indices.push_back(std::move(a));
+        r.i = add_index(t);
         return;
       }
       if (t.scalar_type() != torch::kFloat64) {
@@ -664,13 +669,7 @@ struct ScriptProgram::Impl {
         if (!e.isTensor() || (e.toTensor().scalar_type() != torch::kInt64 && e.toTensor().scalar_type() != torch::kInt32)) {
           throw Unsupported{"a constant list of type " + v->type()->str()};
         }
-        const torch::Tensor t = e.toTensor().to(torch::kInt64).contiguous();
-        IndexArr a;
-        a.shape = t.sizes().vec();
-        check_rank_compile(a.shape);
-        a.v.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-        r.list.push_back(static_cast<int64_t>(indices.size()));
-        indices.push_back(std::move(a));
+        r.list.push_back(add_index(e.toTensor()));
       }
     } else if (iv->isString()) {
       r.kind = Reg::kString, r.i = static_cast<int64_t>(strings.size());
