@@ -89,25 +89,31 @@ TEST(Targets, FunnelOverflowGuard) {
   EXPECT_NEAR(f->energy(y.to(torch::kFloat32)).item<double>(), f64->energy(y).item<double>(), 1e-5);
 }
 
-// Note [The funnel's rows]: a contiguous CPU batch without autograd takes the row loop, any other
-// batch the tensor formula; both must give the same U and dU (float32: to its rounding).
-TEST(Targets, FunnelRowLoopMatchesTheTensorFormula) {
+// Note [The funnel's rows]: a contiguous CPU batch without autograd takes the row loop (the funnel,
+// the axis-aligned Gaussians), any other batch the tensor formula; both must give the same U and
+// dU (float32: to its rounding).
+TEST(Targets, RowLoopsMatchTheTensorFormula) {
   at::Generator gen = make_generator(21);
-  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
-    auto f = make_target({{"name", "funnel"}, {"dim", 30}, {"sigma", 2}}, dtype);
-    torch::Tensor x = (torch::randn({30, 9}, gen, kF64) * 2.0).to(dtype).t();  // [9, 30], not contiguous
-    x.select(1, 0)[0] = 85.0;  // beyond the exp cap: dU/dx0 leaves out exp's derivative there
-    ASSERT_FALSE(x.is_contiguous());
-    auto by_tensors = f->energy_and_grad(x);
-    auto by_rows = f->energy_and_grad(x.contiguous());
-    const double tol = dtype == torch::kFloat64 ? 1e-13 : 1e-6;
-    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
-      return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs() / (1.0 + b.to(torch::kFloat64).abs())).max().item<double>();
-    };
-    EXPECT_EQ(by_rows.energy.scalar_type(), dtype);
-    EXPECT_EQ(by_rows.grad.scalar_type(), dtype);
-    EXPECT_LT(rel(by_rows.energy, by_tensors.energy), tol) << dtype;
-    EXPECT_LT(rel(by_rows.grad, by_tensors.grad), tol) << dtype;
+  const std::vector<json> specs = {{{"name", "funnel"}, {"dim", 30}, {"sigma", 2}},
+                                   {{"name", "icg"}, {"dim", 30}},
+                                   {{"name", "gaussian"}, {"scales", std::vector<double>(30, 0.7)}}};
+  for (const json& spec : specs) {
+    for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
+      auto f = make_target(spec, dtype);
+      torch::Tensor x = (torch::randn({30, 9}, gen, kF64) * 2.0).to(dtype).t();  // [9, 30], not contiguous
+      if (spec["name"] == "funnel") x.select(1, 0)[0] = 85.0;  // beyond the exp cap: dU/dx0 without exp's derivative
+      ASSERT_FALSE(x.is_contiguous());
+      auto by_tensors = f->energy_and_grad(x);
+      auto by_rows = f->energy_and_grad(x.contiguous());
+      const double tol = dtype == torch::kFloat64 ? 1e-13 : 1e-6;
+      auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+        return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs() / (1.0 + b.to(torch::kFloat64).abs())).max().item<double>();
+      };
+      EXPECT_EQ(by_rows.energy.scalar_type(), dtype);
+      EXPECT_EQ(by_rows.grad.scalar_type(), dtype);
+      EXPECT_LT(rel(by_rows.energy, by_tensors.energy), tol) << spec.dump() << dtype;
+      EXPECT_LT(rel(by_rows.grad, by_tensors.grad), tol) << spec.dump() << dtype;
+    }
   }
 }
 
