@@ -3,6 +3,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "row_loop.hpp"
 
 namespace nmcmc {
 
@@ -61,10 +62,10 @@ EnergyGrad funnel_rows(const torch::Tensor& x, double sigma, double cap) {
 // the tensor version rounds each operation in the batch's dtype: float32 results differ in the
 // last bits). The learned sampler's training (create_graph) keeps the tensor version.
 EnergyGrad FunnelTarget::compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const {
-  if (!create_graph && !x.requires_grad() && x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() &&
-      x.size(1) == dim_) {
-    if (x.scalar_type() == torch::kFloat64) return funnel_rows<double>(x, sigma_, kExpCap);
-    if (x.scalar_type() == torch::kFloat32) return funnel_rows<float>(x, sigma_, kExpCap);
+  if (auto eg = detail::on_rows(x, create_graph, dim_, [&](auto t) {
+        return funnel_rows<typename decltype(t)::type>(x, sigma_, kExpCap);
+      })) {
+    return *eg;
   }
   torch::AutoGradMode mode(create_graph);
   torch::Tensor x0 = x.select(1, 0);

@@ -1,4 +1,5 @@
 #include "nmcmc/targets/targets.hpp"
+#include "row_loop.hpp"
 
 namespace nmcmc {
 
@@ -58,10 +59,12 @@ EnergyGrad axis_gaussian_rows(const torch::Tensor& x, const torch::Tensor& mean6
 }  // namespace
 
 EnergyGrad GaussianTarget::compute_energy_and_grad(const torch::Tensor& x, bool create_graph) const {
-  if (!rot_.defined() && !create_graph && !x.requires_grad() && x.device().is_cpu() && x.dim() == 2 &&
-      x.is_contiguous() && x.size(1) == dim_) {
-    if (x.scalar_type() == torch::kFloat64) return axis_gaussian_rows<double>(x, mean64_, var64_);
-    if (x.scalar_type() == torch::kFloat32) return axis_gaussian_rows<float>(x, mean64_, var64_);
+  if (!rot_.defined()) {
+    if (auto eg = detail::on_rows(x, create_graph, dim_, [&](auto t) {
+          return axis_gaussian_rows<typename decltype(t)::type>(x, mean64_, var64_);
+        })) {
+      return *eg;
+    }
   }
   torch::AutoGradMode mode(create_graph);
   torch::Tensor w = whiten(x);                 // [C, D]
