@@ -27,7 +27,7 @@ done
 /usr/bin/python3 - "$OUT" "$PAIRS" "${TARGETS:-icg funnel1 german}" <<'PY'
 import json, statistics, sys
 out, pairs = sys.argv[1], int(sys.argv[2])
-print("| target | NUTS s (grads/draw, batched calls/draw) | HMC s (grads/draw) | NUTS / HMC per gradient, pair by pair (median) |")
+print("| target | NUTS s (grads/draw per chain, deepest tree/draw) | HMC s (grads/draw) | NUTS / HMC per gradient, pair by pair (median) |")
 print("|---|---|---|---|")
 for name in sys.argv[3].split():
     ratios, ns, hs = [], [], []
