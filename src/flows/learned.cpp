@@ -42,7 +42,9 @@ LinearPolicy LearnedOptions::linear_policy() const {
 LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
   LearnedOptions o = options_from_json<LearnedOptions>(j, "model options");
   if (o.dim < 2) throw UsageError("model: dim must be at least 2");
-  if (o.hidden < 1 || o.steps < 1 || o.shared_layers < 0) throw UsageError("model: hidden and steps must be positive");
+  if (o.hidden < 0 || o.steps < 1 || o.shared_layers < 0) {
+    throw UsageError("model: hidden must be positive (or 0: sized to the dimension) and steps positive");
+  }
   if (!(o.eps > 0) || !std::isfinite(o.eps)) throw UsageError("model: eps must be positive");
   if (o.learn_precondition && o.precondition == Precondition::kNone) {
     throw UsageError("model: learn_precondition needs precondition diag, dense, lowrank or auto");
@@ -55,6 +57,7 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
 
 LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
   TORCH_CHECK(o.dim >= 2, "the learned sampler needs dim >= 2, got ", o.dim);
+  TORCH_CHECK(o.hidden >= 1, "the learned sampler needs a positive hidden width (0 is sized by train()), got ", o.hidden);
   TORCH_CHECK(o.precondition != Precondition::kAuto,
               "the learned sampler needs precondition none, diag, dense or lowrank (resolve auto first: "
               "resolve_precondition)");

@@ -87,8 +87,10 @@ TrainConfig parse_train_config(const json& j) {
   return c;
 }
 
+int64_t default_hidden(int64_t dim) { return std::clamp<int64_t>(4 * dim, 64, 256); }
+
 json default_train_config() {
-  return {{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}}},
+  return {{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}, {"hidden", 0}}},
           {"train", {{"rho", 0.3}, {"batch", 256}, {"steps", 3000}, {"patience", 300}, {"min_gain", 0.01}, {"max_seconds", 90}}},
           {"transport", {{"kind", "auto"}}}};
 }
@@ -313,6 +315,7 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   auto target = make_target(config.target, options);
   LearnedOptions model = config.model;
   model.dim = target->dim();
+  if (model.hidden == 0) model.hidden = default_hidden(model.dim);  // Note [Training budget]
   const bool distributed = comm->world_size() > 1;
   const bool auto_transport = config.transport.kind == TransportKind::kAuto;
   bool with_transport = config.transport.kind == TransportKind::kFlow;

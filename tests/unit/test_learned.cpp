@@ -593,6 +593,34 @@ TEST(Preconditioner, TrainServiceWarmsUpSetsLAndRecordsTheCost) {
   EXPECT_NEAR(std::log(s->eps().item<double>()), std::log(r.preconditioner["step_size"].get<double>()), 0.01);
 }
 
+// Note [Training budget]: the defaults size the networks to the posterior (model.hidden 0); a
+// config's width is kept; 0 never reaches a network, and a negative width is refused.
+TEST(Training, DefaultsSizeTheNetworksToTheDimension) {
+  EXPECT_EQ(default_train_config()["model"]["hidden"], 0);
+  EXPECT_EQ(default_hidden(2), 64);
+  EXPECT_EQ(default_hidden(26), 104);
+  EXPECT_EQ(default_hidden(100), 256);
+  EXPECT_EQ(default_hidden(5000), 256);
+  EXPECT_THROW(LearnedOptions::from_json({{"hidden", -1}}), UsageError);
+  EXPECT_NO_THROW(LearnedOptions::from_json({{"hidden", 0}}));
+  EXPECT_THROW(LearnedSampler(LearnedOptions().set_dim(4).set_hidden(0)), c10::Error);
+  json cfg = default_train_config();
+  cfg["target"] = {{"name", "icg"}, {"dim", 20}};
+  cfg["transport"] = {{"kind", "none"}};
+  cfg["train"]["steps"] = 1;
+  cfg["train"]["batch"] = 16;
+  cfg["train"]["precondition_warmup"] = 60;
+  cfg["train"]["precondition_draws"] = 10;
+  cfg["train"]["precondition_chains"] = 4;
+  const std::string dir = ::testing::TempDir();
+  for (int64_t given : {0, 24}) {
+    cfg["model"]["hidden"] = given;
+    train(parse_train_config(cfg), torch::kCPU, dir + "hidden.pt", dir + "hidden.csv", false);
+    auto [s, meta] = load_model(dir + "hidden.pt");
+    EXPECT_EQ(s->options().hidden, given == 0 ? default_hidden(20) : given);
+  }
+}
+
 // A model's networks can be switched to another precision after it is built (a model trained in
 // float32, sampled in bfloat16): set_matmul gives exactly the model built with that option.
 TEST(LearnedProposal, SetMatmulSwitchesTheNetworksPrecision) {

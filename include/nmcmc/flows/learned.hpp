@@ -114,7 +114,7 @@ LowRankFactors low_rank_factors_of_covariance(const torch::Tensor& covariance, i
 struct LearnedOptions {
   int64_t dim = 2;
   Variant variant = Variant::kFull;
-  int64_t hidden = 256;        // MLP width
+  int64_t hidden = 256;        // MLP width (0 in a training config: sized to D, Note [Training budget])
   int64_t steps = 1;           // N update steps (2N coupling sub-steps)
   int64_t shared_layers = 2;   // hidden-to-hidden layers shared across sub-steps
   Activation activation = Activation::kElu;
