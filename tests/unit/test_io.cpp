@@ -90,7 +90,7 @@ TEST(Config, OptionStructsRejectUnknownKeysWrongTypesAndBadValues) {
   EXPECT_THROW(TrainOptions::from_json({{"lr", nullptr}}), UsageError);
   EXPECT_EQ(LearnedOptions::from_json({{"variant", "langevin"}}).variant, Variant::kLangevin);
   EXPECT_THROW(LearnedOptions::from_json({{"variant", "fancy"}}), UsageError);  // never a default variant
-  EXPECT_THROW(LearnedOptions::from_json({{"hidden", 0}}), UsageError);
+  EXPECT_THROW(LearnedOptions::from_json({{"hidden", -1}}), UsageError);  // 0: sized to D by train() (Note [Training budget])
   // The JSON round trip is exact (checkpoints compare it).
   LearnedOptions lo = LearnedOptions().set_hidden(17).set_variant(Variant::kNoGrad).set_mask_seed(5);
   EXPECT_EQ(LearnedOptions::from_json(lo.to_json()).to_json(), lo.to_json());
