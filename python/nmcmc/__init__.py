@@ -396,7 +396,7 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     (network: variant, hidden, ...) and "train" (steps, batch, lr, ...) sections are the starting
     point; `target`, `steps`, `batch`, `model` and `options` (more "train" keys) override them.
     Without a config: the defaults of `nmcmc train --module` (the Langevin variant with the learned
-    affine preconditioner; batch 256, at most 3,000 steps, stopping early when the proposal
+    affine preconditioner; batch 64, at most 3,000 steps, stopping early when the proposal
     entropy has stopped improving or after 90 s of training steps: model.training["stopped"] says
     why; docs/commands.md).
     output: the checkpoint's path (a temporary file if not given; Model.save copies it).

@@ -272,6 +272,6 @@ def test_training_budget_stops_early_and_says_why(tmp_path):
     assert m.training["stopped"] == "time" and 0 < m.training["steps"] < 100000
     # the defaults for your own target are the one definition both front ends use
     d = json.loads(nmcmc._C.default_train_config())
-    assert d["train"]["batch"] == 256 and d["train"]["patience"] > 0 and d["train"]["max_seconds"] > 0
+    assert d["train"]["batch"] == 64 and d["train"]["patience"] > 0 and d["train"]["max_seconds"] > 0
     with pytest.raises(ValueError, match="patience"):
         nmcmc.train(t, steps=10, options={"patience": -1}, progress=False)
