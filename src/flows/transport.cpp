@@ -87,6 +87,13 @@ TransportPass FlowTransportImpl::forward(const torch::Tensor& z) const {
   return {x, log_det + log_scale_.sum()};
 }
 
+torch::Tensor FlowTransportImpl::affine_pull_back(const torch::Tensor& g) const {
+  TORCH_CHECK(nets_.empty(), "FlowTransport: affine_pull_back needs a flow without coupling layers");
+  torch::NoGradGuard no_grad;
+  // forward()'s last line, differentiated in y: x = mu + y L^T gives g L; x = mu + y exp(s) gives g exp(s).
+  return dense_base() ? g.matmul(base_matrix()) : g * torch::exp(log_scale_);
+}
+
 TransportPass FlowTransportImpl::inverse(const torch::Tensor& x) const {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == options_.dim, "FlowTransport: expected [C, ", options_.dim, "], got ",
               x.sizes());
@@ -314,6 +321,18 @@ EnergyGrad TransportedTarget::compute_energy_and_grad(const torch::Tensor& z, bo
     torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
     torch::Tensor gz = torch::autograd::grad({fwd.out, fwd.log_det}, {zl}, {g, -torch::ones_like(fwd.log_det)},
                                              /*retain_graph=*/true, /*create_graph=*/true)[0];
+    torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det;
+    return {u.to(options_), gz.to(options_)};
+  }
+  if (flow_->layers() == 0) {
+    // The affine map alone (Note [The flow or its affine base], the transport's first round): the
+    // same values as the graph below, without one (a graph through the flow cost ~10x the pass).
+    torch::NoGradGuard no_grad;
+    TransportPass fwd = flow_->forward(z.to(torch::kCPU, torch::kFloat64));
+    EnergyGrad eg = inner_->energy_and_grad(fwd.out.to(inner_->options()), false);
+    torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
+    torch::Tensor gz = flow_->affine_pull_back(g.nan_to_num(0.0, 0.0, 0.0));
+    gz = gz.masked_fill((~(torch::isfinite(g).all(1))).unsqueeze(1), std::numeric_limits<double>::quiet_NaN());
     torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det;
     return {u.to(options_), gz.to(options_)};
   }

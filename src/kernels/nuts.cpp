@@ -336,7 +336,7 @@ class Engine {
         std::memcpy(ch.pool.p(ch.start), p0.data_ptr<double>() + i * d_, d * sizeof(double));
       }
     }
-    velocities(which, [this](Chain& ch) { return ch.pool.p(ch.start); }, [this](Chain& ch) { return ch.pool.ps(ch.start); });
+    velocities(which, [](Chain& ch) { return ch.pool.p(ch.start); }, [](Chain& ch) { return ch.pool.ps(ch.start); });
     for (int64_t i = 0; i < k; ++i) {
       Chain& ch = chains_[which[i]];
       Pool& pool = ch.pool;

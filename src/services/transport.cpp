@@ -137,6 +137,10 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   TransportRun out;
   out.flow = FlowTransport(FlowOptions().set_dim(d).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed));
   TransportedTarget latent(target, out.flow);
+  // The first of two rounds or more runs where T is still the identity and only sets the affine
+  // base (Note [Transport warm-up]): on the affine map alone, the same values without a pass
+  // through the (identity) coupling layers' graph.
+  TransportedTarget first_latent(target, FlowTransport(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed)));
   TransportKernel rk(kernel, t.global_moves);
 
   // Round lengths: doubling, summing to fit_fraction of the warm-up; with two rounds or more the
@@ -192,6 +196,8 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     progress(q);
   };
   for (int64_t r = 0; r < t.rounds; ++r) {
+    const bool affine_round = r == 0 && t.rounds >= 2;
+    TransportedTarget& round_latent = affine_round ? first_latent : latent;
     RunOptions ro = options;
     // The rounds adapt the low-rank-plus-diagonal Fisher metric whatever the final metric: the
     // flow changes between rounds, and the metric from gradients finds a correlated latent
@@ -200,9 +206,9 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     ro.warmup = lengths[r];
     ro.draws = 1;
     ro.sink = nullptr;
-    ro.init_x = latent.to_latent(x_start);
+    ro.init_x = round_latent.to_latent(x_start);
     rk.set_recording(true);
-    SampleResult rr = run_sampler(latent, rk, ro, seed + 7919 * uint64_t(r + 1), warmup_progress);
+    SampleResult rr = run_sampler(round_latent, rk, ro, seed + 7919 * uint64_t(r + 1), warmup_progress);
     rk.set_recording(false);
     auto [zs, gzs] = rk.take();
     if (!rr.complete) {
@@ -218,7 +224,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       zs = zs.slice(0, rows / 2);
       gzs = gzs.slice(0, rows / 2);
     }
-    auto [xs, gxs] = latent.ambient_pairs(zs, gzs);
+    auto [xs, gxs] = round_latent.ambient_pairs(zs, gzs);
     pool_x.push_back(xs);
     pool_g.push_back(gxs);
     pool_rows += xs.size(0);
@@ -232,14 +238,13 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       px = px.slice(0, px.size(0) - t.max_points);
       pg = pg.slice(0, pg.size(0) - t.max_points);
     }
-    x_start = latent.to_ambient(rr.draws[rr.draws.size(0) - 1]);  // the chains' last positions, in x
+    x_start = round_latent.to_ambient(rr.draws[rr.draws.size(0) - 1]);  // the chains' last positions, in x
     // Note [Transport warm-up]: with two rounds or more the first is the transient from the
     // starting points: its states set only the affine base (the Fisher estimate; no coupling
     // layer is fitted to them) and leave the pool; the coupling layers are fitted from the
     // second round on, whose chains run in that affine latent space. Fitted to transient states
     // far out in the tails (a time series whose states were 200 sds from its posterior), the
     // layers made a latent space in which NUTS needed step sizes 100x smaller.
-    const bool affine_round = r == 0 && t.rounds >= 2;
     FitOptions f = t.fit;
     f.init_base = r == 0 || (r == 1 && t.rounds >= 2);
     if (affine_round) f.steps = 0;

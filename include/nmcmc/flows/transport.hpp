@@ -88,6 +88,11 @@ class FlowTransportImpl : public torch::nn::Module {
   void set_base_cholesky(const torch::Tensor& shift, const torch::Tensor& lower);
   /// Whether L may be dense (D <= kMaxDenseBase).
   bool dense_base() const { return lower_.defined(); }
+  /// The coupling layers (0: T is the affine base map alone).
+  int64_t layers() const { return static_cast<int64_t>(nets_.size()); }
+  /// For a flow without coupling layers, J^T g = g L by rows (the latent gradient of x . g), as
+  /// back-propagation through forward() computes it, without a graph. g [C, D] float64.
+  torch::Tensor affine_pull_back(const torch::Tensor& g) const;
   /// Adds noise of size `scale` to the coupling layers' output weights (tests: a flow that is not
   /// the identity).
   void perturb(double scale, at::Generator& gen);  // also B's strictly lower part
