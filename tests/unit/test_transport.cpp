@@ -108,6 +108,31 @@ TEST(Transport, PulledBackGradientWithAGraphForTraining) {
   EXPECT_LT((ge - plain.grad).abs().max().item<double>(), 1e-10);
 }
 
+// The affine map alone (no coupling layers: the transport's first round, `--transport-layers 0`,
+// the affine candidate of Note [The flow or its affine base]) pulls gradients back as g L without
+// a graph: the same values as training's graph path, with a dense L (not symmetric: g L^T would
+// fail) and with the diagonal base used above kMaxDenseBase dimensions (g exp(-s) would fail).
+TEST(Transport, AffineMapAloneNeedsNoGraph) {
+  for (int64_t d : {int64_t{5}, kMaxDenseBase + 1}) {
+    SCOPED_TRACE("dimension " + std::to_string(d));
+    auto target = make_target({{"name", "funnel"}, {"dim", d}, {"sigma", 1.0}}, kF64);
+    FlowTransport flow = perturbed_flow(d, 0, 0.3, 11);
+    ASSERT_EQ(flow->dense_base(), d <= kMaxDenseBase);
+    if (flow->dense_base()) {  // a lower-triangular L with a positive diagonal, far from symmetric
+      at::Generator gen = make_generator(13);
+      torch::Tensor l = torch::tril(torch::randn({d, d}, gen, kF64), -1) + torch::diag(torch::rand({d}, gen, kF64) + 0.5);
+      flow->set_base_cholesky(torch::randn({d}, gen, kF64) * 0.5, l);
+    }
+    TransportedTarget latent(*target, flow);
+    torch::Tensor z0 = torch::randn({6, d}, make_generator(12), kF64) * 0.5;
+    EnergyGrad fast = latent.energy_and_grad(z0);
+    EnergyGrad graph = latent.energy_and_grad(z0.clone().requires_grad_(true), /*create_graph=*/true);
+    EXPECT_LT((fast.grad - graph.grad.detach()).abs().max().item<double>(), 1e-12);
+    EXPECT_LT((fast.energy - graph.energy.detach()).abs().max().item<double>(), 1e-12);
+    EXPECT_GT((fast.grad - target->energy_and_grad(latent.to_ambient(z0)).grad).abs().max().item<double>(), 0.01);
+  }
+}
+
 TEST(Transport, FisherFitWhitensAFunnel) {
   // A 6-d funnel (sigma 1.5): no affine map whitens it; the fitted flow must bring the pulled-back
   // draws close to N(0, I) (the loss falls by more than 10x; the latent draws' sd near 1).
