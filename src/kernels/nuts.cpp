@@ -228,6 +228,20 @@ struct Chain {
   int leaf_from = -1;  // the head a leapfrog step starts from, until the new leaf is written
 };
 
+/// Stan's choices (NutsRules::stan()) as plain functions, so that the engine can recognise them.
+/// Biased progressive sampling: min(1, w_new / w_old).
+double biased_progressive(double log_w_new, double log_w_old) { return std::min(1.0, std::exp(log_w_new - log_w_old)); }
+/// Multinomial: w_new / (w_old + w_new).
+double multinomial_choice(double log_w_new, double log_w_old) {
+  return std::exp(log_w_new - log_add_exp(log_w_old, log_w_new));
+}
+
+/// Whether a rule is `f` itself (not a caller's own, e.g. a broken one in a power test).
+bool rule_is(const NutsRules::Choice& rule, double (*f)(double, double)) {
+  const auto* g = rule.target<double (*)(double, double)>();
+  return g != nullptr && *g == f;
+}
+
 /// The engine: every chain's transitions, the leaves batched.
 class Engine {
  public:
@@ -235,7 +249,8 @@ class Engine {
          const ChainState& state, at::Generator& gen)
       : target_(target), metric64_(metric.to(torch::TensorOptions().dtype(torch::kFloat64))),
         elementwise_(metric.kind() == MetricKind::kUnit || metric.kind() == MetricKind::kDiag),
-        single_(target.options().dtype() == torch::kFloat32), rules_(rules), options_(options), eps_(eps),
+        single_(target.options().dtype() == torch::kFloat32), rules_(rules),
+        inside_multinomial_(rule_is(rules.inside, multinomial_choice)), options_(options), eps_(eps),
         c_(state.x.size(0)), d_(state.x.size(1)), chains_(c_) {
     TORCH_CHECK(single_ || target.options().dtype() == torch::kFloat64, "NUTS runs targets in float32 or float64");
     x_host_ = torch::empty({c_, d_}, torch::TensorOptions().dtype(single_ ? torch::kFloat32 : torch::kFloat64));
@@ -581,7 +596,9 @@ class Engine {
     Pool& pool = ch.pool;
     const size_t d = static_cast<size_t>(d_);
     const double log_w = log_add_exp(init.log_w, w);
-    if (ch.rng.uniform() < rules_.inside(w, init.log_w)) pool.set(init.sample, z);
+    // Stan's multinomial choice is exp(w - log_w), log_w as just computed (the same operations).
+    const double take = inside_multinomial_ ? std::exp(w - log_w) : rules_.inside(w, init.log_w);
+    if (ch.rng.uniform() < take) pool.set(init.sample, z);
     const double *p1 = pool.p(init.beg), *p2 = pool.p(z);
     const bool persist = no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, z), p1, p2, d);
     init.rho.resize(d);
@@ -599,7 +616,8 @@ class Engine {
   bool merge(Chain& ch, Node& init, Node& fin) {
     const size_t d = static_cast<size_t>(d_);
     const double log_w = log_add_exp(init.log_w, fin.log_w);
-    if (ch.rng.uniform() < rules_.inside(fin.log_w, init.log_w)) std::swap(init.sample, fin.sample);
+    const double take = inside_multinomial_ ? std::exp(fin.log_w - log_w) : rules_.inside(fin.log_w, init.log_w);
+    if (ch.rng.uniform() < take) std::swap(init.sample, fin.sample);
     bool persist = no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, fin.end), init.rho.data(), fin.rho.data(), d);
     persist = persist && no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, fin.beg), init.rho.data(), ch.pool.p(fin.beg), d);
     persist = persist && no_u_turn_pass<true>(sharp(ch, init.end), sharp(ch, fin.end), fin.rho.data(), ch.pool.p(init.end), d);
@@ -740,6 +758,7 @@ class Engine {
   bool single_;          // a float32 target: positions rounded to float
   torch::Tensor x_host_;  // [C, D] in the target's dtype, on the CPU: the positions of a batch of leaves
   const NutsRules& rules_;
+  const bool inside_multinomial_;  // rules_.inside is Stan's: merges reuse their log_add_exp
   const NutsOptions& options_;
   const double eps_;
   const int64_t c_, d_;
@@ -750,8 +769,8 @@ class Engine {
 
 NutsRules NutsRules::stan() {
   NutsRules r;
-  r.top_level = [](double log_w_new, double log_w_old) { return std::min(1.0, std::exp(log_w_new - log_w_old)); };
-  r.inside = [](double log_w_new, double log_w_old) { return std::exp(log_w_new - log_add_exp(log_w_old, log_w_new)); };
+  r.top_level = biased_progressive;
+  r.inside = multinomial_choice;
   return r;
 }
 
