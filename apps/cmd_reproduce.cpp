@@ -29,8 +29,11 @@ int run(ReproduceArgs a) {
   a.options.run_jobs = run_jobs;
   torch::set_num_threads(1);
   warn_blas();
-  // No stop handler: Ctrl-C ends the run at once; every file it wrote was written atomically and
-  // a rerun resumes the finished trainings.
+  // Ctrl-C or SIGTERM during a training checkpoints it and ends the run (exit 130); elsewhere the
+  // run ends at the next training or at its end. Every file is written atomically and a rerun
+  // resumes: the finished trainings load, an interrupted one continues from its checkpoint.
+  install_stop_handler();
+  a.options.should_stop = stop_requested;
   auto say = [](const std::string& line) { std::cout << line << std::endl; };
   nlohmann::json results = reproduce(a.options, say, train_progress(a.quiet, "  "));
   if (!a.options.part.empty()) return 0;  // a child of --jobs: the parent writes the tables
@@ -47,6 +50,8 @@ Command add_reproduce_command(CLI::App& app) {
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--configs", a->options.configs, "directory of the experiment configs (default: the shipped configs/)");
   cmd->add_flag("--no-figures", a->no_figures, "skip the figures");
+  cmd->add_option("--device", a->options.device, "cpu | cuda | cuda:N: where the trainings and evaluations run")
+      ->capture_default_str();
   cmd->add_option("--jobs,-j", a->options.jobs,
                   "experiments run side by side, each in its own process with a one-thread BLAS (the results equal a "
                   "one-job run's with OPENBLAS_NUM_THREADS=1; times and ESS/s include the contention)")

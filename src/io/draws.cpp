@@ -22,7 +22,12 @@ OutputFormats parse_formats(const std::string& text) {
     const size_t comma = std::min(text.find(',', start), text.size());
     const std::string item = text.substr(start, comma - start);
     if (item == "csv") f.csv = true;
-    else if (item == "netcdf") f.netcdf = true;
+    else if (item == "netcdf") {
+      if (!netcdf_available())
+        throw UsageError("--format netcdf: this nmcmc was built without NetCDF (Debian's libnetcdf-dev); "
+                         "write Stan CSV instead (--format csv)");
+      f.netcdf = true;
+    }
     else throw UsageError("--format: '" + item + "' is not a format (csv, netcdf, or both: csv,netcdf)");
     start = comma + 1;
   }

@@ -1,7 +1,9 @@
 // ArviZ InferenceData in NetCDF-4, written as the draws come (see netcdf.hpp).
 #include "nmcmc/io/netcdf.hpp"
 
+#if NMCMC_HAVE_NETCDF
 #include <netcdf.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -20,10 +22,14 @@ namespace nmcmc {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+bool netcdf_available() { return NMCMC_HAVE_NETCDF != 0; }
+
 namespace {
+#if NMCMC_HAVE_NETCDF
 void check(int status, const std::string& what) {
   if (status != NC_NOERR) throw IoError(fmt::format("NetCDF: {}: {}", what, nc_strerror(status)));
 }
+#endif
 
 std::string sanitise(const std::string& name) {
   std::string out;
@@ -35,7 +41,7 @@ std::string sanitise(const std::string& name) {
   return out;
 }
 
-std::string iso_now() {
+[[maybe_unused]] std::string iso_now() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
   const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
@@ -47,7 +53,7 @@ std::string iso_now() {
 }
 
 /// The attributes ArviZ puts on every group, beside the given ones.
-json with_standard_attributes(json attributes) {
+[[maybe_unused]] json with_standard_attributes(json attributes) {
   attributes["created_at"] = iso_now();
   attributes["inference_library"] = "nmcmc";
   attributes["inference_library_version"] = NMCMC_VERSION;
@@ -57,7 +63,7 @@ json with_standard_attributes(json attributes) {
 /// Chunk shape (chains per chunk, draws per chunk) for a [C, draw, k] variable: about 1 MB
 /// chunks, and a slab of all chains' chunks of about 8 MB, so that appends of any length touch
 /// few chunks and the chunk cache (set to two slabs) holds them.
-std::pair<size_t, size_t> chunk_shape(int64_t chains, int64_t k) {
+[[maybe_unused]] std::pair<size_t, size_t> chunk_shape(int64_t chains, int64_t k) {
   const double row = 8.0 * static_cast<double>(k);  // bytes of one draw of one chain
   const int64_t draws = std::clamp<int64_t>(static_cast<int64_t>((8 << 20) / (row * static_cast<double>(chains))), 1, 1024);
   const int64_t per_chunk = std::clamp<int64_t>(static_cast<int64_t>((1 << 20) / (row * static_cast<double>(draws))), 1, chains);
@@ -101,6 +107,7 @@ PosteriorLayout posterior_layout(const std::vector<std::string>& labels) {
   return layout;
 }
 
+#if NMCMC_HAVE_NETCDF
 InferenceDataWriter::InferenceDataWriter(std::string path, int64_t chains, std::vector<std::string> labels,
                                          std::vector<StatColumn> stats, const json& attributes)
     : path_(std::move(path)), chains_(chains), dim_(static_cast<int64_t>(labels.size())), stats_(std::move(stats)) {
@@ -280,5 +287,21 @@ void InferenceDataWriter::finish(const json& attributes) {
   fs::rename(path_ + ".part", path_, ec);
   if (ec) throw IoError("cannot rename '" + path_ + ".part': " + ec.message());
 }
+
+#else
+// Built without NetCDF-4 (Note [A build without Debian's packages] in CMakeLists.txt): the
+// writer refuses, with one message; OutputFormats leaves NetCDF out by default.
+InferenceDataWriter::InferenceDataWriter(std::string path, int64_t chains, std::vector<std::string> labels,
+                                         std::vector<StatColumn> stats, const json& attributes)
+    : path_(std::move(path)), chains_(chains), dim_(static_cast<int64_t>(labels.size())), stats_(std::move(stats)) {
+  throw UsageError("ArviZ InferenceData (NetCDF-4) cannot be written: this nmcmc was built without NetCDF "
+                   "(Debian's libnetcdf-dev); write Stan CSV instead (--format csv)");
+}
+InferenceDataWriter::~InferenceDataWriter() = default;
+void InferenceDataWriter::put_attributes(int, const json&) {}
+void InferenceDataWriter::append(const torch::Tensor&, const std::map<std::string, torch::Tensor>&) {}
+void InferenceDataWriter::add_table(const std::string&, const std::map<std::string, std::vector<double>>&, const json&) {}
+void InferenceDataWriter::finish(const json&) {}
+#endif
 
 }  // namespace nmcmc

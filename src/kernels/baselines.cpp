@@ -14,8 +14,16 @@ void ScaledProposal::set_metric(const Metric& metric) {
   metric64_ = metric_.to(torch::TensorOptions().dtype(torch::kFloat64).device(any.defined() ? any.device() : torch::kCPU));
 }
 
+void ScaledProposal::follow_device(const torch::Tensor& x) {
+  if (metric_.kind() == MetricKind::kUnit || metric_.scale2().device() == x.device()) return;
+  // A metric given on another device (a user's CPU tensors for chains on a GPU) moves once.
+  metric_ = metric_.to(metric_.scale2().options().device(x.device()));
+  metric64_ = metric64_.to(metric64_.scale2().options().device(x.device()));
+}
+
 ProposalResult RandomWalk::propose(Target& target, const ChainState& state, at::Generator& gen) {
   torch::NoGradGuard no_grad;
+  follow_device(state.x);
   torch::Tensor z = randn(state.x.sizes(), gen, state.x.options());  // [C, D]
   ProposalResult r;
   r.proposed.x = state.x + eps_ * metric_.noise(z);
@@ -26,6 +34,7 @@ ProposalResult RandomWalk::propose(Target& target, const ChainState& state, at::
 
 ProposalResult Mala::propose(Target& target, const ChainState& state, at::Generator& gen) {
   torch::NoGradGuard no_grad;
+  follow_device(state.x);
   const double half_eps2 = 0.5 * eps_ * eps_;
   torch::Tensor z = randn(state.x.sizes(), gen, state.x.options());  // [C, D]
   // x' = x - (eps^2/2) M^{-1} dU(x) + eps M^{-1/2} z.
@@ -50,6 +59,7 @@ Hmc::Hmc(double step_size, int64_t leapfrog_steps) : ScaledProposal(step_size), 
 
 ProposalResult Hmc::propose(Target& target, const ChainState& state, at::Generator& gen) {
   torch::NoGradGuard no_grad;
+  follow_device(state.x);
   torch::Tensor p0 = metric_.momentum(randn(state.x.sizes(), gen, state.x.options()));  // [C, D], p ~ N(0, M)
   torch::Tensor eps = torch::full({1, 1}, eps_, p0.options());
   if (jitter_ > 0) {

@@ -15,6 +15,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/core/tensor_options.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/plot.hpp"
@@ -229,6 +230,31 @@ std::vector<std::string> selected_units(const ReproduceOptions& o) {
   return selected;
 }
 
+/// The device of ReproduceOptions::device (UsageError for a bad name or a missing CUDA).
+torch::Device run_device(const ReproduceOptions& o) { return parse_tensor_options("float32", o.device).device(); }
+
+/// A training of the run, stopped by ReproduceOptions::should_stop: its checkpoint is written;
+/// the run ends there with exit code 130 and a rerun resumes it.
+TrainResult train_unit(const ReproduceOptions& o, const TrainConfig& config, const std::string& dir,
+                       const TrainProgressFn& progress) {
+  TrainResult r = train(config, run_device(o), dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress,
+                        o.should_stop);
+  if (r.interrupted) {
+    throw ExitError(r.saved ? fmt::format("interrupted at training step {}; checkpoint saved to {}/model.pt (run the same "
+                                          "command again to resume)", r.steps, dir)
+                            : std::string("interrupted before the first training step; nothing written (run again)"),
+                    130);
+  }
+  return r;
+}
+
+/// Between the evaluations of a unit: a stop asked for ends the run there (its trainings are saved).
+void stop_point(const ReproduceOptions& o) {
+  if (o.should_stop && o.should_stop()) {
+    throw ExitError("interrupted between evaluations; the trainings are saved (run the same command again to resume)", 130);
+  }
+}
+
 bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 TrainConfig experiment_config(const ReproduceOptions& o, const std::string& name) {
@@ -250,22 +276,25 @@ json run_experiment(Run& run, const std::string& name) {
   TrainConfig config = parse_train_config(cfg);
   say(fmt::format("  training: batch {}, {} steps, width {}, N = {}, GEMMs in {}", config.train.batch, config.train.steps,
                   config.model.hidden, config.model.steps,
-                  matmul_summary(config.model.matmul, torch::kFloat32, torch::kCPU)));
+                  matmul_summary(config.model.matmul, torch::kFloat32, run_device(o))));
   const std::vector<std::string> changes = profile_changes(paper, settings);
   if (!changes.empty()) say(fmt::format("  changed from the paper's config: {}", fmt::join(changes, ", ")));
-  TrainResult trained = train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", /*resume=*/true, progress);
+  TrainResult trained = train_unit(o, config, dir, progress);
   if (o.figures) plot_training_curves(dir + "/training_curves.png", trained.log, name);
   run.trained_runs[name] = {training_identity(config), trained.log};
   const double train_seconds = trained.log.empty() ? 0.0 : trained.log.back().elapsed;
-  auto target = make_target(config.target, torch::kFloat32);
+  const torch::Device device = run_device(o);
+  auto target = make_target(config.target, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   auto [sampler, meta] = load_model(dir + "/model.pt");
+  sampler->to(device);
   sampler->eval();
   const json ev = settings["eval"];
   const int64_t chains = ev["chains"], burn = ev["burn"], keep = ev["keep"];
   say(fmt::format("  evaluating: {} chains, {} steps, ESS on the last {}", chains, burn + keep, keep));
   // Without an exact sampler the learned chains start from the training buffer (the sampler's
   // own persistent chains), as the paper's bootstrap does; burn-in steps follow either way.
-  torch::Tensor init_x = target->has_sampler() ? torch::Tensor() : load_buffer(dir + "/model.pt");
+  torch::Tensor init_x = target->has_sampler() ? torch::Tensor() : load_buffer(dir + "/model.pt").to(device);
+  stop_point(o);
   SampleResult learned = evaluate(*target, std::make_shared<LearnedProposal>(sampler), chains, burn, keep, false, 1, init_x);
   json entry;
   entry["config"] = config.to_json();
@@ -301,6 +330,7 @@ json run_experiment(Run& run, const std::string& name) {
     const std::string b = enum_name(kind);
     ProposalOptions po;
     po.set_sampler(kind).set_leapfrog(10).set_jitter(kind == SamplerKind::kHmc ? 0.2 : 0.0);
+    stop_point(o);
     SampleResult r = evaluate(*target, make_baseline_proposal(po), chains, bl["warmup"], bl["draws"], true, 2);
     entry[b] = measures(r, *target, 0, 0);
     say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),
@@ -314,6 +344,7 @@ json run_experiment(Run& run, const std::string& name) {
     // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
     Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
     const int64_t nuts_chains = settings.value("nuts_chains", chains);
+    stop_point(o);
     SampleResult r = evaluate(*target, nuts, nuts_chains, bl["warmup"], bl["draws"], true, 2);
     entry["nuts"] = measures(r, *target, 0, 0);
     entry["nuts"]["chains"] = nuts_chains;
@@ -326,6 +357,7 @@ json run_experiment(Run& run, const std::string& name) {
     // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
     // learned sampler, whose L comes from the same kind of estimate.
     Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    stop_point(o);
     SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2, {}, MetricAdapt::kDense);
     entry["nuts_dense"] = measures(r, *target, 0, 0);
     say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
@@ -338,6 +370,7 @@ json run_experiment(Run& run, const std::string& name) {
   for (const MetricAdapt m : {MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank}) {
     const std::string key = m == MetricAdapt::kFisherDiag ? "nuts_fisher_diag" : "nuts_fisher_lowrank";
     Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    stop_point(o);
     SampleResult r = evaluate(*target, nuts, settings.value("nuts_chains", chains), bl["warmup"], bl["draws"], true, 2, {}, m);
     entry[key] = measures(r, *target, 0, 0);
     say(fmt::format("  nuts ({}): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw, max R-hat {:.3f}",
@@ -385,7 +418,7 @@ void run_moon(Run& run) {
   TrainConfig config = parse_train_config(cfg);
   const std::string dir = (fs::path(o.output) / "moon").string();
   ensure_directory(dir);
-  train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true, progress);
+  train_unit(o, config, dir, progress);
   auto target = make_target(config.target, torch::kFloat32);
   auto [sampler, meta] = load_model(dir + "/model.pt");
   auto density = [](double x0, double x1) { return std::exp(-0.5 * x0 * x0 - 0.5 * std::pow(x1 - x0 * x0 + 4, 2)); };
@@ -414,8 +447,7 @@ bool ablation_reuses_funnel1(const ReproduceOptions& o, const std::string& varia
 decltype(TrainResult::log) train_ablation_variant(Run& run, const std::string& variant) {
   const std::string dir = (fs::path(run.o.output) / "ablation" / variant).string();
   ensure_directory(dir);
-  return train(ablation_config(run.o, variant), torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true,
-               run.progress).log;
+  return train_unit(run.o, ablation_config(run.o, variant), dir, run.progress).log;
 }
 
 /// The appendix ablation: proposal entropy during training of the three variants on Funnel-1.
@@ -506,6 +538,7 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
     job.args = {"reproduce", "--part", unit, "--profile", o.profile, "--output", o.output, "--quiet"};
     if (!o.configs.empty()) job.args.insert(job.args.end(), {"--configs", o.configs});
     if (!o.figures) job.args.push_back("--no-figures");
+    if (o.device != "cpu") job.args.insert(job.args.end(), {"--device", o.device});
     const bool variant = unit.rfind("ablation:", 0) == 0;  // the log's name without the colon
     job.log = (fs::path(logs) / ((variant ? "ablation_" + unit.substr(9) : unit) + ".log")).string();
     jobs.push_back(job);
@@ -563,7 +596,7 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
     TrainConfig config = experiment_config(o, "funnel1");
     const std::string dir = (fs::path(o.output) / "funnel1").string();
     run.trained_runs["funnel1"] = {training_identity(config),
-                                   train(config, torch::kCPU, dir + "/model.pt", dir + "/training_log.csv", true, {}).log};
+                                   train_unit(o, config, dir, {}).log};
   }
 }
 
@@ -573,6 +606,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
                const TrainProgressFn& progress) {
   const std::vector<std::string> selected = selected_units(o);
   profile_settings(o.profile, "icg");  // validates the profile before any work
+  run_device(o);                       // and the device
   if (o.jobs < 1 || o.jobs > 256) throw UsageError(fmt::format("--jobs must be in 1..256, got {}", o.jobs));
   ensure_directory(o.output);
   Run run{o, say, progress, {}};
@@ -605,7 +639,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     if (!has(experiment_names(), unit)) throw UsageError("--part: unknown experiment '" + unit + "'");
     return run_experiment(run, unit);
   }
-  json results = {{"profile", o.profile}, {"experiments", json::object()}};
+  json results = {{"profile", o.profile}, {"device", run_device(o).str()}, {"experiments", json::object()}};
   if (o.jobs > 1) results["jobs"] = o.jobs;
   const auto t_all = Clock::now();
   if (o.jobs > 1) {

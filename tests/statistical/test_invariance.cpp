@@ -23,11 +23,11 @@ constexpr int kProjections = 20;
 /// Runs the kernel from exact draws and whitens the result with the target's known law.
 test_support::InvarianceReport invariance(const json& spec, std::shared_ptr<Proposal> proposal, uint64_t seed,
                                           torch::Dtype dtype = torch::kFloat64) {
-  auto target = make_target(spec, torch::TensorOptions().dtype(dtype));
+  auto target = make_target(spec, test_support::device_options(dtype));
   MetropolisHastings kernel(std::move(proposal));
   test_support::ExactRun run = test_support::run_from_exact_with_moves(*target, kernel, kChains, kSteps, seed);
   auto target64 = make_target(spec, kF64);
-  torch::Tensor z = test_support::whiten_known(spec, *target64, run.x.to(torch::kFloat64));
+  torch::Tensor z = test_support::whiten_known(spec, *target64, run.x.to(torch::kCPU, torch::kFloat64));
   test_support::InvarianceReport r = test_support::normal_tests(z, kProjections, seed + 1000);
   r.accept = run.accept;
   r.moved = run.moved;

@@ -26,11 +26,11 @@ const json kGauss6 = {{"name", "gaussian"}, {"scales", {0.3, 0.5, 1.0, 1.0, 2.0,
 /// NUTS with the given step and metric, run from exact draws, whitened and tested.
 test_support::InvarianceReport nuts_invariance(const json& spec, double eps, const Metric& metric,
                                                NutsRules rules, uint64_t seed, int64_t max_depth = 10) {
-  auto target = make_target(spec, kF64);
+  auto target = make_target(spec, test_support::device_options(torch::kFloat64));
   Nuts nuts(NutsOptions().set_step_size(eps).set_max_depth(max_depth), std::move(rules));
   nuts.set_metric(metric);
   test_support::ExactRun run = test_support::run_from_exact_with_moves(*target, nuts, kChains, kSteps, seed);
-  torch::Tensor z = test_support::whiten_known(spec, *target, run.x);
+  torch::Tensor z = test_support::whiten_known(spec, *make_target(spec, kF64), run.x.cpu());
   test_support::InvarianceReport r = test_support::normal_tests(z, kProjections, seed + 1000);
   r.accept = run.accept;
   r.moved = run.moved;

@@ -1,5 +1,9 @@
 #include "stats.hpp"
 
+#include <cstdlib>
+
+#include "nmcmc/core/tensor_options.hpp"
+
 #include "nmcmc/targets/targets.hpp"
 
 #include <functional>
@@ -84,9 +88,14 @@ torch::Tensor run_from_exact(Target& target, Kernel& kernel, int64_t n, int64_t 
   return run_from_exact_with_moves(target, kernel, n, k, seed).x;
 }
 
+torch::TensorOptions device_options(torch::Dtype dtype) {
+  const char* device = std::getenv("NMCMC_TEST_DEVICE");
+  return parse_tensor_options(dtype == torch::kFloat64 ? "float64" : "float32", device ? device : "cpu");
+}
+
 ExactRun run_from_exact_with_moves(Target& target, Kernel& kernel, int64_t n, int64_t k, uint64_t seed) {
   torch::NoGradGuard no_grad;
-  at::Generator gen = make_generator(seed);
+  at::Generator gen = make_generator(seed, target.options().device());
   ChainState s = kernel.init(target, target.sample(n, gen));
   const torch::Tensor x0 = s.x.clone();
   double accept = 0;

@@ -24,6 +24,11 @@ namespace nmcmc::test_support {
 
 constexpr double kFamilyAlpha = 1e-6;
 
+/// Where the device-taking tests put their targets and chains: NMCMC_TEST_DEVICE ("cpu", the
+/// default, "cuda" or "cuda:N"; a CUDA name on a machine without CUDA fails the test run). The
+/// baseline and NUTS invariance tests and their power checks take it (docs/tests.md).
+torch::TensorOptions device_options(torch::Dtype dtype);
+
 /// Asymptotic Kolmogorov-Smirnov p-value of sorted-or-not uniform values u [n] against U(0, 1).
 double ks_uniform_pvalue(const torch::Tensor& u);
 

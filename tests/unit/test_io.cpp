@@ -7,6 +7,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/io/draws.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "nmcmc/io/netcdf.hpp"
 #include "nmcmc/io/stan_csv.hpp"
@@ -124,7 +125,16 @@ TEST(NetcdfLayout, IndexedNamesBecomeVectorsAndClashesFallBack) {
   }
 }
 
+TEST(NetcdfWriter, ABuildWithoutNetcdfRefusesItWithOneMessage) {
+  if (netcdf_available()) GTEST_SKIP() << "built with NetCDF";
+  EXPECT_FALSE(OutputFormats{}.netcdf);  // the default writes Stan CSV alone
+  EXPECT_TRUE(OutputFormats{}.csv);
+  EXPECT_THROW(parse_formats("csv,netcdf"), UsageError);
+  EXPECT_THROW(InferenceDataWriter("x.nc", 2, {"a"}, {}, {}), UsageError);
+}
+
 TEST(NetcdfWriter, UnwritablePathIsAnIoErrorAndPartFilesAreRenamedAtTheEnd) {
+  if (!netcdf_available()) GTEST_SKIP() << "built without NetCDF";
   EXPECT_THROW(InferenceDataWriter("/nonexistent-dir/x.nc", 2, {"a"}, {}, {}), IoError);
   const std::string dir = ::testing::TempDir() + "/nmcmc_netcdf_writer";
   std::filesystem::create_directories(dir);

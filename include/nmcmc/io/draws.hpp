@@ -13,11 +13,16 @@
 
 namespace nmcmc {
 
+/// Whether this build writes NetCDF-4 (built with libnetcdf; see io/netcdf.hpp).
+bool netcdf_available();
+
 /// The draw files a run writes: Stan CSV per chain, ArviZ InferenceData (NetCDF-4), or both.
+/// By default both, or Stan CSV alone where the build has no NetCDF.
 struct OutputFormats {
-  bool csv = true, netcdf = true;
+  bool csv = true, netcdf = netcdf_available();
 };
-/// Parses "csv", "netcdf", "csv,netcdf" (UsageError otherwise).
+/// Parses "csv", "netcdf", "csv,netcdf" (UsageError otherwise, and for "netcdf" in a build
+/// without NetCDF).
 OutputFormats parse_formats(const std::string& text);
 
 /// A sink writing the chosen formats into `directory` as the draws come: chain_K.csv (see

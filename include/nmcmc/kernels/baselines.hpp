@@ -23,6 +23,8 @@ class ScaledProposal : public Proposal {
 
  protected:
   double eps_;
+  /// Moves the metric to x's device where it was given on another (once).
+  void follow_device(const torch::Tensor& x);
   Metric metric_;    // the unit metric until set_metric
   Metric metric64_;  // the same in float64
 };

@@ -26,6 +26,12 @@ struct ReproduceOptions {
   /// Internal (the child processes of jobs > 1): run only this unit, an experiment name, "moon"
   /// or "ablation:<variant>", and write <output>/<name>/entry.json instead of the results files.
   std::string part;
+  /// Where training and the evaluation run: "cpu", "cuda" or "cuda:N" (the baselines too; the
+  /// moon and ablation units train there as well). Recorded in results.json.
+  std::string device = "cpu";
+  /// Polled between training steps: a stop checkpoints the training in progress and ends the run
+  /// with ExitError 130 (a rerun resumes it from that checkpoint).
+  std::function<bool()> should_stop;
 };
 
 /// The experiments, in the paper's order.
