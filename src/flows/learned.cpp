@@ -1,5 +1,7 @@
 #include "nmcmc/flows/learned.hpp"
 
+#include <torch/linalg.h>
+
 #include <cmath>
 #include <functional>
 

@@ -1,5 +1,7 @@
 #include "nmcmc/kernels/adaptation.hpp"
 
+#include <torch/linalg.h>
+
 #include <algorithm>
 #include <cmath>
 

@@ -1,5 +1,7 @@
 #include "nmcmc/kernels/metric.hpp"
 
+#include <torch/linalg.h>
+
 #include "nmcmc/core/errors.hpp"
 
 namespace nmcmc {

@@ -1,5 +1,7 @@
 #include "nmcmc/services/train.hpp"
 
+#include <torch/linalg.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>

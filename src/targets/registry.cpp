@@ -1,4 +1,6 @@
 #include <algorithm>
+
+#include <torch/linalg.h>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>

@@ -2,10 +2,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <sstream>
 
 #include <torch/csrc/autograd/variable.h>
 
 namespace nmcmc {
+
+namespace {
+/// The key of a parameter's optimiser state, as LibTorch's own optimisers write it: its
+/// TensorImpl's address (LibTorch 2), or that address printed (LibTorch 1.x).
+template <typename StateMap>
+typename StateMap::key_type state_key(const StateMap&, const torch::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+}  // namespace
 
 namespace {
 
@@ -110,7 +128,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = state_key(state_, p);
       auto it = state_.find(key);
       if (it == state_.end()) {  // as torch's Adam initialises its state
         auto fresh = std::make_unique<torch::optim::AdamParamState>();

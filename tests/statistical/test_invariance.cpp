@@ -3,6 +3,8 @@
 // for the false-fail rate (1e-6 per case) and the smallest detectable error.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include "nmcmc/flows/model.hpp"
 #include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/images/conv_sampler.hpp"

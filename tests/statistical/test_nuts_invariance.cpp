@@ -3,6 +3,8 @@
 // false-fail rate (1e-6 per case) and the smallest detectable error.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/targets/targets.hpp"

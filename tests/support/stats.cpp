@@ -1,5 +1,7 @@
 #include "stats.hpp"
 
+#include <torch/linalg.h>
+
 #include <cstdlib>
 
 #include "nmcmc/core/tensor_options.hpp"

@@ -2,6 +2,8 @@
 // transform, the convolutional flow (invertibility, log-determinant, MALA at initialisation, the
 // detailed-balance identity), and the training loop (runs, changes the energy, resumes exactly).
 #include <gtest/gtest.h>
+
+#include <torch/linalg.h>
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 

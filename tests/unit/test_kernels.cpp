@@ -2,6 +2,8 @@
 // step-size and mass-matrix adaptation.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/adaptation.hpp"

@@ -3,6 +3,8 @@
 // Over 500 lines: one test file per source area (flows/learned.*), each test short and independent.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include <filesystem>
 #include <fstream>
 

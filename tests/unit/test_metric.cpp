@@ -3,6 +3,8 @@
 // answer is known, and inside run_sampler's warm-up.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/adaptation.hpp"

@@ -3,6 +3,8 @@
 // returns NaN, the accept statistic; dense covariance estimation for the metric.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include <cmath>
 
 #include "nmcmc/core/random.hpp"

@@ -2,6 +2,8 @@
 // exact samplers against true moments, numerical guards, data loading.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include <fstream>
 
 #include "nmcmc/core/errors.hpp"

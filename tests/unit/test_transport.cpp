@@ -2,6 +2,8 @@
 // autograd Jacobian, the pulled-back target's gradient, the Fisher fit, and a transported run.
 #include <gtest/gtest.h>
 
+#include <torch/linalg.h>
+
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
