@@ -1,8 +1,6 @@
 // The low-rank part of the preconditioner: a factor-analysis fit (Note [Affine preconditioner]).
 #include "nmcmc/flows/learned.hpp"
 
-#include <torch/linalg.h>
-
 #include <cmath>
 #include <functional>
 

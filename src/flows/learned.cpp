@@ -1,7 +1,5 @@
 #include "nmcmc/flows/learned.hpp"
 
-#include <torch/linalg.h>
-
 #include <cmath>
 #include <functional>
 

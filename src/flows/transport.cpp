@@ -1,8 +1,6 @@
 // The flow transport, its Fisher-divergence fit and the pulled-back target (Note [Flow transport]).
 #include "nmcmc/flows/transport.hpp"
 
-#include <torch/linalg.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>

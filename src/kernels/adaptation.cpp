@@ -1,7 +1,5 @@
 #include "nmcmc/kernels/adaptation.hpp"
 
-#include <torch/linalg.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -148,14 +146,14 @@ namespace {
 
 /// A^{power} for a symmetric positive definite A [m, m] (eigendecomposition).
 torch::Tensor spd_power(const torch::Tensor& a, double power) {
-  auto [w, v] = torch::linalg::eigh(0.5 * (a + a.t()), "L");
+  auto [w, v] = torch::linalg_eigh(0.5 * (a + a.t()), "L");
   return torch::matmul(v * w.clamp_min(1e-300).pow(power), v.t());
 }
 
 /// The leading left singular vectors [D, <= k] of the rows of y [n, D] (as columns), dropping
 /// those of (numerically) zero singular value.
 torch::Tensor leading_directions(const torch::Tensor& y, int64_t k) {
-  auto [u, s, vh] = torch::linalg::svd(y.t(), /*full_matrices=*/false, c10::nullopt);  // u [D, r]
+  auto [u, s, vh] = torch::linalg_svd(y.t(), /*full_matrices=*/false, c10::nullopt);  // u [D, r]
   const double top = s.numel() > 0 ? s.max().item<double>() : 0.0;
   const int64_t keep = std::min<int64_t>(k, (s > 1e-10 * top).sum().item<int64_t>());
   return u.narrow(1, 0, top > 0 ? keep : 0);
@@ -197,7 +195,7 @@ Metric low_rank_part(const torch::Tensor& xs, const torch::Tensor& gs, const tor
   const torch::Tensor both = torch::cat({leading_directions(xs, o.max_rank), leading_directions(gs, o.max_rank)}, 1);
   const int64_t d = xs.size(1);
   if (both.size(1) == 0) return Metric::low_rank(scale2, torch::zeros({d, 0}, scale2.options()), torch::zeros({0}, scale2.options()));
-  const torch::Tensor q = std::get<0>(torch::linalg::qr(both, "reduced"));  // [D, m] orthonormal
+  const torch::Tensor q = std::get<0>(torch::linalg_qr(both, "reduced"));  // [D, m] orthonormal
   const torch::Tensor px = torch::matmul(xs, q), pg = torch::matmul(gs, q);  // [n, m]
   const torch::Tensor eye = torch::eye(q.size(1), q.options());
   const torch::Tensor cx = torch::matmul(px.t(), px) / n + o.gamma * eye;
@@ -206,7 +204,7 @@ Metric low_rank_part(const torch::Tensor& xs, const torch::Tensor& gs, const tor
   const torch::Tensor cg_half = spd_power(cg, 0.5), cg_inv_half = spd_power(cg, -0.5);
   const torch::Tensor mean = torch::matmul(torch::matmul(cg_inv_half, spd_power(torch::matmul(torch::matmul(cg_half, cx), cg_half), 0.5)),
                                            cg_inv_half);
-  auto [lambda, v] = torch::linalg::eigh(0.5 * (mean + mean.t()), "L");
+  auto [lambda, v] = torch::linalg_eigh(0.5 * (mean + mean.t()), "L");
   const torch::Tensor keep = ((lambda > o.cutoff) | (lambda < 1.0 / o.cutoff)).nonzero().reshape({-1});
   return Metric::low_rank(scale2, torch::matmul(q, v.index_select(1, keep)), lambda.index_select(0, keep));
 }

@@ -1,7 +1,5 @@
 #include "nmcmc/kernels/metric.hpp"
 
-#include <torch/linalg.h>
-
 #include "nmcmc/core/errors.hpp"
 
 namespace nmcmc {
@@ -16,8 +14,8 @@ Metric::Metric(const torch::Tensor& inv_mass) : inv_mass_(inv_mass) {
   kind_ = MetricKind::kDense;
   // M^{-1} = L L^T: M^{-1/2} z = L z, M^{1/2} z = L^{-T} z, v^T M v = |L^{-1} v|^2 (row vectors below).
   torch::Tensor sym = 0.5 * (inv_mass + inv_mass.t());
-  chol_ = torch::linalg::cholesky(sym.to(torch::kFloat64)).to(inv_mass.options());
-  chol_inv_ = torch::linalg::inv(chol_.to(torch::kFloat64)).to(inv_mass.options());
+  chol_ = torch::linalg_cholesky(sym.to(torch::kFloat64)).to(inv_mass.options());
+  chol_inv_ = torch::linalg_inv(chol_.to(torch::kFloat64)).to(inv_mass.options());
   inv_mass_ = sym;
 }
 

@@ -1,7 +1,5 @@
 #include "nmcmc/services/train.hpp"
 
-#include <torch/linalg.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,5 @@
 #include <algorithm>
 
-#include <torch/linalg.h>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -197,7 +196,7 @@ std::unique_ptr<Target> make_rotated_icg(const json& spec, torch::TensorOptions 
   }
   torch::Tensor var = torch::tensor(var_values, torch::kFloat64);
   torch::Tensor m = torch::tensor(normal, torch::kFloat64).reshape({d, d});
-  auto [q, r] = torch::linalg::qr(m);
+  auto [q, r] = torch::linalg_qr(m);
   q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);  // Haar-distributed; q q^T-sums are sign-free anyway
   return std::make_unique<GaussianTarget>(
       "rotated_icg", json{{"name", "rotated_icg"}, {"dim", d}, {"seed", seed}, {"eigenvalues", eig}}, var, q,
@@ -214,7 +213,7 @@ std::unique_ptr<Target> make_spiked(const json& spec, torch::TensorOptions optio
   const int64_t seed = get_int(spec, "seed", 0, 0);
   if (k >= d) throw UsageError("spiked: 'spikes' must be below 'dim' (" + std::to_string(k) + " >= " + std::to_string(d) + ")");
   at::Generator gen = make_generator(static_cast<uint64_t>(seed));
-  auto [q, r] = torch::linalg::qr(randn({d, d}, gen, torch::TensorOptions().dtype(torch::kFloat64)));
+  auto [q, r] = torch::linalg_qr(randn({d, d}, gen, torch::TensorOptions().dtype(torch::kFloat64)));
   q = q * torch::sign(torch::diagonal(r)).unsqueeze(0);
   torch::Tensor var = torch::ones({d}, torch::kFloat64);
   var.narrow(0, 0, k).fill_(spike_sd * spike_sd);

@@ -3,8 +3,6 @@
 // for the false-fail rate (1e-6 per case) and the smallest detectable error.
 #include <gtest/gtest.h>
 
-#include <torch/linalg.h>
-
 #include "nmcmc/flows/model.hpp"
 #include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/images/conv_sampler.hpp"
@@ -100,7 +98,7 @@ TEST(Invariance, HmcAndMalaWithLowRankMetric) {
   // be exact with it.
   auto cov = dynamic_cast<GaussianTarget*>(make_target(kScg, kF64).get())->covariance();
   ASSERT_EQ(cov.size(0), 2);
-  auto [values, vectors] = torch::linalg::eigh(cov, "L");  // ascending: column 0 is the narrow one
+  auto [values, vectors] = torch::linalg_eigh(cov, "L");  // ascending: column 0 is the narrow one
   const Metric metric = Metric::low_rank(1.5 * cov.diagonal(), vectors.narrow(1, 0, 1).contiguous(), torch::tensor({0.01}, kF64));
   auto hmc = std::make_shared<Hmc>(0.3, 5);
   hmc->set_metric(metric);

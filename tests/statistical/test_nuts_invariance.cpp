@@ -3,8 +3,6 @@
 // false-fail rate (1e-6 per case) and the smallest detectable error.
 #include <gtest/gtest.h>
 
-#include <torch/linalg.h>
-
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/targets/targets.hpp"
@@ -46,7 +44,7 @@ torch::Tensor icg_variances() { return torch::logspace(-2, 2, 50, 10.0, kF64); }
 /// wider, one 4x narrower): a valid metric under which NUTS must still be exact.
 Metric icg_low_rank() {
   torch::Tensor a = torch::randn({50, 2}, make_generator(77), kF64);
-  torch::Tensor q = std::get<0>(torch::linalg::qr(a, "reduced"));
+  torch::Tensor q = std::get<0>(torch::linalg_qr(a, "reduced"));
   return Metric::low_rank(icg_variances(), q, torch::tensor({3.0, 0.25}, kF64));
 }
 torch::Tensor scg_covariance() {

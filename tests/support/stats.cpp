@@ -1,7 +1,5 @@
 #include "stats.hpp"
 
-#include <torch/linalg.h>
-
 #include <cstdlib>
 
 #include "nmcmc/core/tensor_options.hpp"
@@ -121,9 +119,9 @@ torch::Tensor whiten_known(const nlohmann::json& spec, Target& target, const tor
 }
 
 torch::Tensor whiten_gaussian(const torch::Tensor& x, const torch::Tensor& mean, const torch::Tensor& cov) {
-  torch::Tensor l = torch::linalg::cholesky(cov.to(torch::kFloat64));
+  torch::Tensor l = torch::linalg_cholesky(cov.to(torch::kFloat64));
   torch::Tensor centred = (x.to(torch::kFloat64) - mean.to(torch::kFloat64)).t();  // [D, N]
-  return torch::linalg::solve_triangular(l, centred, /*upper=*/false, /*left=*/true, /*unitriangular=*/false).t();
+  return torch::linalg_solve_triangular(l, centred, /*upper=*/false, /*left=*/true, /*unitriangular=*/false).t();
 }
 
 torch::Tensor whiten_funnel(const torch::Tensor& x_in, double sigma) {

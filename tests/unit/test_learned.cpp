@@ -3,8 +3,6 @@
 // Over 500 lines: one test file per source area (flows/learned.*), each test short and independent.
 #include <gtest/gtest.h>
 
-#include <torch/linalg.h>
-
 #include <filesystem>
 #include <fstream>
 
@@ -58,7 +56,7 @@ TEST(LearnedFlow, LogDetMatchesAutogradJacobian) {
     for (int i = 0; i < 5; ++i) {
       jac[i] = torch::autograd::grad({out[i]}, {zin}, {}, /*retain_graph=*/true)[0];
     }
-    const double logdet = std::log(std::abs(torch::linalg::det(jac).item<double>()));
+    const double logdet = std::log(std::abs(torch::linalg_det(jac).item<double>()));
     torch::NoGradGuard no_grad;
     const double flow_logdet = s->forward_flow(*t, x, z0, false).log_det.item<double>();
     EXPECT_GT(std::abs(flow_logdet), 1e-3) << variant_name(v);
@@ -311,8 +309,8 @@ TEST(Preconditioner, ZeroNetworksAreMalaWithTheSameMetric) {
           at::Generator gz = make_generator(5);
           torch::Tensor z = randn(x.sizes(), gz, x.options());
           torch::Tensor l = s->precondition_matrix();
-          torch::Tensor c = torch::linalg::cholesky(l.matmul(l.t()));
-          torch::Tensor z0 = torch::linalg::solve(l, c.matmul(z.t()), true).t();
+          torch::Tensor c = torch::linalg_cholesky(l.matmul(l.t()));
+          torch::Tensor z0 = torch::linalg_solve(l, c.matmul(z.t()), true).t();
           Proposed p = s->propose_from(*t, x, sl.grad, z0, false);
           a.proposed.x = p.x_new;
           a.log_q_ratio = p.log_q_rev - p.log_q_fwd;
@@ -339,7 +337,7 @@ TEST(Preconditioner, LogDetIsTheWholeMapsJacobian) {
       torch::Tensor out = s->propose_from(*t, x, {}, zin, true).x_new.squeeze(0);
       torch::Tensor jac = torch::zeros({5, 5}, kF64);
       for (int i = 0; i < 5; ++i) jac[i] = torch::autograd::grad({out[i]}, {zin}, {}, true)[0].squeeze(0);
-      const double logdet = std::log(std::abs(torch::linalg::det(jac).item<double>()));
+      const double logdet = std::log(std::abs(torch::linalg_det(jac).item<double>()));
       torch::NoGradGuard no_grad;
       Proposed p = s->propose_from(*t, x, {}, z0, false);
       const double total = p.log_det.item<double>() + 5 * s->log_eps().item<double>();
@@ -418,7 +416,7 @@ TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
     s->set_preconditioner(torch::zeros({8}, kF64), cov);
     torch::Tensor l = s->precondition_matrix();
     EXPECT_LT((l.matmul(l.t()) - cov).abs().max().item<double>(), 1e-6) << rank;  // exact
-    EXPECT_NEAR(s->precondition_log_det().item<double>(), std::log(std::abs(torch::linalg::det(l).item<double>())), 1e-10);
+    EXPECT_NEAR(s->precondition_log_det().item<double>(), std::log(std::abs(torch::linalg_det(l).item<double>())), 1e-10);
     LowRankFactors f = low_rank_factors_of_covariance(cov, rank);
     EXPECT_LT((fitted(f) - cov).abs().max().item<double>(), 1e-6) << rank;
     EXPECT_TRUE((f.eigenvalues > 1.0).all().item<bool>());
@@ -441,7 +439,7 @@ TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
   // (n = 8 < D) gives a valid fit.
   at::Generator g = make_generator(4);
   const torch::Tensor big = factor_covariance(12, 2, 4.0, 5);
-  const torch::Tensor chol = torch::linalg::cholesky(big);
+  const torch::Tensor chol = torch::linalg_cholesky(big);
   for (int64_t n : {4000, 8}) {
     torch::Tensor x = torch::randn({n, 12}, g, kF64).matmul(chol.t());
     LowRankFactors f = low_rank_factors(x, 5);
@@ -462,7 +460,7 @@ TEST(Preconditioner, LowRankFactorsAndTheirCovariance) {
   // above the edge for independent draws; cross-fitting over the chains keeps the 2 real factors.
   {
     const int64_t chains = 8, steps = 200, d = 40;
-    const torch::Tensor cf = torch::linalg::cholesky(factor_covariance(d, 2, 4.0, 6));
+    const torch::Tensor cf = torch::linalg_cholesky(factor_covariance(d, 2, 4.0, 6));
     const double rho = 0.9;
     torch::Tensor state = torch::randn({chains, d}, g, kF64).matmul(cf.t());
     std::vector<torch::Tensor> rows;

@@ -3,8 +3,6 @@
 // answer is known, and inside run_sampler's warm-up.
 #include <gtest/gtest.h>
 
-#include <torch/linalg.h>
-
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
@@ -23,24 +21,24 @@ const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 Metric random_low_rank(uint64_t seed) {
   at::Generator g = make_generator(seed);
   torch::Tensor scale2 = torch::rand({7}, g, kF64) * 3 + 0.2;
-  torch::Tensor q = std::get<0>(torch::linalg::qr(torch::randn({7, 3}, g, kF64), "reduced"));
+  torch::Tensor q = std::get<0>(torch::linalg_qr(torch::randn({7, 3}, g, kF64), "reduced"));
   return Metric::low_rank(scale2, q, torch::tensor({9.0, 0.05, 2.5}, kF64));
 }
 
 /// Exact draws of N(0, cov) and their gradients dU = cov^{-1} x, [n, D] each.
 std::pair<torch::Tensor, torch::Tensor> gaussian_draws(const torch::Tensor& cov, int64_t n, uint64_t seed) {
   at::Generator g = make_generator(seed);
-  torch::Tensor l = torch::linalg::cholesky(cov);
+  torch::Tensor l = torch::linalg_cholesky(cov);
   torch::Tensor x = torch::matmul(torch::randn({n, cov.size(0)}, g, kF64), l.t());
-  return {x, torch::matmul(x, torch::linalg::inv(cov))};
+  return {x, torch::matmul(x, torch::linalg_inv(cov))};
 }
 
 /// The condition number of the covariance seen through the metric: eig(M^{1/2} cov M^{1/2}),
 /// computed as eig(L^{-1} cov L^{-T}) with M^{-1} = L L^T.
 double preconditioned_condition(const Metric& m, const torch::Tensor& cov) {
-  torch::Tensor l = torch::linalg::cholesky(m.kind() == MetricKind::kDiag ? torch::diag(m.inv_mass()) : m.inv_mass());
-  torch::Tensor li = torch::linalg::inv(l);
-  torch::Tensor e = torch::linalg::eigvalsh(torch::matmul(torch::matmul(li, cov), li.t()), "L");
+  torch::Tensor l = torch::linalg_cholesky(m.kind() == MetricKind::kDiag ? torch::diag(m.inv_mass()) : m.inv_mass());
+  torch::Tensor li = torch::linalg_inv(l);
+  torch::Tensor e = torch::linalg_eigvalsh(torch::matmul(torch::matmul(li, cov), li.t()), "L");
   return (e.max() / e.min()).item<double>();
 }
 }  // namespace
@@ -82,7 +80,7 @@ TEST(MetricAdaptation, FisherDiagonalIsSqrtOfVarianceOverGradientVariance) {
   for (int64_t k = 0; k < 200000; k += 10000) est.add(x.narrow(0, k, 10000), g.narrow(0, k, 10000));
   const Metric m = est.estimate();
   ASSERT_EQ(m.kind(), MetricKind::kDiag);
-  const torch::Tensor expected = (cov.diagonal() / torch::linalg::inv(cov).diagonal()).sqrt();
+  const torch::Tensor expected = (cov.diagonal() / torch::linalg_inv(cov).diagonal()).sqrt();
   EXPECT_LT(((m.inv_mass() / expected) - 1).abs().max().item<double>(), 0.01) << m.inv_mass() << expected;
   // Stan's diagonal estimate converges to the marginal variances instead: a different answer
   // for a correlated target (the test can tell them apart).
@@ -105,7 +103,7 @@ TEST(MetricAdaptation, FisherLowRankRecoversWideAndNarrowDirections) {
   const int64_t d = 20;
   at::Generator g = make_generator(8);
   torch::Tensor s = torch::logspace(-1, 1, d, 10.0, kF64);
-  torch::Tensor q = std::get<0>(torch::linalg::qr(torch::randn({d, 2}, g, kF64), "reduced"));
+  torch::Tensor q = std::get<0>(torch::linalg_qr(torch::randn({d, 2}, g, kF64), "reduced"));
   torch::Tensor inner = torch::eye(d, kF64) + 99.0 * torch::outer(q.select(1, 0), q.select(1, 0)) -
                         0.99 * torch::outer(q.select(1, 1), q.select(1, 1));
   torch::Tensor cov = s.unsqueeze(1) * inner * s.unsqueeze(0);
@@ -137,7 +135,7 @@ TEST(MetricAdaptation, FisherLowRankFallsBackToItsDiagonalWhereProductsOverflow)
   EXPECT_EQ(m.kind(), MetricKind::kLowRank);
   EXPECT_EQ(m.basis().size(1), 0);
   EXPECT_TRUE(torch::isfinite(m.inv_mass()).all().item<bool>());
-  EXPECT_TRUE((torch::linalg::eigvalsh(m.inv_mass(), "L") > 0).all().item<bool>());
+  EXPECT_TRUE((torch::linalg_eigvalsh(m.inv_mass(), "L") > 0).all().item<bool>());
   // (FisherLowRankRecoversWideAndNarrowDirections: the low-rank part where nothing overflows)
 }
 
@@ -147,7 +145,7 @@ TEST(MetricAdaptation, WarmupAdaptsEachMetricWithNuts) {
   // (0.95 between two coordinates); dense and fisher-lowrank do.
   torch::Tensor cov = torch::diag(torch::tensor({1.0, 4.0, 0.25, 1.0, 9.0, 0.5}, kF64));
   cov[0][1] = cov[1][0] = 0.95 * 2.0;
-  auto [values, vectors] = torch::linalg::eigh(cov, "L");
+  auto [values, vectors] = torch::linalg_eigh(cov, "L");
   auto target = std::make_shared<GaussianTarget>("correlated", json{{"name", "correlated"}}, values, vectors, torch::Tensor(), kF64);
   ASSERT_LT((target->covariance() - cov).abs().max().item<double>(), 1e-12);
   for (auto [metric, form, max_condition] : {std::tuple{MetricAdapt::kDiag, "diag", 1e9},

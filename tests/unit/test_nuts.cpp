@@ -3,8 +3,6 @@
 // returns NaN, the accept statistic; dense covariance estimation for the metric.
 #include <gtest/gtest.h>
 
-#include <torch/linalg.h>
-
 #include <cmath>
 
 #include "nmcmc/core/random.hpp"
@@ -215,13 +213,13 @@ TEST(Nuts, HandDerivedTransitionOnAOneDimensionalNormal) {
 // leapfrog steps at depth 3. The criterion on p instead of M^{-1} p (wrong unless M = I) does not.
 TEST(Nuts, HandDerivedTransitionWithADenseMetric) {
   torch::Tensor sigma = torch::tensor({{4.0, 1.9}, {1.9, 1.0}}, kF64);
-  torch::Tensor l = torch::linalg::cholesky(sigma);
+  torch::Tensor l = torch::linalg_cholesky(sigma);
   // The target N(0, Sigma) as a Gaussian given by its eigen-decomposition.
-  auto [evals, evecs] = torch::linalg::eigh(sigma, "L");
+  auto [evals, evecs] = torch::linalg_eigh(sigma, "L");
   GaussianTarget target("sigma", {{"name", "sigma"}}, evals, evecs, torch::Tensor(), kF64);
   const int64_t c = 64;
   torch::Tensor x0 = torch::matmul(torch::tensor({{0.0, 1.0}}, kF64), l.t()).expand({c, 2}).contiguous();   // x = L y
-  torch::Tensor p0 = torch::linalg::solve(l.t(), torch::tensor({{1.0}, {0.0}}, kF64), /*left=*/true).t().expand({c, 2}).contiguous();  // L^{-T} z
+  torch::Tensor p0 = torch::linalg_solve(l.t(), torch::tensor({{1.0}, {0.0}}, kF64), /*left=*/true).t().expand({c, 2}).contiguous();  // L^{-T} z
   for (bool sharp : {true, false}) {
     SCOPED_TRACE(sharp ? "criterion on M^-1 p" : "criterion on p");
     Nuts nuts(NutsOptions().set_step_size(0.9).set_max_depth(10),
