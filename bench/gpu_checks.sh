@@ -20,7 +20,7 @@ left() { echo $(( limit - (SECONDS - t0) )); }
   c++ --version | head -1; cmake --version | head -1; } 2>&1 | tee "$out/machine.txt"
 if [ ! -x build-gpu/nmcmc ]; then
   KEEP_GOING=1 timeout $(( $(left) - ${TAIL_SECONDS:-150} )) scripts/build_with_pytorch.sh "$deps" build-gpu \
-    nmcmc_cli nmcmc_statistical_tests ${BUILD_UNIT:+nmcmc_unit_tests} > "$out/build.log" 2>&1
+    ${TARGETS:-nmcmc_cli nmcmc_statistical_tests ${BUILD_UNIT:+nmcmc_unit_tests}} > "$out/build.log" 2>&1
   echo "build: rc $? after $((SECONDS - t0)) s" | tee -a "$out/machine.txt"
   grep -E "error|FAILED|^LibTorch|^C\+\+" "$out/build.log" | head -60
 fi
@@ -40,7 +40,7 @@ grep -hE "(PASSED|FAILED|SKIPPED|OK) \]|\[==========\]|rc " "$out/statistical_cu
 mkdir -p /tmp/paper/funnel1
 [ -n "$resume" ] && [ -f "$resume/model.pt" ] && cp "$resume/model.pt" "$resume/training_log.csv" /tmp/paper/funnel1/
 echo "paper profile: $(left) s left"
-timeout -s INT -k 30 $(( $(left) - 40 )) build-gpu/nmcmc reproduce --profile paper --only funnel1 --device cuda \
+timeout -s INT -k 20 $(( $(left) - ${MARGIN:-40} )) build-gpu/nmcmc reproduce --profile paper --only funnel1 --device cuda \
   --no-figures -o /tmp/paper > "$out/paper.log" 2>&1
 echo "reproduce: rc $?" | tee -a "$out/paper.log"
 tr '\r' '\n' < "$out/paper.log" | grep -v "^\s*$" | awk 'NR % 20 == 1 || /==|nuts|mala|hmc|learned|interrupt|rc|rror/' | tail -40
