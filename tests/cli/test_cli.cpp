@@ -297,6 +297,37 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   EXPECT_EQ(bad_set.code, 64) << bad_set.out;
 }
 
+TEST(Cli, ReproduceStopsWithACheckpointOnSigintAndRefusesABadDevice) {
+  // The paper profile keeps a config's training settings: a small funnel1 trained for 100000 steps
+  // with a checkpoint every 10. SIGINT once the first checkpoint exists: the training saves where
+  // it is, the run ends with 130 and says how to resume (the resume itself is train's, tested
+  // above). The wait is for the file; the steps left take far longer than the 20 ms poll.
+  const std::string dir = ::testing::TempDir() + "repro_stop/";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "configs");
+  for (const auto& f : fs::directory_iterator(std::string(NMCMC_SOURCE_DIR) + "/configs")) {
+    fs::copy_file(f.path(), dir + "configs/" + f.path().filename().string());
+  }
+  std::ofstream(dir + "configs/funnel1.json", std::ios::trunc) << R"({"name":"funnel1","target":{"name":"funnel","dim":5,"sigma":1},
+    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":100000,"checkpoint_every":10}})";
+  const std::string out = dir + "out";
+  const std::string cmd = std::string(NMCMC_CLI_PATH) + " reproduce --profile paper --only funnel1 --no-figures --quiet --configs " +
+                          dir + "configs --output " + out;
+  CliRun r = run_with_prefix(signal_when(cmd, out + "/funnel1/model.pt", "-INT"), "");
+  ASSERT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("interrupted at training step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("run the same command again to resume"), std::string::npos) << r.out;
+  const int64_t step = nmcmc::load_model(out + "/funnel1/model.pt").second["step"].get<int64_t>();
+  EXPECT_GE(step, 10);
+  EXPECT_LT(step, 100000);
+  EXPECT_FALSE(fs::exists(out + "/results.json"));
+  // Bad input: one line, exit 64, before any work.
+  CliRun bad = run("reproduce --profile smoke --only icg --device gpu --output " + dir + "bad");
+  EXPECT_EQ(bad.code, 64) << bad.out;
+  EXPECT_NE(bad.out.find("device must be cpu, cuda or cuda:N"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(dir + "bad/icg"));
+}
+
 TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   // The smoke profile checks the pipeline and the table's shape, not the figures' values.
   const std::string out = ::testing::TempDir() + "repro_smoke";
@@ -305,6 +336,7 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(out + "/results.json");
   nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["device"], "cpu");
   for (const char* e : {"icg", "scg", "rotated_icg", "funnel1", "funnel3", "german", "australian", "heart"}) {
     ASSERT_TRUE(j["experiments"].contains(e)) << e;
     for (const char* s : {"learned", "mala", "hmc"}) {
