@@ -148,7 +148,10 @@ def one(nmcmc, p, ref, row, args, t0):
         row[f"grads_for_{goal}"] = fixed_grads + goal * sampling_grads / ess
         row[f"seconds_for_{goal}"] = fixed_seconds + goal * s["seconds_sampling"] / ess
     if isinstance(s.get("transport"), dict) and "choice" in s["transport"]:
-        row["transport_choice"] = s["transport"]["choice"].get("chosen")  # flow or affine
+        choice = s["transport"]["choice"]
+        row["transport_choice"] = choice.get("chosen")  # flow or affine
+        if isinstance(choice.get("flow"), dict) and isinstance(choice.get("affine"), dict):
+            row["transport_scores"] = {k: choice[k].get("score") for k in ("flow", "affine")}
     ok, z, sd, why = moments_check(s, ref)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
