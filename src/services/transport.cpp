@@ -344,7 +344,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       tr.worst = at.item<int64_t>();
       tr.score = worst.item<double>() / std::max(tr.grads_per_draw, 1e-300);
       if (!std::isfinite(tr.score)) tr.score = 0;
-      tr.x_end = x[n - 1].to(target.options().dtype());
+      tr.x_end = lt.to_ambient(rr.draws[n - 1]);  // the last draws mapped as before (one batch of C rows): the same bits
       return tr;
     };
     const Trial with_flow = trial(latent, seed + 104729);
