@@ -206,7 +206,7 @@ TEST(Transport, RunWithTransportOnAFunnel) {
   auto target = make_target({{"name", "funnel"}, {"dim", 10}, {"sigma", 1.5}}, kF64);
   Nuts nuts{NutsOptions()};
   RunOptions ro;
-  ro.set_chains(4).set_warmup(400).set_draws(500).set_metric(MetricAdapt::kDiag);
+  ro.set_chains(4).set_warmup(500).set_draws(500).set_metric(MetricAdapt::kDiag);  // 500: room for the trials
   TransportOptions t;
   t.layers = 4;
   t.rounds = 3;
@@ -221,6 +221,15 @@ TEST(Transport, RunWithTransportOnAFunnel) {
             << r.step_size << " report " << tr.report.dump() << "\n";
   EXPECT_LT(std::abs(x0.mean().item<double>()), 0.3);
   EXPECT_NEAR(x0.std().item<double>(), 1.5, 0.25);
+  // Note [The flow or its affine base]: both candidates were tried and scored by how far their
+  // draws move per gradient; the flow is kept at 1.25x the affine map's score, and on a funnel
+  // (no affine map fits both its neck and its mouth) it is.
+  const nlohmann::json& choice = tr.report["choice"];
+  ASSERT_TRUE(choice.contains("flow") && choice.contains("affine")) << choice.dump();
+  const double flow_score = choice["flow"]["score"], affine_score = choice["affine"]["score"];
+  EXPECT_GT(affine_score, 0);
+  EXPECT_EQ(choice["chosen"], flow_score >= 1.25 * affine_score ? "flow" : "affine");
+  EXPECT_EQ(choice["chosen"], "flow") << choice.dump();
   // lp is -U(x) at the mapped draws
   torch::Tensor last = r.draws[499];
   EXPECT_LT((r.lp[499] + target->energy(last)).abs().max().item<double>(), 1e-6);
