@@ -297,10 +297,11 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   // coordinate's mean squared jump between consecutive draws in x, over its variance among the
   // last fit's points, per gradient). Choosing by that score instead was tried (f24abeb, the
   // flow kept at 1.25x the affine map's score) and measured on 13 posteriors: it kept the affine
-  // map on six, and there NUTS got less than the flow had (low_dim_gauss_mix 0.188 bulk-ESS per
-  // gradient against 0.395 through the flow at cfde2f8, sblrc 0.173 against 0.426,
-  // kidiq_interaction 0.198 against 0.326): 20 draws' lag-one jumps do not rank two latent
-  // spaces by their ESS (BENCHMARKS.md, "Choosing the flow by how far its draws move"). Both
+  // map on six, and where the two rules differ the cost rule did as well or better on four of four
+  // in the same session (low_dim_gauss_mix 0.284 bulk-ESS per gradient through the flow against
+  // 0.188 through the affine map, whose 20 trial draws had moved farther; earnings 0.477 against
+  // 0.390): 20 draws' lag-one jumps do not rank two latent spaces by their ESS (BENCHMARKS.md,
+  // "Choosing the flow by how far its draws move"). Both
   // trials come out of the final warm-up (their gradients and seconds are warm-up's; they run
   // when at least 100 iterations of it remain: the learned sampler's 500-iteration transport
   // warm-up leaves 130), and the final warm-up starts where the chosen trial ended.
