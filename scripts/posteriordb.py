@@ -117,7 +117,8 @@ def one(nmcmc, p, ref, row, args, t0):
     fixed_grads = fixed_seconds = 0.0  # warm-up, preconditioner and training: paid before sampling
     if args.sampler == "nuts":
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
-                           metric=args.metric, transport=args.transport or "none", progress=False)
+                           metric=args.metric, transport=args.transport or "none",
+                           transport_rounds=args.transport_rounds, progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
         model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport)
@@ -332,6 +333,7 @@ def main() -> int:
                    help="nuts: sample through a flow fitted in warm-up (default none); learned: train and sample "
                         "in its latent space; auto (the learned sampler's default, nmcmc train's): the flow "
                         "where the affine map does not fit (docs/transport.md)")
+    c.add_argument("--transport-rounds", type=int, default=4, help="with --transport flow: the flow's fits in warm-up")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--draws", type=int, default=1000)
