@@ -1,6 +1,9 @@
 // Speed benchmarks (never part of the test suite). Prints one JSON line per measurement.
 //   nmcmc_bench learned  --config configs/funnel1.json --batch 1024 --mode train|sample [--reps 5] [--threads 1]
 //   nmcmc_bench baseline --target-json '{"name":"icg"}' --sampler hmc --chains 64 [--steps 500] [--threads 1]
+//   nmcmc_bench transport --target-json '{"name":"funnel","dim":5}' --rows 4 [--layers 8] [--hidden 0] [--reps 2000]
+//                        (seconds per pulled-back gradient through a flow: the native pass of Note [The
+//                        flow's native pass] against LibTorch's graph, and the target's own gradient)
 //   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
@@ -19,6 +22,7 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/flows/transport.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 #include "nmcmc/targets/targets.hpp"
@@ -104,8 +108,55 @@ int main(int argc, char** argv) {
   dist->add_option("--batch", batch, "global batch (split over the ranks)");
   dist->add_option("--reps", reps);
   dist->add_option("--threads", threads);
+  auto* transport = app.add_subcommand("transport", "a pulled-back gradient through a flow: native pass against LibTorch's graph");
+  int64_t rows = 4, layers = 8, hidden = 0;
+  transport->add_option("--target-json", target_json);
+  transport->add_option("--rows", rows);
+  transport->add_option("--layers", layers);
+  transport->add_option("--hidden", hidden);
+  transport->add_option("--reps", reps);
+  transport->add_option("--threads", threads);
+  bool native_only = false;
+  transport->add_flag("--native-only", native_only, "time the native pass only (for a profiler)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
+
+  if (*transport) {
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+    auto target = nmcmc::make_target(json::parse(target_json), f64);
+    const int64_t d = target->dim();
+    nmcmc::FlowTransport flow(nmcmc::FlowOptions().set_dim(d).set_layers(layers).set_hidden(hidden).set_mask_seed(1));
+    at::Generator gen = nmcmc::make_generator(1);
+    flow->perturb(0.05, gen);
+    nmcmc::TransportedTarget latent(*target, flow);
+    torch::Tensor z = torch::randn({rows, d}, gen, f64) * 0.5;
+    // LibTorch's graph: what TransportedTarget ran before the native pass
+    auto graph = [&] {
+      torch::Tensor zl = z.clone().requires_grad_(true);
+      nmcmc::TransportPass f = flow->forward(zl);
+      nmcmc::EnergyGrad eg = target->energy_and_grad(f.out.detach());
+      return torch::autograd::grad({(f.out * eg.grad).sum() - f.log_det.sum()}, {zl})[0];
+    };
+    auto time_it = [&](auto fn) {
+      std::vector<double> s;
+      for (int rep = 0; rep < 5; ++rep) {
+        auto t0 = Clock::now();
+        for (int64_t i = 0; i < reps; ++i) fn();
+        s.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(reps));
+      }
+      return median(s);
+    };
+    const double t_native = time_it([&] { (void)latent.energy_and_grad(z); });
+    const double t_graph = native_only ? 0.0 : time_it([&] { (void)graph(); });
+    const double t_target = native_only ? 0.0 : time_it([&] { (void)target->energy_and_grad(z); });
+    const double diff = (latent.energy_and_grad(z).grad - graph()).abs().max().item<double>();
+    json out = {{"bench", "transport"}, {"target", target->spec()}, {"rows", rows}, {"layers", layers},
+                {"hidden", hidden > 0 ? hidden : std::clamp<int64_t>(2 * d, 32, 256)},
+                {"threads", threads}, {"native_us", 1e6 * t_native}, {"graph_us", 1e6 * t_graph}, {"target_us", 1e6 * t_target},
+                {"graph_over_native", t_graph / t_native}, {"max_abs_diff", diff}};
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
 
   if (*dist) {
     auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());

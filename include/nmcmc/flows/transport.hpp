@@ -41,10 +41,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "nmcmc/core/target.hpp"
+#include "nmcmc/flows/native_flow.hpp"
 
 namespace nmcmc {
 
@@ -96,8 +99,19 @@ class FlowTransportImpl : public torch::nn::Module {
   /// Adds noise of size `scale` to the coupling layers' output weights (tests: a flow that is not
   /// the identity).
   void perturb(double scale, at::Generator& gen);  // also B's strictly lower part
+  /// The weights as a NativeFlowPass (Note [The flow's native pass]), copied again whenever a
+  /// parameter has changed since the last call (the tensors' version counters see every in-place
+  /// change: an optimiser's step, a load, the setters); null unless they are float64 on the CPU.
+  std::shared_ptr<const NativeFlowPass> native() const;
 
  private:
+  struct NativeCache {
+    std::mutex mutex;
+    std::shared_ptr<const NativeFlowPass> pass;
+    std::vector<std::pair<const void*, int64_t>> stamp;  // each parameter's (data, version)
+    std::vector<torch::Tensor> params;                    // parameters(), taken once
+  };
+  std::unique_ptr<NativeCache> native_cache_ = std::make_unique<NativeCache>();
   std::pair<torch::Tensor, torch::Tensor> scale_shift(int64_t k, const torch::Tensor& y_cond) const;
   FlowOptions options_;
   torch::Tensor base_matrix() const;  // L [D, D]
