@@ -277,7 +277,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
            dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: str = "none",
-           transport_layers: int = 8, transport_rounds: int = 4, global_moves: bool = False,
+           transport_layers: int = 8, transport_rounds: int = 6, global_moves: bool = False,
            progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:

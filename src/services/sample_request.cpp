@@ -54,7 +54,8 @@ Prepared prepare(const SampleRequest& request) {
   if (a.transport != TransportKind::kNone && a.sampler == SamplerKind::kRwm) {
     throw UsageError("--transport flow is fitted from gradients: use nuts, hmc or mala (rwm computes none)");
   }
-  if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != 8 || a.transport_rounds != 4)) {
+  if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != kDefaultTransportLayers ||
+                                                a.transport_rounds != kDefaultTransportRounds)) {
     throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow");
   }
   if (learned) {

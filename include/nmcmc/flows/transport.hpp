@@ -35,7 +35,8 @@
 //
 // Once fitted, T is fixed: TransportedTarget is the exact density of z = T^-1(x) and any kernel
 // run on it is exact for p after mapping its draws x = T(z) (services/transport.hpp). The flow
-// runs in float64 whatever the target's dtype.
+// runs in float64 whatever the target's dtype; without a graph its pass and vector-Jacobian product
+// run in plain loops (Note [The flow's native pass], flows/native_flow.hpp).
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 

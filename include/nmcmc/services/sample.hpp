@@ -50,8 +50,8 @@ struct SampleOptions {
   std::string formats = "csv,netcdf";  // which draw files with output: csv, netcdf or csv,netcdf
   TransportKind transport = TransportKind::kNone;  // flow: run on the target pulled back through a
                                        // flow fitted in warm-up (services/transport.hpp)
-  int64_t transport_layers = 8;        // its coupling layers
-  int64_t transport_rounds = 4;        // its fits during warm-up
+  int64_t transport_layers = kDefaultTransportLayers;  // its coupling layers
+  int64_t transport_rounds = kDefaultTransportRounds;  // its fits during warm-up
   bool global_moves = false;           // with a transport: independence moves from the flow
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,

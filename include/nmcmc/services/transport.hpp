@@ -50,12 +50,21 @@ struct EnumNames<TransportKind> {
 };
 NMCMC_ENUM_JSON(TransportKind)
 
+/// The fits during `nmcmc sample`'s and `compare`'s transported warm-up (Note [Transport warm-up]).
+/// Six since the native pass made the rounds cheap: on Funnel-3 four rounds left one seed in three
+/// with a latent space NUTS diverged in and six passed all three, and on 13 posteriordb posteriors
+/// six gave a median 1.09x the best NUTS's bulk-ESS per gradient where four gave 1.04x
+/// (BENCHMARKS.md, "The flow's native pass"). `nmcmc train`'s shorter warm-up keeps four
+/// (TrainTransport).
+constexpr int64_t kDefaultTransportRounds = 6;
+constexpr int64_t kDefaultTransportLayers = 8;
+
 /// Note [Transport warm-up].
 struct TransportOptions {
   TransportKind kind = TransportKind::kFlow;
-  int64_t layers = 8;            // coupling layers
+  int64_t layers = kDefaultTransportLayers;  // coupling layers
   int64_t hidden = 0;            // their width (0: clamp(2 D, 32, 256))
-  int64_t rounds = 4;            // fits during warm-up
+  int64_t rounds = kDefaultTransportRounds;  // fits during warm-up
   double fit_fraction = 0.5;     // of the warm-up spent in the fitting rounds
   int64_t max_points = 16000;    // the most recent states kept for fitting
   bool global_moves = false;     // independence proposals from the flow after every step
