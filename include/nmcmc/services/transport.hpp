@@ -51,11 +51,11 @@ struct EnumNames<TransportKind> {
 NMCMC_ENUM_JSON(TransportKind)
 
 /// The fits during `nmcmc sample`'s and `compare`'s transported warm-up (Note [Transport warm-up]).
-/// Six since the native pass made the rounds cheap: on Funnel-3 four rounds left one seed in three
-/// with a latent space NUTS diverged in and six passed all three, and on 13 posteriordb posteriors
-/// six gave a median 1.09x the best NUTS's bulk-ESS per gradient where four gave 1.04x
-/// (BENCHMARKS.md, "The flow's native pass"). `nmcmc train`'s shorter warm-up keeps four
-/// (TrainTransport).
+/// Six since the native pass made the rounds cheap: on Funnel-3 (x1's mean and sd within 3 MCSE,
+/// R-hat < 1.01) six passed 3 seeds of 3 at f8db9f9 and 2 of 3 at f9ef74b, four 1 of 3 at both;
+/// on 13 posteriordb posteriors six gave a median 1.09x the best NUTS's bulk-ESS per gradient
+/// (ahead on 10) where four gave 1.04x (ahead on 8) (BENCHMARKS.md, "The flow's native pass").
+/// `nmcmc train`'s shorter warm-up keeps four (TrainTransport).
 constexpr int64_t kDefaultTransportRounds = 6;
 constexpr int64_t kDefaultTransportLayers = 8;
 
