@@ -5,15 +5,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "nmcmc/core/target_clones.hpp"
+
 namespace nmcmc {
 
 namespace {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NMCMC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define NMCMC_CLONES
-#endif
-
 /// exp(x) for |x| <= 700 in plain arithmetic, so that loops over it vectorise (libm's exp is a
 /// call per element): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, the first with
 /// trailing zero bits so n ln2_hi is exact), exp(r) by its Taylor polynomial to r^13 (truncation
@@ -91,7 +87,7 @@ void NativeFlowPass::forward(const double* z, int64_t n, double* x, double* log_
   const int64_t d = dim, h = hidden;
   std::vector<double> y(z, z + n * d);
   std::fill(log_det, log_det + n, 0.0);
-  std::vector<double> pre1(n * h), pre2(n * h), sig1(n * h), sig2(n * h), act(n * h), os, ot, yc, scratch_es;
+  std::vector<double> pre1(n * h), pre2(n * h), sig1(n * h), sig2(n * h), act(n * h), os, ot, es, yc;
   if (tape) {
     tape->rows = n;
     const size_t k = layers.size();
@@ -119,8 +115,7 @@ void NativeFlowPass::forward(const double* z, int64_t n, double* x, double* log_
     }
     accumulate_columns(l.w3s_cols.data(), h, nf, n, act.data(), os.data());
     accumulate_columns(l.w3t_cols.data(), h, nf, n, act.data(), ot.data());
-    // os becomes tanh(o_s / a), ot (after the shift is applied) exp(s)
-    std::vector<double>& es = scratch_es;
+    // os becomes tanh(o_s / a); es = exp(s), s = a tanh(o_s / a)
     es.resize(n * nf);
     scale_loop(os.data(), es.data(), max_log_scale, n * nf);
     for (int64_t c = 0; c < n; ++c) {
@@ -132,14 +127,13 @@ void NativeFlowPass::forward(const double* z, int64_t n, double* x, double* log_
       }
       log_det[c] += sum;
     }
-    ot.swap(es);
     if (tape) {
       tape->pre1[k] = pre1;
       tape->pre2[k] = pre2;
       tape->sig1[k] = sig1;
       tape->sig2[k] = sig2;
       tape->th[k] = os;
-      tape->es[k] = ot;
+      tape->es[k] = es;
     }
   }
   for (int64_t c = 0; c < n; ++c) {

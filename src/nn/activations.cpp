@@ -1,5 +1,7 @@
 #include "nmcmc/nn/activations.hpp"
 
+#include "nmcmc/core/target_clones.hpp"
+
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -9,12 +11,6 @@
 namespace nmcmc {
 
 namespace {
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NMCMC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define NMCMC_CLONES
-#endif
 
 /// expm1(y) for y in [-87, 88]: y = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, the first
 /// exact in float), exp(r) - 1 = r + r^2 q(r) with q the degree-5 Taylor polynomial of
