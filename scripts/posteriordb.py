@@ -118,7 +118,7 @@ def one(nmcmc, p, ref, row, args, t0):
     if args.sampler == "nuts":
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
                            metric=args.metric, transport=args.transport or "none",
-                           transport_rounds=args.transport_rounds, progress=False)
+                           transport_rounds=args.transport_rounds, target_accept=args.target_accept, progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
         model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport)
@@ -336,6 +336,7 @@ def main() -> int:
     c.add_argument("--transport-rounds", type=int, default=6, help="with --transport flow: the flow's fits in warm-up (nmcmc sample's default)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
+    c.add_argument("--target-accept", type=float, default=None, help="NUTS's step-size target (default: nmcmc's, 0.8)")
     c.add_argument("--draws", type=int, default=1000)
     c.add_argument("--steps", type=int, default=None, help="learned: training steps (default: nmcmc train's)")
     c.add_argument("--dtype", default="float64")
