@@ -118,7 +118,8 @@ def one(nmcmc, p, ref, row, args, t0):
     if args.sampler == "nuts":
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
                            metric=args.metric, transport=args.transport or "none",
-                           transport_rounds=args.transport_rounds, target_accept=args.target_accept, progress=False)
+                           transport_rounds=args.transport_rounds, transport_layers=args.transport_layers,
+                           target_accept=args.target_accept, progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
         model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport)
@@ -153,6 +154,10 @@ def one(nmcmc, p, ref, row, args, t0):
         row["transport_choice"] = choice.get("chosen")  # flow or affine
         if isinstance(choice.get("flow"), dict) and isinstance(choice.get("affine"), dict):
             row["transport_scores"] = {k: choice[k].get("score") for k in ("flow", "affine")}
+            row["transport_trial_divergent"] = {k: choice[k].get("divergent") for k in ("flow", "affine")}
+        row["transport_rounds_detail"] = [{"grads_per_chain": r.get("grads_per_chain"), "step_size": r.get("step_size"),
+                                           "loss_end": r.get("fit", {}).get("loss_end"), "transient": r.get("transient")}
+                                          for r in s["transport"].get("rounds", [])]
     ok, z, sd, why = moments_check(s, ref)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
@@ -334,6 +339,7 @@ def main() -> int:
                         "in its latent space; auto (the learned sampler's default, nmcmc train's): the flow "
                         "where the affine map does not fit (docs/transport.md)")
     c.add_argument("--transport-rounds", type=int, default=6, help="with --transport flow: the flow's fits in warm-up (nmcmc sample's default)")
+    c.add_argument("--transport-layers", type=int, default=8, help="with --transport flow: its coupling layers (nmcmc sample's default)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--target-accept", type=float, default=None, help="NUTS's step-size target (default: nmcmc's, 0.8)")

@@ -146,6 +146,15 @@ void FlowTransportImpl::perturb(double scale, at::Generator& gen) {
   }
 }
 
+void FlowTransportImpl::reset_layers() {
+  torch::NoGradGuard no_grad;
+  for (auto& net : nets_) {
+    auto* last = net[4]->as<torch::nn::Linear>();
+    last->weight.zero_();
+    last->bias.zero_();
+  }
+}
+
 std::shared_ptr<const NativeFlowPass> FlowTransportImpl::native() const {
   std::lock_guard<std::mutex> lock(native_cache_->mutex);
   // The parameters are registered in the constructor and never replaced (to() and load() change

@@ -195,6 +195,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     }
     progress(q);
   };
+  bool fresh_base = false;
   for (int64_t r = 0; r < t.rounds; ++r) {
     const bool affine_round = r == 0 && t.rounds >= 2;
     TransportedTarget& round_latent = affine_round ? first_latent : latent;
@@ -246,7 +247,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     // far out in the tails (a time series whose states were 200 sds from its posterior), the
     // layers made a latent space in which NUTS needed step sizes 100x smaller.
     FitOptions f = t.fit;
-    f.init_base = r == 0 || (r == 1 && t.rounds >= 2);
+    f.init_base = r == 0 || (r == 1 && t.rounds >= 2) || fresh_base;
     if (affine_round) f.steps = 0;
     f.seed = seed + uint64_t(r);
     if (progress) {
@@ -266,7 +267,25 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     last_px = px;
     last_pg = pg;
     fit_seconds += fr.seconds;
-    if (affine_round) {
+    // Note [Transport warm-up]: a later round (not the last) whose fit's held-out loss is still
+    // above kTransientLoss per coordinate ran in the transient too: its coupling layers are
+    // dropped, the base is estimated from its states alone, its states leave the pool, and the
+    // next fit estimates the base afresh.
+    fresh_base = false;
+    bool transient = false;
+    if (!affine_round && r + 1 < t.rounds && !(fr.loss_end <= kTransientLoss)) {
+      out.flow->reset_layers();
+      if (xs.size(0) >= 8) {
+        FitOptions fb = t.fit;
+        fb.steps = 0;
+        fb.init_base = true;
+        fb.progress = nullptr;
+        fit_transport(*out.flow, xs, gxs, fb);
+      }
+      fresh_base = true;
+      transient = true;
+    }
+    if (affine_round || transient) {
       pool_x.clear();
       pool_g.clear();
       pool_rows = 0;
@@ -274,7 +293,8 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     rounds.push_back({{"iterations", lengths[r]},
                       {"step_size", rr.step_size},
                       {"grads_per_chain", rr.grads_warmup + rr.grads_sampling},
-                      {"fit", to_json_value(fr)}});
+                      {"fit", to_json_value(fr)},
+                      {"transient", transient}});
   }
 
   // Note [The flow or its affine base]
@@ -319,6 +339,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     struct Trial {
       double cost = 0, score = 0, step_size = 0, grads_per_draw = 0;
       int64_t worst = 0;  // the coordinate with the smallest scaled jump
+      int64_t divergent = 0;  // divergent transitions among the trial's draws
       torch::Tensor x_end;
       bool complete = false;
     };
@@ -340,6 +361,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       grads += rr.grads_warmup + rr.grads_sampling;
       energies += rr.energies_warmup + rr.energies_sampling;
       tr.step_size = rr.step_size;
+      if (rr.divergent.defined()) tr.divergent = rr.divergent.sum().item<int64_t>();
       tr.grads_per_draw = double(rr.grads_sampling) / double(kTrialDraws);
       tr.cost = per_chain ? tr.grads_per_draw : 1.0 / std::max(rr.step_size, 1e-300);
       if (!std::isfinite(tr.cost)) tr.cost = std::numeric_limits<double>::infinity();
@@ -368,7 +390,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     const bool use_affine = with_affine.cost <= kAffineIfBelow * with_flow.cost;
     auto record = [](const Trial& tr) {
       return json{{"cost", tr.cost}, {"score", tr.score}, {"worst_coordinate", tr.worst}, {"step_size", tr.step_size},
-                  {"grads_per_draw", tr.grads_per_draw}};
+                  {"grads_per_draw", tr.grads_per_draw}, {"divergent", tr.divergent}};
     };
     choice = {{"chosen", use_affine ? "affine" : "flow"},
               {"cost", per_chain ? "gradients per draw" : "1 / step size"},

@@ -100,6 +100,9 @@ class FlowTransportImpl : public torch::nn::Module {
   /// Adds noise of size `scale` to the coupling layers' output weights (tests: a flow that is not
   /// the identity).
   void perturb(double scale, at::Generator& gen);  // also B's strictly lower part
+  /// Sets every coupling layer back to the identity (their output layers to zero, as at
+  /// construction); the base map is kept.
+  void reset_layers();
   /// The weights as a NativeFlowPass (Note [The flow's native pass]), copied again whenever a
   /// parameter has changed since the last call (the tensors' version counters see every in-place
   /// change: an optimiser's step, a load, the setters); null unless they are float64 on the CPU.
