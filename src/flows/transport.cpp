@@ -47,7 +47,7 @@ FlowTransportImpl::FlowTransportImpl(const FlowOptions& options) : options_(opti
     {
       // LibTorch's initialisation draws from the global generator: draw the hidden layers' weights
       // from ours instead (the same uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))), so that a seed gives
-      // the same flow; the output layer starts at zero (the identity).
+      // the same flow; the output layer starts at zero (the identity: reset_layers below).
       torch::NoGradGuard no_grad;
       for (int idx : {0, 2}) {
         auto* lin = net[idx]->as<torch::nn::Linear>();
@@ -55,12 +55,10 @@ FlowTransportImpl::FlowTransportImpl(const FlowOptions& options) : options_(opti
         lin->weight.uniform_(-bound, bound, gen);
         lin->bias.uniform_(-bound, bound, gen);
       }
-      auto* last = net[4]->as<torch::nn::Linear>();
-      last->weight.zero_();
-      last->bias.zero_();
     }
     nets_.push_back(register_module("coupling" + std::to_string(k), net));
   }
+  reset_layers();
 }
 
 std::pair<torch::Tensor, torch::Tensor> FlowTransportImpl::scale_shift(int64_t k, const torch::Tensor& y_cond) const {
