@@ -338,8 +338,8 @@ def main() -> int:
                    help="nuts: sample through a flow fitted in warm-up (default none); learned: train and sample "
                         "in its latent space; auto (the learned sampler's default, nmcmc train's): the flow "
                         "where the affine map does not fit (docs/transport.md)")
-    c.add_argument("--transport-rounds", type=int, default=6, help="with --transport flow: the flow's fits in warm-up (nmcmc sample's default)")
-    c.add_argument("--transport-layers", type=int, default=8, help="with --transport flow: its coupling layers (nmcmc sample's default)")
+    c.add_argument("--transport-rounds", type=int, default=None, help="with --transport flow: the flow's fits in warm-up (default: nmcmc sample's)")
+    c.add_argument("--transport-layers", type=int, default=None, help="with --transport flow: its coupling layers (default: nmcmc sample's)")
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--target-accept", type=float, default=None, help="NUTS's step-size target (default: nmcmc's, 0.8)")

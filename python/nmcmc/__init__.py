@@ -277,7 +277,8 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
            max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
            dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: str = "none",
-           transport_layers: int = 8, transport_rounds: int = 6, global_moves: bool = False,
+           transport_layers: _Optional[int] = None, transport_rounds: _Optional[int] = None,
+           global_moves: bool = False,
            progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
@@ -293,7 +294,7 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     "libtorch" (default: its model's model.gemm).
     transport: "flow" samples the target pulled back through a normalizing flow fitted during
     warm-up from the chains' draws and gradients (transport_layers coupling layers, fitted
-    transport_rounds times; docs/transport.md); global_moves adds an independence move from the
+    transport_rounds times; None: `nmcmc sample`'s defaults, 8 and 6; docs/transport.md); global_moves adds an independence move from the
     flow after every step (exact; it can jump between modes).
     Ctrl-C raises KeyboardInterrupt."""
     if matmul is not None and sampler != "learned":
@@ -318,9 +319,13 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         "max_depth": int(max_depth), "chains": int(chains), "warmup": int(warmup), "draws": int(draws),
         "seed": int(seed), "init": init, "dtype": _dtype_name(dtype), "device": str(device),
         "output": None if output is None else _os.fspath(output), "formats": formats, "matmul": matmul,
-        "gemm": gemm, "transport": transport, "transport_layers": int(transport_layers),
-        "transport_rounds": int(transport_rounds), "global_moves": bool(global_moves),
+        "gemm": gemm, "transport": transport, "global_moves": bool(global_moves),
     }
+    # Left out when not given: the library's defaults (kDefaultTransportLayers, kDefaultTransportRounds).
+    if transport_layers is not None:
+        options["transport_layers"] = int(transport_layers)
+    if transport_rounds is not None:
+        options["transport_rounds"] = int(transport_rounds)
     request = {"target": None if target is None else _spec_of(target), "options": options}
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 

@@ -195,7 +195,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     }
     progress(q);
   };
-  bool fresh_base = false;
+  bool fresh_base = true;  // the next fit estimates the base afresh: the first, and after a round that left the pool
   for (int64_t r = 0; r < t.rounds; ++r) {
     const bool affine_round = r == 0 && t.rounds >= 2;
     TransportedTarget& round_latent = affine_round ? first_latent : latent;
@@ -247,7 +247,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     // far out in the tails (a time series whose states were 200 sds from its posterior), the
     // layers made a latent space in which NUTS needed step sizes 100x smaller.
     FitOptions f = t.fit;
-    f.init_base = r == 0 || (r == 1 && t.rounds >= 2) || fresh_base;
+    f.init_base = fresh_base;
     if (affine_round) f.steps = 0;
     f.seed = seed + uint64_t(r);
     if (progress) {
@@ -271,9 +271,8 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     // above kTransientLoss per coordinate ran in the transient too: its coupling layers are
     // dropped, the base is estimated from its states alone, its states leave the pool, and the
     // next fit estimates the base afresh.
-    fresh_base = false;
-    bool transient = false;
-    if (!affine_round && r + 1 < t.rounds && !(fr.loss_end <= kTransientLoss)) {
+    const bool transient = !affine_round && r + 1 < t.rounds && !(fr.loss_end <= kTransientLoss);
+    if (transient) {
       out.flow->reset_layers();
       if (xs.size(0) >= 8) {
         FitOptions fb = t.fit;
@@ -282,10 +281,9 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
         fb.progress = nullptr;
         fit_transport(*out.flow, xs, gxs, fb);
       }
-      fresh_base = true;
-      transient = true;
     }
-    if (affine_round || transient) {
+    fresh_base = affine_round || transient;
+    if (fresh_base) {
       pool_x.clear();
       pool_g.clear();
       pool_rows = 0;
