@@ -4,6 +4,9 @@
 //   nmcmc_bench transport --target-json '{"name":"funnel","dim":5}' --rows 4 [--layers 8] [--hidden 0] [--reps 2000]
 //                        (seconds per pulled-back gradient through a flow: the native pass of Note [The
 //                        flow's native pass] against LibTorch's graph, and the target's own gradient)
+//   nmcmc_bench fit --target-json '{"name":"funnel","dim":5}' --points 2000 --steps 200 [--layers 8]
+//                        (seconds per step of the flow's Fisher fit, Note [The fit's own gradient], against
+//                        LibTorch's double back-propagation; same points, same steps)
 //   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
@@ -118,6 +121,14 @@ int main(int argc, char** argv) {
   transport->add_option("--threads", threads);
   bool native_only = false;
   transport->add_flag("--native-only", native_only, "time the native pass only (for a profiler)");
+  auto* fit = app.add_subcommand("fit", "seconds per step of the flow's Fisher fit: its own gradient against LibTorch's double back-propagation");
+  int64_t points = 2000;
+  fit->add_option("--target-json", target_json);
+  fit->add_option("--points", points, "exact draws of the target to fit");
+  fit->add_option("--steps", steps);
+  fit->add_option("--layers", layers);
+  fit->add_option("--hidden", hidden);
+  fit->add_option("--threads", threads);
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
 
@@ -154,6 +165,31 @@ int main(int argc, char** argv) {
                 {"hidden", hidden > 0 ? hidden : std::clamp<int64_t>(2 * d, 32, 256)},
                 {"threads", threads}, {"native_us", 1e6 * t_native}, {"graph_us", 1e6 * t_graph}, {"target_us", 1e6 * t_target},
                 {"graph_over_native", t_graph / t_native}, {"max_abs_diff", diff}};
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
+
+  if (*fit) {
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+    auto target = nmcmc::make_target(json::parse(target_json), f64);
+    const int64_t d = target->dim();
+    at::Generator gen = nmcmc::make_generator(1);
+    torch::Tensor x = target->sample(points, gen);
+    torch::Tensor g = target->energy_and_grad(x).grad;
+    json out = {{"bench", "fit"}, {"target", target->spec()}, {"points", points}, {"steps", steps}, {"layers", layers},
+                {"hidden", hidden > 0 ? hidden : std::clamp<int64_t>(2 * d, 32, 256)}, {"threads", threads}};
+    for (bool own : {true, false}) {
+      nmcmc::FlowTransport flow(nmcmc::FlowOptions().set_dim(d).set_layers(layers).set_hidden(hidden).set_mask_seed(1));
+      nmcmc::FitOptions o;
+      o.steps = steps;
+      o.patience = steps;  // every step runs
+      o.own_gradient = own;
+      nmcmc::FitReport r = nmcmc::fit_transport(*flow, x, g, o);
+      const std::string key = own ? "own" : "autograd";
+      out[key] = {{"seconds", r.seconds}, {"steps", r.steps}, {"steps_per_s", static_cast<double>(r.steps) / r.seconds},
+                  {"loss_start", r.loss_start}, {"loss_end", r.loss_end}};
+    }
+    out["autograd_over_own"] = out["autograd"]["seconds"].get<double>() / out["own"]["seconds"].get<double>();
     std::cout << out.dump() << std::endl;
     return 0;
   }

@@ -220,6 +220,182 @@ std::shared_ptr<const NativeFlowPass> FlowTransportImpl::native() const {
   return pass;
 }
 
+// Note [The fit's own gradient]
+// The Fisher loss (Note [Flow transport]) differentiates the latent score grad U_z, itself a
+// vector-Jacobian product through the flow, in the flow's parameters: LibTorch does it by double
+// back-propagation (a graph of the inverse, the forward pass and the VJP, then a backward pass
+// through that graph), thousands of small operations per step at the fit's batch of 256 rows and
+// ~30-unit conditioners, where the arithmetic itself is a few million multiply-adds. Here the
+// three sweeps and their reverse are written out as batched matrix products:
+//   inverse, layers K..1:  c = y_k m, (h1, a1, h2, a2, o) the conditioner at c, s = a tanh(o_s/a)(1-m),
+//                          t = o_t (1-m), y_{k-1} = (y_k - t) exp(-s)            (y_K = L^-1 (x - mu))
+//   score, layers K..1:    w = (w_s, w_t), w_s = (v_k (y_k - t) - 1)(1 - tanh^2)(1-m), w_t = v_k (1-m),
+//                          r = W1^T (sigma'(h1) W2^T (sigma'(h2) W3^T w)),
+//                          v_{k-1} = v_k exp(s) + r m                             (v_K = L^T g)
+//   loss:                  l_i = min(|v_0 - y_0|^2 / D, kMaxPointLoss)
+// (the conditioner's input at layer k is the same in the inverse and in the forward pass, so one
+// evaluation serves both), and the reverse runs layers 1..K, each taking the adjoints of v_{k-1}
+// and y_{k-1} to those of v_k, y_k and the layer's weights: through the VJP's dependence on the
+// weights and on h1, h2 (sigma'' of the SiLU enters here), through w, through the inverse's
+// (y_k - t) exp(-s), and through the conditioner's own forward pass. The base: v_K = L^T g gives
+// L's adjoint g^T v_bar; y_K = L^-1 (x - mu) gives q = L^-T y_bar, mu_bar = -sum q, L_bar -= q y_K^T.
+// Transport.OwnFisherGradientEqualsAutograd checks every parameter's gradient against LibTorch's
+// double back-propagation (dense and diagonal bases, clipped rows) to 1e-10.
+torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const torch::Tensor& g_in,
+                                              bool accumulate_grad) const {
+  torch::NoGradGuard no_grad;
+  const auto opts = shift_.options();
+  const int64_t d = options_.dim, n = x_in.size(0);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.sizes() == g_in.sizes() && x_in.size(1) == d,
+              "FlowTransport::fisher_terms: expected x and g [n, ", d, "]");
+  const torch::Tensor x = x_in.to(opts), g = g_in.to(opts);
+  const double a = options_.max_log_scale;
+  const int64_t layers = static_cast<int64_t>(nets_.size());
+  struct Tape {
+    torch::Tensor m, fm, c, h1, sg1, a1, h2, sg2, a2, th, s, es, y_out, ymt;  // y_out: y_k, ymt: y_k - t
+    torch::Tensor w, da2, dh2, da1, dh1, sp1, sp2, v_out;                      // v_out: v_k
+  };
+  std::vector<Tape> tape(static_cast<size_t>(layers));
+  auto linear = [&](int64_t k, int idx) { return (*nets_[static_cast<size_t>(k)])[idx]->as<torch::nn::Linear>(); };
+  // base: y_K = L^-1 (x - mu), v_K = L^T g (rows)
+  const bool dense = dense_base();
+  torch::Tensor lmat = dense ? base_matrix() : torch::Tensor();
+  torch::Tensor scale = dense ? torch::Tensor() : torch::exp(log_scale_);
+  torch::Tensor u = x - shift_;
+  torch::Tensor y = dense ? torch::linalg_solve_triangular(lmat.t(), u, /*upper=*/true, /*left=*/false) : u / scale;
+  const torch::Tensor y_top = y;
+  for (int64_t k = layers - 1; k >= 0; --k) {
+    Tape& tp = tape[static_cast<size_t>(k)];
+    tp.m = masks_[static_cast<size_t>(k)].to(opts);
+    tp.fm = 1.0 - tp.m;
+    tp.y_out = y;
+    tp.c = y * tp.m;
+    auto* l1 = linear(k, 0);
+    auto* l2 = linear(k, 2);
+    auto* l3 = linear(k, 4);
+    tp.h1 = torch::addmm(l1->bias, tp.c, l1->weight.t());
+    tp.sg1 = torch::sigmoid(tp.h1);
+    tp.a1 = tp.h1 * tp.sg1;
+    tp.h2 = torch::addmm(l2->bias, tp.a1, l2->weight.t());
+    tp.sg2 = torch::sigmoid(tp.h2);
+    tp.a2 = tp.h2 * tp.sg2;
+    torch::Tensor o = torch::addmm(l3->bias, tp.a2, l3->weight.t());  // [n, 2D]
+    tp.th = torch::tanh(o.slice(1, 0, d) / a);
+    tp.s = a * tp.th * tp.fm;
+    torch::Tensor t = o.slice(1, d) * tp.fm;
+    tp.es = torch::exp(tp.s);
+    tp.ymt = y - t;
+    y = tp.ymt / tp.es;
+  }
+  const torch::Tensor z = y;  // y_0
+  torch::Tensor v = dense ? g.matmul(lmat) : g * scale;
+  const torch::Tensor v_top = v;
+  for (int64_t k = layers - 1; k >= 0; --k) {
+    Tape& tp = tape[static_cast<size_t>(k)];
+    tp.v_out = v;
+    torch::Tensor q = 1.0 - tp.th * tp.th;
+    torch::Tensor ws = (v * tp.ymt - 1.0) * q * tp.fm, wt = v * tp.fm;
+    tp.w = torch::cat({ws, wt}, 1);  // [n, 2D]
+    tp.sp2 = tp.sg2 * (1.0 + tp.h2 * (1.0 - tp.sg2));  // SiLU'
+    tp.sp1 = tp.sg1 * (1.0 + tp.h1 * (1.0 - tp.sg1));
+    tp.da2 = tp.w.matmul(linear(k, 4)->weight);  // [n, h]
+    tp.dh2 = tp.da2 * tp.sp2;
+    tp.da1 = tp.dh2.matmul(linear(k, 2)->weight);
+    tp.dh1 = tp.da1 * tp.sp1;
+    torch::Tensor r = tp.dh1.matmul(linear(k, 0)->weight);  // [n, D]
+    v = v * tp.es + r * tp.m;
+  }
+  torch::Tensor e = v - z;
+  torch::Tensor raw = e.pow(2).sum(1) / static_cast<double>(d);
+  torch::Tensor terms = raw.clamp_max(kMaxPointLoss);
+  if (!accumulate_grad) return terms;
+
+  auto add_grad = [](const torch::Tensor& p, const torch::Tensor& grad) {
+    torch::Tensor& slot = const_cast<torch::Tensor&>(p).mutable_grad();
+    if (slot.defined()) {
+      slot.add_(grad);
+    } else {
+      slot = grad.clone();
+    }
+  };
+  // adjoints of v_0 and y_0 (the mean over rows; clipped rows give none)
+  torch::Tensor active = (raw <= kMaxPointLoss).to(opts).unsqueeze(1);
+  torch::Tensor vbar = e * active * (2.0 / (static_cast<double>(d) * static_cast<double>(n)));
+  torch::Tensor ybar = -vbar;
+  for (int64_t k = 0; k < layers; ++k) {
+    const Tape& tp = tape[static_cast<size_t>(k)];
+    auto* l1 = linear(k, 0);
+    auto* l2 = linear(k, 2);
+    auto* l3 = linear(k, 4);
+    const torch::Tensor& vk = tp.v_out;
+    // score: v_{k-1} = v_k exp(s) + r m
+    torch::Tensor sbar = vbar * vk * tp.es;  // free half only matters (masked below)
+    torch::Tensor vkbar = vbar * tp.es;
+    torch::Tensor rbar = vbar * tp.m;
+    // r = dh1 W1, dh1 = da1 sigma'(h1), da1 = dh2 W2, dh2 = da2 sigma'(h2), da2 = w W3
+    torch::Tensor gw1 = tp.dh1.t().matmul(rbar);  // [h, D]
+    torch::Tensor dh1bar = rbar.matmul(l1->weight.t());  // [n, h]
+    torch::Tensor spp1 = tp.sg1 * (1.0 - tp.sg1) * (2.0 + tp.h1 * (1.0 - 2.0 * tp.sg1));  // SiLU''
+    torch::Tensor spp2 = tp.sg2 * (1.0 - tp.sg2) * (2.0 + tp.h2 * (1.0 - 2.0 * tp.sg2));
+    torch::Tensor da1bar = dh1bar * tp.sp1;
+    torch::Tensor h1bar = dh1bar * tp.da1 * spp1;
+    torch::Tensor gw2 = tp.dh2.t().matmul(da1bar);  // [h, h]
+    torch::Tensor dh2bar = da1bar.matmul(l2->weight.t());
+    torch::Tensor da2bar = dh2bar * tp.sp2;
+    torch::Tensor h2bar = dh2bar * tp.da2 * spp2;
+    torch::Tensor gw3 = tp.w.t().matmul(da2bar);         // [2D, h]
+    torch::Tensor wbar = da2bar.matmul(l3->weight.t());  // [n, 2D]
+    torch::Tensor wsbar = wbar.slice(1, 0, d) * tp.fm, wtbar = wbar.slice(1, d) * tp.fm;
+    // w_t = v_k (1-m); w_s = P q (1-m), P = v_k (y_k - t) - 1, q = 1 - tanh^2
+    torch::Tensor q = 1.0 - tp.th * tp.th;
+    torch::Tensor pbar = wsbar * q;
+    torch::Tensor thbar = -2.0 * tp.th * (wsbar * (vk * tp.ymt - 1.0));
+    vkbar = vkbar + wtbar + pbar * tp.ymt;
+    torch::Tensor tbar = -pbar * vk;
+    torch::Tensor ykbar = pbar * vk;
+    // inverse: y_{k-1} = (y_k - t) exp(-s) on the free half, y_k on the conditioning half
+    const torch::Tensor& y_prev = (k == 0) ? z : tape[static_cast<size_t>(k - 1)].y_out;
+    torch::Tensor yb_free = ybar * tp.fm;
+    ykbar = ykbar + ybar * tp.m + yb_free / tp.es;
+    tbar = tbar - yb_free / tp.es;
+    sbar = sbar - yb_free * y_prev;
+    // heads: s = a tanh(o_s / a)(1-m), t = o_t (1-m)
+    thbar = thbar + a * sbar * tp.fm;
+    torch::Tensor obar = torch::cat({thbar * q / a, tbar * tp.fm}, 1);  // [n, 2D]
+    // the conditioner's forward pass
+    gw3 = gw3 + obar.t().matmul(tp.a2);
+    torch::Tensor gb3 = obar.sum(0);
+    torch::Tensor h2tot = obar.matmul(l3->weight) * tp.sp2 + h2bar;
+    gw2 = gw2 + h2tot.t().matmul(tp.a1);
+    torch::Tensor gb2 = h2tot.sum(0);
+    torch::Tensor h1tot = h2tot.matmul(l2->weight) * tp.sp1 + h1bar;
+    gw1 = gw1 + h1tot.t().matmul(tp.c);
+    torch::Tensor gb1 = h1tot.sum(0);
+    ykbar = ykbar + h1tot.matmul(l1->weight) * tp.m;
+    add_grad(l1->weight, gw1);
+    add_grad(l1->bias, gb1);
+    add_grad(l2->weight, gw2);
+    add_grad(l2->bias, gb2);
+    add_grad(l3->weight, gw3);
+    add_grad(l3->bias, gb3);
+    vbar = vkbar;
+    ybar = ykbar;
+  }
+  // base
+  if (dense) {
+    torch::Tensor lbar = g.t().matmul(vbar);  // v_K = g L
+    torch::Tensor qb = torch::linalg_solve_triangular(lmat, ybar, /*upper=*/false, /*left=*/false);  // q L = y_bar
+    lbar = lbar - qb.t().matmul(y_top);
+    add_grad(shift_, -qb.sum(0));
+    add_grad(lower_, torch::tril(lbar, -1));
+    add_grad(log_scale_, lbar.diagonal() * lmat.diagonal());
+  } else {
+    add_grad(shift_, -(ybar / scale).sum(0));
+    add_grad(log_scale_, (-ybar * y_top + vbar * v_top).sum(0));
+  }
+  return terms;
+}
+
 nlohmann::json to_json_value(const FitReport& r) {
   return {{"points", r.points},
           {"steps", r.steps},
@@ -230,8 +406,9 @@ nlohmann::json to_json_value(const FitReport& r) {
 }
 
 namespace {
-/// Per-row Fisher loss terms [n] (per coordinate).
-torch::Tensor fisher_terms(const FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g) {
+/// Per-row Fisher loss terms [n] (per coordinate), differentiable by LibTorch's double
+/// back-propagation (FitOptions::own_gradient false; the reference for Note [The fit's own gradient]).
+torch::Tensor fisher_terms_autograd(const FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g) {
   torch::AutoGradMode enable(true);
   // z = T^-1(x) depends on the parameters; the score at z is differentiated through both its
   // direct dependence on them and through z (create_graph), so the loss's gradient is exact.
@@ -245,7 +422,7 @@ torch::Tensor fisher_terms(const FlowTransportImpl& flow, const torch::Tensor& x
 }  // namespace
 
 torch::Tensor fisher_loss(const FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g) {
-  return fisher_terms(flow, x.to(torch::kFloat64), g.to(torch::kFloat64)).mean();
+  return fisher_terms_autograd(flow, x.to(torch::kFloat64), g.to(torch::kFloat64)).mean();
 }
 
 FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, const torch::Tensor& g_in,
@@ -294,7 +471,8 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
   const int64_t n_train = xt.size(0);
   auto held_out = [&] {
     // Evaluated with graphs (the loss needs grad_z) but nothing kept.
-    return fisher_terms(*work, xh, gh).mean().item<double>();
+    if (o.own_gradient) return work->fisher_terms(xh, gh, /*accumulate_grad=*/false).mean().item<double>();
+    return fisher_terms_autograd(*work, xh, gh).mean().item<double>();
   };
   report.loss_start = held_out();
   double best = report.loss_start;
@@ -307,8 +485,13 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
   for (step = 0; step < o.steps; ++step) {
     torch::Tensor idx = torch::randint(n_train, {std::min(o.batch, n_train)}, gen, torch::TensorOptions().dtype(torch::kLong));
     adam.zero_grad();
-    torch::Tensor loss = fisher_terms(*work, xt.index({idx}), gt.index({idx})).mean();
-    loss.backward();
+    torch::Tensor loss;
+    if (o.own_gradient) {
+      loss = work->fisher_terms(xt.index({idx}), gt.index({idx}), /*accumulate_grad=*/true).mean();
+    } else {
+      loss = fisher_terms_autograd(*work, xt.index({idx}), gt.index({idx})).mean();
+      loss.backward();
+    }
     torch::nn::utils::clip_grad_norm_(params, 10.0);
     adam.step();
     train_loss = loss.item<double>();

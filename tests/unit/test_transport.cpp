@@ -2,6 +2,8 @@
 // autograd Jacobian, the pulled-back target's gradient, the Fisher fit, and a transported run.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
@@ -188,6 +190,55 @@ TEST(Transport, NativePassEqualsTheGraph) {
   FlowTransport f32(FlowOptions().set_dim(3).set_layers(2));
   f32->to(torch::kFloat32);
   EXPECT_TRUE(f32->native() == nullptr);
+}
+
+TEST(Transport, OwnFisherGradientEqualsAutograd) {
+  // Note [The fit's own gradient]: the hand-written loss and gradient against LibTorch's double
+  // back-propagation, every parameter, in float64: a dense base (D = 5, odd halves; 0, 1 and 4
+  // layers) and a diagonal one (D > kMaxDenseBase), one row clipped at kMaxPointLoss.
+  struct Case {
+    int64_t d, layers, rows;
+  };
+  for (const Case& cs : {Case{5, 4, 12}, Case{5, 1, 7}, Case{4, 0, 9}, Case{kMaxDenseBase + 1, 2, 5}}) {
+    SCOPED_TRACE("d " + std::to_string(cs.d) + ", layers " + std::to_string(cs.layers));
+    FlowTransport flow = perturbed_flow(cs.d, cs.layers, 0.3, 7);
+    at::Generator gen = make_generator(8);
+    if (flow->dense_base()) {
+      torch::NoGradGuard no_grad;
+      flow->named_parameters()["lower"].copy_(0.3 * torch::randn({cs.d, cs.d}, gen, kF64));
+    }
+    torch::Tensor x = torch::randn({cs.rows, cs.d}, gen, kF64), g = torch::randn({cs.rows, cs.d}, gen, kF64) * 2.0;
+    g[0] = g[0] * 1e4;  // this row's term exceeds kMaxPointLoss: clipped, no gradient
+    for (auto& p : flow->parameters()) p.mutable_grad() = torch::Tensor();
+    torch::Tensor ref_terms;
+    {
+      torch::Tensor loss = fisher_loss(*flow, x, g);
+      loss.backward();
+    }
+    std::map<std::string, torch::Tensor> ref;
+    for (const auto& item : flow->named_parameters()) {
+      ref[item.key()] = item.value().grad().defined() ? item.value().grad().clone() : torch::zeros_like(item.value());
+      item.value().mutable_grad() = torch::Tensor();
+    }
+    torch::Tensor terms = flow->fisher_terms(x, g, /*accumulate_grad=*/true);
+    EXPECT_NEAR(terms[0].item<double>(), kMaxPointLoss, 0.0);
+    EXPECT_NEAR(terms.mean().item<double>(), fisher_loss(*flow, x, g).item<double>(), 1e-10);
+    double worst = 0, largest = 0;
+    for (const auto& item : flow->named_parameters()) {
+      torch::Tensor mine = item.value().grad();
+      ASSERT_TRUE(mine.defined()) << item.key();
+      const double scale = 1.0 + ref[item.key()].abs().max().item<double>();
+      const double off = (mine - ref[item.key()]).abs().max().item<double>() / scale;
+      EXPECT_LT(off, 1e-10) << item.key();
+      worst = std::max(worst, off);
+      largest = std::max(largest, ref[item.key()].abs().max().item<double>());
+    }
+    EXPECT_GT(largest, 1e-3);  // the comparison is not between zeros
+    // accumulation: a second call adds the same gradient again
+    torch::Tensor before = flow->parameters()[0].grad().clone();
+    flow->fisher_terms(x, g, /*accumulate_grad=*/true);
+    EXPECT_LT((flow->parameters()[0].grad() - 2.0 * before).abs().max().item<double>(), 1e-12);
+  }
 }
 
 TEST(Transport, FisherFitWhitensAFunnel) {
