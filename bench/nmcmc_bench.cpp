@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
       nmcmc::FitOptions o;
       o.steps = steps;
       o.patience = steps;  // every step runs
+      o.tolerance = 0.0;
       o.own_gradient = own;
       nmcmc::FitReport r = nmcmc::fit_transport(*flow, x, g, o);
       const std::string key = own ? "own" : "autograd";

@@ -399,6 +399,7 @@ torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const t
 nlohmann::json to_json_value(const FitReport& r) {
   return {{"points", r.points},
           {"steps", r.steps},
+          {"stopped", r.stopped},
           {"loss_start", r.loss_start},
           {"loss_end", r.loss_end},
           {"train_loss_end", r.train_loss_end},
@@ -502,7 +503,10 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
   const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, max_norm = 10.0;
   int64_t since_best = 0, step = 0;
   double train_loss = 0;
-  for (step = 0; step < o.steps; ++step) {
+  report.stopped = "steps";
+  const int64_t max_steps = (std::isfinite(best) && best < o.tolerance) ? 0 : o.steps;
+  if (max_steps == 0) report.stopped = "tolerance";
+  for (step = 0; step < max_steps; ++step) {
     torch::NoGradGuard no_grad;
     torch::Tensor idx = torch::randint(n_train, {std::min(o.batch, n_train)}, gen, torch::TensorOptions().dtype(torch::kLong));
     torch::Tensor loss;
@@ -544,7 +548,13 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
         best = h;
         since_best = 0;
         best_flat.copy_(flat);
+        if (best < o.tolerance) {
+          report.stopped = "tolerance";
+          ++step;
+          break;
+        }
       } else if (++since_best >= o.patience) {
+        report.stopped = "patience";
         ++step;
         break;
       }

@@ -138,6 +138,10 @@ struct FitOptions {
   double learning_rate = 2e-3;
   int64_t check_every = 25;   // held-out loss every this many steps; stop after `patience` checks without a gain
   int64_t patience = 8;
+  /// Stop once the held-out loss is below this (per coordinate; also before the first step): a
+  /// score error of sqrt(1e-3) ~ 3 % of N(0, I)'s own, a scale off by ~1.6 %, which NUTS's step
+  /// size absorbs (Note [Flow transport]). 0: run until the patience or the steps run out.
+  double tolerance = 1e-3;
   double holdout = 0.1;
   bool init_base = true;      // set (mu, s) from the points first (else keep the current ones)
   /// The loss's gradient by FlowTransportImpl::fisher_terms (Note [The fit's own gradient]); false:
@@ -151,6 +155,7 @@ struct FitOptions {
 /// What a fit did.
 struct FitReport {
   int64_t points = 0, steps = 0;
+  std::string stopped;  // "tolerance", "patience" or "steps"
   double loss_start = 0, loss_end = 0;          // held-out Fisher loss before and after (per coordinate)
   double train_loss_end = 0;
   double seconds = 0;
