@@ -25,7 +25,9 @@
 // term is clipped at kMaxPointLoss. The base (mu, s) starts at the points' mean and the
 // per-coordinate sqrt(Var x / Var g); 10 % of the
 // points are held out and the parameters with the lowest held-out loss are kept (few points in
-// many dimensions overfit).
+// many dimensions overfit). The loss's gradient in the parameters is written out by hand (Note
+// [The fit's own gradient]), and a fit stops once the held-out loss is below FitOptions::tolerance
+// (1e-3 per coordinate: near-Gaussian posteriors' fits went on to 1e-5-1e-6, for nothing NUTS sees).
 // The base (mu, L) starts at the points' mean and the Cholesky factor of the low-rank-plus-
 // diagonal Fisher estimate from the points and their gradients (kernels/adaptation.hpp's
 // fisher_low_rank, as `--metric fisher-lowrank`), diagonal (sqrt(Var x / Var g)) above
@@ -145,7 +147,8 @@ struct FitOptions {
   double holdout = 0.1;
   bool init_base = true;      // set (mu, s) from the points first (else keep the current ones)
   /// The loss's gradient by FlowTransportImpl::fisher_terms (Note [The fit's own gradient]); false:
-  /// by LibTorch's double back-propagation (the reference; same values, about 5x the time).
+  /// by LibTorch's double back-propagation (the reference; the same values, 1.4-3.1x the time per step
+  /// at D = 5-100: `nmcmc_bench fit`, BENCHMARKS.md "The fit's own gradient").
   bool own_gradient = true;
   uint64_t seed = 0;
   /// Called at every held-out check: (step, steps at most, held-out loss).
