@@ -504,8 +504,11 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
   int64_t since_best = 0, step = 0;
   double train_loss = 0;
   report.stopped = "steps";
-  const int64_t max_steps = (std::isfinite(best) && best < o.tolerance) ? 0 : o.steps;
-  if (max_steps == 0) report.stopped = "tolerance";
+  int64_t max_steps = o.steps;
+  if (std::isfinite(best) && best < o.tolerance) {
+    max_steps = 0;
+    report.stopped = "tolerance";
+  }
   for (step = 0; step < max_steps; ++step) {
     torch::NoGradGuard no_grad;
     torch::Tensor idx = torch::randint(n_train, {std::min(o.batch, n_train)}, gen, torch::TensorOptions().dtype(torch::kLong));

@@ -575,6 +575,17 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
                                 "holds the untrained proposal",
                                 result.steps, output));
   }
+  // Every proposal of every step met a non-finite energy or gradient (rejected, not trained on):
+  // the steps ran but there was nothing to learn from (posteriordb's kilpisjarvi through a flow
+  // fitted to a warm-up whose chains had not arrived: 19,264 of 19,264, and `train` had exited 0).
+  const int64_t rows = result.steps * trainer.options().batch;
+  if (result.steps > 0 && result.bad_rows >= rows) {
+    throw DataError(fmt::format("training learned nothing: all {} proposals of its {} steps met a non-finite energy or "
+                                "gradient and were rejected (the density overflows or fails where the proposals go, "
+                                "or the warm-up ended far from the posterior?); the checkpoint {} holds the untrained "
+                                "proposal",
+                                rows, result.steps, output));
+  }
   return result;
 }
 
