@@ -252,8 +252,8 @@ torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const t
   const double a = options_.max_log_scale;
   const int64_t layers = static_cast<int64_t>(nets_.size());
   struct Tape {
-    torch::Tensor m, fm, c, h1, sg1, a1, h2, sg2, a2, th, s, es, y_out, ymt;  // y_out: y_k, ymt: y_k - t
-    torch::Tensor w, da2, dh2, da1, dh1, sp1, sp2, v_out;                      // v_out: v_k
+    torch::Tensor m, fm, c, h1, sg1, a1, h2, sg2, a2, th, es, y_out, ymt;  // y_out: y_k, ymt: y_k - t
+    torch::Tensor q, w, da2, dh2, da1, dh1, sp1, sp2, v_out;  // q: 1 - tanh^2, v_out: v_k
   };
   std::vector<Tape> tape(static_cast<size_t>(layers));
   auto linear = [&](int64_t k, int idx) { return (*nets_[static_cast<size_t>(k)])[idx]->as<torch::nn::Linear>(); };
@@ -281,9 +281,9 @@ torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const t
     tp.a2 = tp.h2 * tp.sg2;
     torch::Tensor o = torch::addmm(l3->bias, tp.a2, l3->weight.t());  // [n, 2D]
     tp.th = torch::tanh(o.slice(1, 0, d) / a);
-    tp.s = a * tp.th * tp.fm;
+    torch::Tensor s_k = a * tp.th * tp.fm;
     torch::Tensor t = o.slice(1, d) * tp.fm;
-    tp.es = torch::exp(tp.s);
+    tp.es = torch::exp(s_k);
     tp.ymt = y - t;
     y = tp.ymt / tp.es;
   }
@@ -293,8 +293,8 @@ torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const t
   for (int64_t k = layers - 1; k >= 0; --k) {
     Tape& tp = tape[static_cast<size_t>(k)];
     tp.v_out = v;
-    torch::Tensor q = 1.0 - tp.th * tp.th;
-    torch::Tensor ws = (v * tp.ymt - 1.0) * q * tp.fm, wt = v * tp.fm;
+    tp.q = 1.0 - tp.th * tp.th;
+    torch::Tensor ws = (v * tp.ymt - 1.0) * tp.q * tp.fm, wt = v * tp.fm;
     tp.w = torch::cat({ws, wt}, 1);  // [n, 2D]
     tp.sp2 = tp.sg2 * (1.0 + tp.h2 * (1.0 - tp.sg2));  // SiLU'
     tp.sp1 = tp.sg1 * (1.0 + tp.h1 * (1.0 - tp.sg1));
@@ -347,7 +347,7 @@ torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const t
     torch::Tensor wbar = da2bar.matmul(l3->weight.t());  // [n, 2D]
     torch::Tensor wsbar = wbar.slice(1, 0, d) * tp.fm, wtbar = wbar.slice(1, d) * tp.fm;
     // w_t = v_k (1-m); w_s = P q (1-m), P = v_k (y_k - t) - 1, q = 1 - tanh^2
-    torch::Tensor q = 1.0 - tp.th * tp.th;
+    const torch::Tensor& q = tp.q;
     torch::Tensor pbar = wsbar * q;
     torch::Tensor thbar = -2.0 * tp.th * (wsbar * (vk * tp.ymt - 1.0));
     vkbar = vkbar + wtbar + pbar * tp.ymt;
