@@ -753,3 +753,58 @@ TEST(Preconditioner, TransportAutoKeepsTheAffineMapOnAGaussianAndFitsAFlowOnAFun
   EXPECT_GT(f.preconditioner["seconds"].get<double>(), au["affine_seconds"].get<double>());
   EXPECT_EQ(load_model(dir + "auto_funnel.pt").second["transport"]["kind"], "flow");
 }
+
+namespace {
+/// N(0, I) in 2-d whose density exists only on the lattice (Z / 4)^2 (NaN elsewhere), with exact
+/// draws on the lattice: the training's starting states are finite and every proposal (a
+/// continuous move) lands off it.
+class LatticeOnly : public Target {
+ public:
+  explicit LatticeOnly(torch::TensorOptions o) : Target(o) {}
+  std::string name() const override { return "lattice_only_test"; }
+  int64_t dim() const override { return 2; }
+  json spec() const override { return {{"name", "lattice_only_test"}}; }
+  bool has_sampler() const override { return true; }
+  torch::Tensor sample(int64_t n, at::Generator& gen) const override {
+    return torch::round(4.0 * torch::randn({n, 2}, gen, options_)) / 4.0;
+  }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override {
+    const torch::Tensor on = (torch::round(4.0 * x) == 4.0 * x).all(1);
+    const torch::Tensor u = 0.5 * x.pow(2).sum(1);
+    return torch::where(on, u, torch::full_like(u, NAN));
+  }
+};
+}  // namespace
+
+// Issue #35: a training whose every proposal met a non-finite energy learned nothing and must say
+// so (a DataError: `nmcmc train` exits 65) instead of saving the untrained proposal as a result.
+// Its power: the same training on the plain Gaussian (the lattice off) must succeed.
+TEST(Training, EveryProposalRejectedMeansItLearnedNothing) {
+  static bool registered = false;
+  if (!registered) {
+    register_target({"lattice_only_test", "N(0, I) on (Z/4)^2 only", {}},
+                    [](const json&, torch::TensorOptions o) -> std::unique_ptr<Target> {
+                      return std::make_unique<LatticeOnly>(o);
+                    });
+    registered = true;
+  }
+  auto config = [](const json& target) {
+    return parse_train_config({{"target", target},
+                               {"dtype", "float64"},
+                               {"model", {{"hidden", 8}, {"precondition", "none"}, {"learn_precondition", false}}},
+                               {"train", {{"steps", 4}, {"batch", 16}, {"seed", 2}, {"patience", 0}}}});
+  };
+  const std::string dir = ::testing::TempDir();
+  try {
+    train(config({{"name", "lattice_only_test"}}), torch::kCPU, dir + "lattice.pt", dir + "lattice.csv", false);
+    ADD_FAILURE() << "a training whose every proposal was rejected returned normally";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("learned nothing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("all 64 proposals of its 4 steps"), std::string::npos) << e.what();
+  }
+  TrainResult ok = train(config({{"name", "gaussian"}, {"dim", 2}}), torch::kCPU, dir + "plain.pt", dir + "plain.csv", false);
+  EXPECT_EQ(ok.steps, 4);
+  EXPECT_EQ(ok.bad_rows, 0);
+}
