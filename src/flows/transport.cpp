@@ -484,8 +484,8 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
   std::vector<torch::Tensor> params = work->parameters();
   int64_t total = 0;
   for (const auto& p : params) total += p.numel();
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-  torch::Tensor flat = torch::empty({total}, f32), flat_grad = torch::zeros({total}, f32);
+  const auto work_options = params.front().options();  // the work copy's float32
+  torch::Tensor flat = torch::empty({total}, work_options), flat_grad = torch::zeros({total}, work_options);
   {
     torch::NoGradGuard no_grad;
     int64_t off = 0;
@@ -499,7 +499,7 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
     }
   }
   torch::Tensor best_flat = flat.clone();
-  torch::Tensor adam_m = torch::zeros({total}, f32), adam_v = torch::zeros({total}, f32);
+  torch::Tensor adam_m = torch::zeros({total}, work_options), adam_v = torch::zeros({total}, work_options);
   const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, max_norm = 10.0;
   int64_t since_best = 0, step = 0;
   double train_loss = 0;
