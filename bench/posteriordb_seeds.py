@@ -9,6 +9,13 @@ Per posterior and seed: the sampler's bulk-ESS per sampling gradient (min over p
 best passing NUTS's at the same seed, their ratio; then the median ratio over seeds, sampling only,
 all-in (every warm-up, fitting and sampling gradient) and in seconds to 10,000 effective draws. A
 run that fails the moment checks (or R-hat > 1.01) gets no ratio.
+
+The best NUTS at each seed is the largest of several noisy estimates, which favours NUTS (on the
+mixture the dense metric's three seeds gave 0.313, 0.304, 0.460 and the low-rank Fisher metric's
+0.167, 0.439, 0.199: the per-seed best, 0.313, 0.439, 0.460, beats both metrics' medians). So a
+second figure: the NUTS metric with the largest median over the seeds (one metric for the
+posterior, as a user who knew the best one would pick it; only metrics that pass at every seed),
+and the sampler's median over that one's.
 """
 import argparse
 import json
@@ -39,9 +46,10 @@ def main():
 
     n = len(seeds)
     print(f"| posterior | sampler ESS/grad, {n} seeds (kept) | best NUTS at the same seed | ratio per seed "
-          "| median | all-in median | seconds to 10k ESS: best NUTS / sampler, median |")
-    print("|---|---|---|---|---|---|---|")
-    med, amed, smed = [], [], []
+          "| median | all-in median | seconds to 10k ESS: best NUTS / sampler, median "
+          "| best NUTS metric by its median: sampler's median / its median |")
+    print("|---|---|---|---|---|---|---|---|")
+    med, amed, smed, bmed = [], [], [], []
     for p in seeds[0][0]:
         cells, bests, ratios, ar, sr = [], [], [], [], []
         for run, nuts in seeds:
@@ -70,12 +78,27 @@ def main():
         for lst, v in ((med, m1), (amed, m2), (smed, m3)):
             if v is not None:
                 lst.append(v)
+        # The one NUTS metric with the largest median over the seeds (passing at every seed).
+        by_metric = {}
+        for _, nuts in seeds:
+            for r in nuts:
+                if p in r:
+                    by_metric.setdefault(r[p]["metric"], []).append(r[p]["ess_bulk_per_grad"] if r[p]["passes"] else None)
+        full = {m: st.median(v) for m, v in by_metric.items() if len(v) == n and None not in v and all(v)}
+        runs = [run[p]["ess_bulk_per_grad"] for run, _ in seeds if p in run and run[p]["passes"]]
+        m4, cell4 = None, "-"
+        if full and len(runs) == n:
+            bm = max(full, key=full.get)
+            m4 = st.median(runs) / full[bm]
+            bmed.append(m4)
+            cell4 = f"{st.median(runs):.3f} / {full[bm]:.3f} ({bm}): {m4:.2f}x"
         fmt = lambda v, d=2: "-" if v is None else f"{v:.{d}f}x"
         print(f"| {p} | " + " / ".join(cells) + " | " + " / ".join(bests) + " | "
               + " / ".join("-" if x is None else f"{x:.2f}" for x in ratios)
-              + f" | **{fmt(m1)}** | {fmt(m2)} | {fmt(m3, 3)} |")
+              + f" | **{fmt(m1)}** | {fmt(m2)} | {fmt(m3, 3)} | {cell4} |")
     print()
-    for name, lst in (("sampling", med), ("all-in", amed), ("seconds", smed)):
+    for name, lst in (("sampling", med), ("all-in", amed), ("seconds", smed),
+                      ("sampling against the best NUTS metric by its median", bmed)):
         if lst:
             print(f"{name}: median over {len(lst)} posteriors {st.median(lst):.3f}x (range {min(lst):.3g}-{max(lst):.3g}); "
                   f"ahead on {sum(v > 1 for v in lst)}")

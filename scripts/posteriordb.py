@@ -155,7 +155,10 @@ def one(nmcmc, p, ref, row, args, t0):
         if isinstance(choice.get("flow"), dict) and isinstance(choice.get("affine"), dict):
             row["transport_scores"] = {k: choice[k].get("score") for k in ("flow", "affine")}
             row["transport_trial_divergent"] = {k: choice[k].get("divergent") for k in ("flow", "affine")}
+            row["transport_trial_cost"] = {k: choice[k].get("cost") for k in ("flow", "affine")}
+            row["transport_affine_loss"] = choice.get("affine_loss")
         row["transport_rounds_detail"] = [{"grads_per_chain": r.get("grads_per_chain"), "step_size": r.get("step_size"),
+                                           "loss_start": r.get("fit", {}).get("loss_start"),
                                            "loss_end": r.get("fit", {}).get("loss_end"), "transient": r.get("transient")}
                                           for r in s["transport"].get("rounds", [])]
     ok, z, sd, why = moments_check(s, ref)

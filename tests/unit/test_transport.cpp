@@ -340,9 +340,40 @@ TEST(Transport, RunWithTransportOnAFunnel) {
   EXPECT_EQ(choice["chosen"], "flow") << choice.dump();
   EXPECT_GT(choice["flow"]["score"].get<double>(), choice["affine"]["score"].get<double>()) << choice.dump();
   EXPECT_GT(choice["affine"]["score"].get<double>(), 0) << choice.dump();
+  // Note [The final metric through the flow]: the diagonal metric stays unless the last fit
+  // reached its tolerance (the latent space Gaussian to it).
+  const double last_loss = tr.report["rounds"].back()["fit"]["loss_end"];
+  EXPECT_EQ(choice.contains("final_metric"), last_loss <= FitOptions().tolerance) << tr.report.dump();
   // lp is -U(x) at the mapped draws
   torch::Tensor last = r.draws[499];
   EXPECT_LT((r.lp[499] + target->energy(last)).abs().max().item<double>(), 1e-6);
+}
+
+TEST(Transport, AGaussianLatentSpaceGetsTheLowRankFisherMetric) {
+  // Note [The final metric through the flow]: on a rotated, ill-conditioned Gaussian the flow's
+  // last fit reaches its tolerance, and the final warm-up adapts the low-rank Fisher metric
+  // (asked: diag), whichever map the trials kept. The draws keep the target's variances.
+  auto target = make_target({{"name", "rotated_icg"}, {"dim", 4}, {"seed", 3}}, kF64);
+  Nuts nuts{NutsOptions()};
+  RunOptions ro;
+  ro.set_chains(4).set_warmup(500).set_draws(300).set_metric(MetricAdapt::kDiag);
+  TransportOptions t;
+  t.layers = 2;
+  t.rounds = 3;
+  TransportRun tr = run_with_transport(*target, nuts, ro, t, 9);
+  ASSERT_TRUE(tr.result.complete);
+  const nlohmann::json& choice = tr.report["choice"];
+  const double last_loss = tr.report["rounds"].back()["fit"]["loss_end"];
+  std::cout << "  last fit's loss " << last_loss << ", choice " << choice.dump() << "\n";
+  EXPECT_LE(last_loss, FitOptions().tolerance);
+  ASSERT_TRUE(choice.contains("final_metric")) << choice.dump();
+  EXPECT_EQ(choice["final_metric"].get<std::string>().rfind("fisher-lowrank", 0), 0u) << choice.dump();
+  const torch::Tensor x = tr.result.draws.reshape({-1, 4});
+  ASSERT_TRUE(target->reference_moments().has_value());
+  const torch::Tensor ratio = x.var(0) / target->reference_moments()->sd.pow(2);
+  std::cout << "  variance ratios " << ratio << "\n";
+  EXPECT_GT(ratio.min().item<double>(), 0.75);
+  EXPECT_LT(ratio.max().item<double>(), 1.33);
 }
 
 TEST(Transport, ResetLayersLeavesTheAffineBase) {
