@@ -122,7 +122,9 @@ def one(nmcmc, p, ref, row, args, t0):
                            target_accept=args.target_accept, progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
-        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport)
+        # --seed seeds training too (train.seed; 1, nmcmc train's default, at --seed 1)
+        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport,
+                            options={"seed": args.seed})
         tr = model.training
         pre = tr.get("preconditioner") or {}
         if "auto" in pre:  # Note [Choosing the transport]: what it measured and chose

@@ -639,8 +639,17 @@ EnergyGrad TransportedTarget::compute_energy_and_grad(const torch::Tensor& z, bo
     TransportPass fwd = flow_->forward(zl);
     EnergyGrad eg = inner_->energy_and_grad(fwd.out.to(inner_->options()), true);
     torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
-    torch::Tensor gz = torch::autograd::grad({fwd.out, fwd.log_det}, {zl}, {g, -torch::ones_like(fwd.log_det)},
-                                             /*retain_graph=*/true, /*create_graph=*/true)[0];
+    // Without coupling layers (the affine map the trials can keep) and with the parameters frozen,
+    // as training freezes them, log|det| does not depend on z and has no graph: asking for its
+    // gradient threw, and training counted every proposal as a failed density.
+    std::vector<torch::Tensor> outs{fwd.out}, vs{g};
+    if (fwd.log_det.requires_grad()) {
+      outs.push_back(fwd.log_det);
+      vs.push_back(-torch::ones_like(fwd.log_det));
+    }
+    torch::Tensor gz = torch::autograd::grad(outs, {zl}, vs, /*retain_graph=*/true, /*create_graph=*/true,
+                                             /*allow_unused=*/true)[0];
+    if (!gz.defined()) gz = torch::zeros_like(zl);
     torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det;
     return {u.to(options_), gz.to(options_)};
   }

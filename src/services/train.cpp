@@ -130,7 +130,8 @@ void seed_buffer_from(Trainer& trainer, const torch::Tensor& draws, const torch:
 }  // namespace
 
 json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
-                            const TrainProgressFn& progress, const std::function<bool()>& should_stop) {
+                            const TrainProgressFn& progress, const std::function<bool()>& should_stop,
+                            torch::Tensor* end_positions) {
   // In float64 whatever the model's dtype (Note [Training budget]): in float32 the warm-up's step
   // size collapsed on correlated posteriors, and the metric with it. Its draws are the model's
   // first buffer, in the model's dtype.
@@ -223,6 +224,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   }
   if (o.eps_from_warmup) sampler->set_eps(r.step_size);
   seed_buffer_from(trainer, r.draws, model_target.options());
+  if (end_positions) *end_positions = r.draws[r.draws.size(0) - 1].to(torch::kFloat64);  // [C, D]
   record["divergent"] = r.divergent.sum().item<int64_t>();
   {
     // Note [Choosing the transport]: how far the Gaussian the affine map fits is from the target,
@@ -239,7 +241,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
 
 json warm_up_transport(Target& model_target, const TrainTransport& tt, const TrainOptions& o, FlowTransport& flow,
                        torch::Tensor& latent_draws, const TrainProgressFn& progress,
-                       const std::function<bool()>& should_stop) {
+                       const std::function<bool()>& should_stop, const torch::Tensor& start) {
   // In float64, as the affine warm-up (Note [Training budget]).
   std::shared_ptr<Target> t64;
   if (model_target.options().dtype() != torch::kFloat64) {
@@ -279,6 +281,57 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
       progress(tp);
     };
   }
+  // Note [The transported warm-up starts at the posterior]
+  // The transport's rounds begin where a warm-up of the chains alone (the affine preconditioner's:
+  // Stan's windows, one run) left them: with `--transport auto` that warm-up has run already and
+  // its end is `start`; with `--transport flow` it runs here first (the same sampler, chains,
+  // iterations and seed; its gradients and seconds are the record's "arrival" and in its totals).
+  // From the uniform box the rounds' first one (50 iterations at train's 500-iteration warm-up)
+  // is too short on posteriors far from the box with near-singular correlations: on posteriordb's
+  // kilpisjarvi with 16 chains it ended at step size 6 with every state's Fisher loss at the clip
+  // (chains far out on a flat ridge; a first round restarted twice as long, from the box or from
+  // where the chains were, did no better), the later rounds stayed there, and every training
+  // proposal met a non-finite energy; so did earnings, nes and kidiq's interaction, and kidiq's
+  // other regression and sblrc trained samplers with R-hat 3.4 and 1.3 (six of 13 posteriors
+  // failed at 959710e; BENCHMARKS.md "The learned proposal through the flow from the posterior").
+  // One 500-iteration run brings 16 chains there on all 16 of the suite's posteriors (the affine
+  // learned sampler passes them all); NUTS alone on kilpisjarvi with 16 chains: R-hat 7.3 after
+  // 100 iterations, 1.15 after 200.
+  json arrival;
+  torch::Tensor x0 = start;
+  if (!x0.defined()) {
+    RunOptions ra = ro;
+    ra.draws = 1;
+    ra.draws_in_memory_limit = 0;
+    ProgressFn arrive;
+    if (progress) {
+      arrive = [&](const Progress& p) {
+        TrainProgress tp;
+        tp.elapsed = p.elapsed;
+        tp.phase = "precondition";
+        tp.stats.step = p.iteration;
+        tp.stats.accept = p.accept;
+        tp.stats.eps = p.step_size;
+        tp.total = ra.warmup;
+        progress(tp);
+      };
+    }
+    SampleResult a = run_sampler(target, *kernel, ra, o.seed + 7919, arrive);
+    arrival = {{"warmup", ra.warmup},
+               {"step_size", a.step_size},
+               {"grads", (a.grads_warmup + a.grads_sampling) * ra.chains},
+               {"seconds", a.seconds_warmup + a.seconds_sampling}};
+    if (!a.complete || !a.draws.defined() || a.draws.size(0) == 0) {
+      arrival["interrupted"] = true;
+      return {{"kind", "flow"}, {"arrival", arrival}, {"interrupted", true},
+              {"grads", arrival["grads"]}, {"seconds", arrival["seconds"]}};
+    }
+    x0 = a.draws[a.draws.size(0) - 1];  // [C, D]
+    if (!torch::isfinite(x0).all().item<bool>()) {
+      throw DataError("transport warm-up: the chains' warm-up produced non-finite positions; train without the transport");
+    }
+  }
+  ro.init_x = x0.to(target.options());
   TransportRun tr = run_with_transport(target, *kernel, ro, t, o.seed + 7919, adapter);
   const SampleResult& r = tr.result;
   json record = {{"kind", "flow"},
@@ -291,6 +344,11 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
                  {"seconds", r.seconds_warmup + r.seconds_sampling},
                  {"transport", tr.report}};
+  if (!arrival.is_null()) {
+    record["arrival"] = arrival;
+    record["grads"] = record["grads"].get<int64_t>() + arrival["grads"].get<int64_t>();
+    record["seconds"] = record["seconds"].get<double>() + arrival["seconds"].get<double>();
+  }
   if (!r.complete || !r.draws.defined() || r.draws.size(0) == 0) {
     record["interrupted"] = true;
     return record;
@@ -358,8 +416,10 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   TrainResult result;
   // Every rank runs the same warm-up (same seed); rank 0's result is then broadcast. Distributed, a
   // stop during it waits for the first training step (so all ranks stop together).
+  torch::Tensor affine_end;  // where the affine warm-up left the chains [C, D] float64
   auto run_affine_warmup = [&](LearnedSampler& s, Trainer& t, bool& interrupted) {
-    json record = warm_up_preconditioner(*target, s, t, config.train, progress, distributed ? nullptr : should_stop);
+    json record = warm_up_preconditioner(*target, s, t, config.train, progress, distributed ? nullptr : should_stop,
+                                         &affine_end);
     interrupted = parallel::all_reduce_doubles(*comm, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
     return record;
   };
@@ -410,7 +470,9 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   } else if (with_transport) {
     TrainTransport tt = config.transport;
     tt.kind = TransportKind::kFlow;
-    transport_record = warm_up_transport(*target, tt, config.train, flow, latent_draws, progress, should_stop);
+    // Note [The transported warm-up starts at the posterior]: where the affine warm-up (auto's)
+    // left the chains, if it ran.
+    transport_record = warm_up_transport(*target, tt, config.train, flow, latent_draws, progress, should_stop, affine_end);
     if (!auto_record.is_null()) {  // all-in: the affine warm-up that chose the flow is paid too
       transport_record["auto"] = auto_record;
       transport_record["grads"] = transport_record.value("grads", int64_t{0}) + auto_record["affine_grads"].get<int64_t>();

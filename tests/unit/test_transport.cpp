@@ -87,27 +87,35 @@ TEST(Transport, PulledBackGradientAndAmbientPairs) {
 TEST(Transport, PulledBackGradientWithAGraphForTraining) {
   // Note [Learned proposal in a flow's latent space]: training differentiates through grad U_z,
   // so with create_graph it must be the same gradient, itself differentiable: its Hessian-vector
-  // product against central differences of the gradient.
+  // product against central differences of the gradient. With the flow's parameters frozen, as
+  // training freezes them, and with no coupling layers too (the affine map the transport's trials
+  // can keep): there log|det| does not depend on z, and asking for its gradient threw, which
+  // training counted as a failed density at every proposal ("training learned nothing").
   auto target = make_target({{"name", "funnel"}, {"dim", 4}, {"sigma", 1.0}}, kF64);
-  TransportedTarget latent(*target, perturbed_flow(4, 4, 0.3, 7));
-  at::Generator gen = make_generator(9);
-  torch::Tensor z0 = torch::randn({6, 4}, gen, kF64) * 0.7;
-  torch::Tensor v = torch::randn({6, 4}, gen, kF64);
-  EnergyGrad plain = latent.energy_and_grad(z0);
-  torch::Tensor z = z0.clone().requires_grad_(true);
-  EnergyGrad eg = latent.energy_and_grad(z, /*create_graph=*/true);
-  ASSERT_TRUE(eg.grad.requires_grad());
-  ASSERT_TRUE(eg.energy.requires_grad());
-  EXPECT_LT((eg.grad.detach() - plain.grad).abs().max().item<double>(), 1e-12);
-  EXPECT_LT((eg.energy.detach() - plain.energy).abs().max().item<double>(), 1e-12);
-  torch::Tensor hv = torch::autograd::grad({(eg.grad * v).sum()}, {z}, {}, /*retain_graph=*/true)[0];
-  const double h = 1e-5;
-  torch::Tensor fd = (latent.energy_and_grad(z0 + h * v).grad - latent.energy_and_grad(z0 - h * v).grad) / (2 * h);
-  EXPECT_LT((hv - fd).abs().max().item<double>(), 1e-5);
-  EXPECT_GT(hv.abs().max().item<double>(), 0.1);  // not trivially zero
-  // The energy's graph gives the gradient back.
-  torch::Tensor ge = torch::autograd::grad({eg.energy.sum()}, {z})[0];
-  EXPECT_LT((ge - plain.grad).abs().max().item<double>(), 1e-10);
+  for (int64_t layers : {4, 0}) {
+    SCOPED_TRACE("layers " + std::to_string(layers));
+    FlowTransport flow = perturbed_flow(4, layers, 0.3, 7);
+    for (auto& p : flow->parameters()) p.requires_grad_(false);
+    TransportedTarget latent(*target, flow);
+    at::Generator gen = make_generator(9);
+    torch::Tensor z0 = torch::randn({6, 4}, gen, kF64) * 0.7;
+    torch::Tensor v = torch::randn({6, 4}, gen, kF64);
+    EnergyGrad plain = latent.energy_and_grad(z0);
+    torch::Tensor z = z0.clone().requires_grad_(true);
+    EnergyGrad eg = latent.energy_and_grad(z, /*create_graph=*/true);
+    ASSERT_TRUE(eg.grad.requires_grad());
+    ASSERT_TRUE(eg.energy.requires_grad());
+    EXPECT_LT((eg.grad.detach() - plain.grad).abs().max().item<double>(), 1e-12);
+    EXPECT_LT((eg.energy.detach() - plain.energy).abs().max().item<double>(), 1e-12);
+    torch::Tensor hv = torch::autograd::grad({(eg.grad * v).sum()}, {z}, {}, /*retain_graph=*/true)[0];
+    const double h = 1e-5;
+    torch::Tensor fd = (latent.energy_and_grad(z0 + h * v).grad - latent.energy_and_grad(z0 - h * v).grad) / (2 * h);
+    EXPECT_LT((hv - fd).abs().max().item<double>(), 1e-5);
+    EXPECT_GT(hv.abs().max().item<double>(), 0.1);  // not trivially zero
+    // The energy's graph gives the gradient back.
+    torch::Tensor ge = torch::autograd::grad({eg.energy.sum()}, {z})[0];
+    EXPECT_LT((ge - plain.grad).abs().max().item<double>(), 1e-10);
+  }
 }
 
 // The affine map alone (no coupling layers: the transport's first round, `--transport-layers 0`,

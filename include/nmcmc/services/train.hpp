@@ -89,10 +89,12 @@ struct TrainResult {
 /// settings and sets the model's m, L (and eps, with eps_from_warmup); seeds the trainer's buffer
 /// with its draws. Returns its record: sampler, chains, iterations, grads (all chains), seconds,
 /// step_size, fisher_per_dim (Note [Choosing the transport]); with "interrupted": true when
-/// should_stop ended it (the model is then unchanged).
+/// should_stop ended it (the model is then unchanged). `end_positions`, if given, gets where the
+/// chains ended [C, D] (float64).
 nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer,
                                       const TrainOptions& options, const TrainProgressFn& progress = nullptr,
-                                      const std::function<bool()>& should_stop = nullptr);
+                                      const std::function<bool()>& should_stop = nullptr,
+                                      torch::Tensor* end_positions = nullptr);
 
 /// Note [Choosing the transport]
 /// `nmcmc train` without a config (and nmcmc.train(target)) has transport "auto": it runs the
@@ -124,11 +126,15 @@ double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x);
 /// Note [Learned proposal in a flow's latent space]: the warm-up of run_with_transport (the
 /// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow` and returns
 /// its record (grads, seconds, step size, the transport report); its draws in z [S, C, D] float64
-/// come back through `latent_draws`. Interrupted: "interrupted": true (`flow` unset).
+/// come back through `latent_draws`. Interrupted: "interrupted": true (`flow` unset). Its rounds
+/// start at `start` [C, D] in x where the affine warm-up left the chains; without it, a warm-up
+/// of the chains alone brings them there first (Note [The transported warm-up starts at the
+/// posterior], its gradients and seconds in the record).
 nlohmann::json warm_up_transport(Target& target, const TrainTransport& transport, const TrainOptions& options,
                                  FlowTransport& flow, torch::Tensor& latent_draws,
                                  const TrainProgressFn& progress = nullptr,
-                                 const std::function<bool()>& should_stop = nullptr);
+                                 const std::function<bool()>& should_stop = nullptr,
+                                 const torch::Tensor& start = torch::Tensor());
 
 /// Trains (or, with resume and an existing checkpoint, continues) and writes the checkpoint
 /// at `output` every checkpoint_every steps and at the end, with the log CSV at `log_path`.
