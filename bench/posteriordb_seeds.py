@@ -31,13 +31,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", nargs="+", action="append", required=True, metavar="JSON",
                     help="the sampler's JSON, then NUTS's JSONs, all at one seed")
+    ap.add_argument("--yardstick", default="best NUTS",
+                    help="what the other JSONs are, for the headers (e.g. 'the affine learned sampler': "
+                         "the learned sampler's rows, labelled by their transport)")
     a = ap.parse_args()
     seeds = [(load(g[0]), [load(p) for p in g[1:]]) for g in a.seed]
     if any(not nuts for _, nuts in seeds):
         ap.error("each --seed needs the sampler's JSON and at least one NUTS JSON")
 
+    def label(row):  # NUTS rows: the metric; learned rows: the transport
+        return row.get("metric") or row.get("transport") or "?"
+
     def best(nuts, p, key):
-        c = [(r[p][key], r[p]["metric"]) for r in nuts if p in r and r[p]["passes"] and r[p].get(key)]
+        c = [(r[p][key], label(r[p])) for r in nuts if p in r and r[p]["passes"] and r[p].get(key)]
         return max(c) if c else (None, None)
 
     def fastest(nuts, p):
@@ -45,9 +51,10 @@ def main():
         return min(c) if c else None
 
     n = len(seeds)
-    print(f"| posterior | sampler ESS/grad, {n} seeds (kept) | best NUTS at the same seed | ratio per seed "
-          "| median | all-in median | seconds to 10k ESS: best NUTS / sampler, median "
-          "| best NUTS metric by its median: sampler's median / its median |")
+    y = a.yardstick
+    print(f"| posterior | sampler ESS/grad, {n} seeds (kept) | {y} at the same seed | ratio per seed "
+          f"| median | all-in median | seconds to 10k ESS: {y} / sampler, median "
+          f"| {y} by its median: sampler's median / its median |")
     print("|---|---|---|---|---|---|---|---|")
     med, amed, smed, bmed = [], [], [], []
     for p in seeds[0][0]:
@@ -83,7 +90,7 @@ def main():
         for _, nuts in seeds:
             for r in nuts:
                 if p in r:
-                    by_metric.setdefault(r[p]["metric"], []).append(r[p]["ess_bulk_per_grad"] if r[p]["passes"] else None)
+                    by_metric.setdefault(label(r[p]), []).append(r[p]["ess_bulk_per_grad"] if r[p]["passes"] else None)
         full = {m: st.median(v) for m, v in by_metric.items() if len(v) == n and None not in v and all(v)}
         runs = [run[p]["ess_bulk_per_grad"] for run, _ in seeds if p in run and run[p]["passes"]]
         m4, cell4 = None, "-"
@@ -98,7 +105,7 @@ def main():
               + f" | **{fmt(m1)}** | {fmt(m2)} | {fmt(m3, 3)} | {cell4} |")
     print()
     for name, lst in (("sampling", med), ("all-in", amed), ("seconds", smed),
-                      ("sampling against the best NUTS metric by its median", bmed)):
+                      (f"sampling against {y} by its median", bmed)):
         if lst:
             print(f"{name}: median over {len(lst)} posteriors {st.median(lst):.3f}x (range {min(lst):.3g}-{max(lst):.3g}); "
                   f"ahead on {sum(v > 1 for v in lst)}")
