@@ -282,57 +282,86 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
     };
   }
   // Note [The transported warm-up starts at the posterior]
-  // The transport's rounds begin where a warm-up of the chains alone (the affine preconditioner's:
-  // Stan's windows, one run) left them: with `--transport auto` that warm-up has run already and
-  // its end is `start`; with `--transport flow` it runs here first (the same sampler, chains,
-  // iterations and seed; its gradients and seconds are the record's "arrival" and in its totals).
-  // From the uniform box the rounds' first one (50 iterations at train's 500-iteration warm-up)
-  // is too short on posteriors far from the box with near-singular correlations: on posteriordb's
-  // kilpisjarvi with 16 chains it ended at step size 6 with every state's Fisher loss at the clip
-  // (chains far out on a flat ridge; a first round restarted twice as long, from the box or from
-  // where the chains were, did no better), the later rounds stayed there, and every training
-  // proposal met a non-finite energy; so did earnings, nes and kidiq's interaction, and kidiq's
-  // other regression and sblrc trained samplers with R-hat 3.4 and 1.3 (six of 13 posteriors
-  // failed at 959710e; BENCHMARKS.md "The learned proposal through the flow from the posterior").
-  // One 500-iteration run brings 16 chains there on all 16 of the suite's posteriors (the affine
-  // learned sampler passes them all); NUTS alone on kilpisjarvi with 16 chains: R-hat 7.3 after
-  // 100 iterations, 1.15 after 200.
-  json arrival;
-  torch::Tensor x0 = start;
-  if (!x0.defined()) {
-    RunOptions ra = ro;
-    ra.draws = 1;
-    ra.draws_in_memory_limit = 0;
-    ProgressFn arrive;
-    if (progress) {
-      arrive = [&](const Progress& p) {
-        TrainProgress tp;
-        tp.elapsed = p.elapsed;
-        tp.phase = "precondition";
-        tp.stats.step = p.iteration;
-        tp.stats.accept = p.accept;
-        tp.stats.eps = p.step_size;
-        tp.total = ra.warmup;
-        progress(tp);
-      };
+  // The transport's rounds start from the uniform box, as `nmcmc sample`'s do. Where they end in
+  // the transient (the last fit's held-out loss above kTransientLoss per coordinate: the chains
+  // had not arrived) they run again from where a warm-up of the chains alone left them: the
+  // affine preconditioner's (Stan's windows, one run of the same sampler, chains, iterations and
+  // seed), which with `--transport auto` has run already (`start`) and otherwise runs here (the
+  // record's "arrival"). Every gradient and second of the three counts ("from_the_box" and
+  // "arrival" in the record, and in its totals). From the box the first round (50 iterations at
+  // train's 500) is too short on posteriors far from it with near-singular correlations: on
+  // posteriordb's kilpisjarvi with 16 chains it ended at step size 6 with every state's Fisher
+  // loss at the clip (chains far out on a flat ridge; a first round restarted twice as long,
+  // from the box or from where the chains were, did no better) and every later round stayed
+  // there; from the box the last fits of earnings, kidiq's two regressions and sblrc ended at
+  // 496-10,000 per coordinate, and training failed or did not converge on five of 13 posteriors
+  // (959710e; BENCHMARKS.md "The learned proposal through the flow from the posterior"). One
+  // 500-iteration run brings 16 chains there on all of them. Starting there always was tried:
+  // on Funnel-3 the learned proposal then mixed x1 3.5x worse (0.046 bulk-ESS per sampling
+  // gradient against 0.163 from the box, 4 x 4000 draws): NUTS's warm-up alone leaves the chains
+  // away from the funnel's neck, and the flow fitted from there covers it worse.
+  auto transported = [&](const torch::Tensor& x_start) {
+    RunOptions rt = ro;
+    if (x_start.defined()) rt.init_x = x_start.to(target.options());
+    return run_with_transport(target, *kernel, rt, t, o.seed + 7919, adapter);
+  };
+  auto cost = [&](const SampleResult& s) {
+    return json{{"grads", (s.grads_warmup + s.grads_sampling) * ro.chains}, {"seconds", s.seconds_warmup + s.seconds_sampling}};
+  };
+  // The first round's fit ends at 4.5 per coordinate or less where the chains had arrived
+  // (Funnel-3 at six seeds 2.2-4.5; posteriordb 0.03-3.7 with NUTS's 4 chains) and at 92-10,000
+  // where they had not (sblrc, earnings, kidiq's interaction; kilpisjarvi with 16): above
+  // kFarOutLoss the attempt from the box stops after that round (chains far out take NUTS's
+  // longest trajectories: on kilpisjarvi the whole attempt cost about 100 s).
+  constexpr double kFarOutLoss = 10.0;
+  t.far_out_loss = kFarOutLoss;
+  TransportRun tr = transported(torch::Tensor());
+  json from_box, arrival;
+  const auto last_loss = [](const TransportRun& run) {
+    const json& rounds = run.report.value("rounds", json::array());
+    return rounds.empty() ? 0.0 : rounds.back()["fit"].value("loss_end", 0.0);
+  };
+  t.far_out_loss = 0;
+  if (tr.result.complete && (tr.far_out || !(last_loss(tr) <= kTransientLoss))) {
+    from_box = cost(tr.result);
+    from_box["last_fit_loss"] = last_loss(tr);
+    from_box["stopped_after_the_first_round"] = tr.far_out;
+    from_box["transport"] = tr.report;
+    torch::Tensor x0 = start;
+    if (!x0.defined()) {
+      RunOptions ra = ro;
+      ra.draws = 1;
+      ra.draws_in_memory_limit = 0;
+      ProgressFn arrive;
+      if (progress) {
+        arrive = [&](const Progress& p) {
+          TrainProgress tp;
+          tp.elapsed = p.elapsed;
+          tp.phase = "precondition";
+          tp.stats.step = p.iteration;
+          tp.stats.accept = p.accept;
+          tp.stats.eps = p.step_size;
+          tp.total = ra.warmup;
+          progress(tp);
+        };
+      }
+      SampleResult a = run_sampler(target, *kernel, ra, o.seed + 7919, arrive);
+      arrival = cost(a);
+      arrival["warmup"] = ra.warmup;
+      arrival["step_size"] = a.step_size;
+      if (!a.complete || !a.draws.defined() || a.draws.size(0) == 0) {
+        json g = from_box["grads"], sec = from_box["seconds"];
+        return json{{"kind", "flow"}, {"from_the_box", from_box}, {"arrival", arrival}, {"interrupted", true},
+                    {"grads", g.get<int64_t>() + arrival["grads"].get<int64_t>()},
+                    {"seconds", sec.get<double>() + arrival["seconds"].get<double>()}};
+      }
+      x0 = a.draws[a.draws.size(0) - 1];  // [C, D]
     }
-    SampleResult a = run_sampler(target, *kernel, ra, o.seed + 7919, arrive);
-    arrival = {{"warmup", ra.warmup},
-               {"step_size", a.step_size},
-               {"grads", (a.grads_warmup + a.grads_sampling) * ra.chains},
-               {"seconds", a.seconds_warmup + a.seconds_sampling}};
-    if (!a.complete || !a.draws.defined() || a.draws.size(0) == 0) {
-      arrival["interrupted"] = true;
-      return {{"kind", "flow"}, {"arrival", arrival}, {"interrupted", true},
-              {"grads", arrival["grads"]}, {"seconds", arrival["seconds"]}};
-    }
-    x0 = a.draws[a.draws.size(0) - 1];  // [C, D]
     if (!torch::isfinite(x0).all().item<bool>()) {
       throw DataError("transport warm-up: the chains' warm-up produced non-finite positions; train without the transport");
     }
+    tr = transported(x0);
   }
-  ro.init_x = x0.to(target.options());
-  TransportRun tr = run_with_transport(target, *kernel, ro, t, o.seed + 7919, adapter);
   const SampleResult& r = tr.result;
   json record = {{"kind", "flow"},
                  {"sampler", o.precondition_sampler},
@@ -344,10 +373,11 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
                  {"seconds", r.seconds_warmup + r.seconds_sampling},
                  {"transport", tr.report}};
-  if (!arrival.is_null()) {
-    record["arrival"] = arrival;
-    record["grads"] = record["grads"].get<int64_t>() + arrival["grads"].get<int64_t>();
-    record["seconds"] = record["seconds"].get<double>() + arrival["seconds"].get<double>();
+  for (const auto& [key, part] : {std::pair<const char*, const json*>{"from_the_box", &from_box}, {"arrival", &arrival}}) {
+    if (part->is_null()) continue;
+    record[key] = *part;
+    record["grads"] = record["grads"].get<int64_t>() + (*part)["grads"].get<int64_t>();
+    record["seconds"] = record["seconds"].get<double>() + (*part)["seconds"].get<double>();
   }
   if (!r.complete || !r.draws.defined() || r.draws.size(0) == 0) {
     record["interrupted"] = true;
@@ -470,8 +500,8 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
   } else if (with_transport) {
     TrainTransport tt = config.transport;
     tt.kind = TransportKind::kFlow;
-    // Note [The transported warm-up starts at the posterior]: where the affine warm-up (auto's)
-    // left the chains, if it ran.
+    // Note [The transported warm-up starts at the posterior]: where it ends in the transient it
+    // runs again from where the affine warm-up (auto's, if it ran) left the chains.
     transport_record = warm_up_transport(*target, tt, config.train, flow, latent_draws, progress, should_stop, affine_end);
     if (!auto_record.is_null()) {  // all-in: the affine warm-up that chose the flow is paid too
       transport_record["auto"] = auto_record;

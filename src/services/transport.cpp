@@ -295,6 +295,20 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
                       {"grads_per_chain", rr.grads_warmup + rr.grads_sampling},
                       {"fit", to_json_value(fr)},
                       {"transient", transient}});
+    if (affine_round && t.far_out_loss > 0 && !(fr.loss_end <= t.far_out_loss)) {
+      // The chains have not arrived: the caller starts again elsewhere (TransportOptions::far_out_loss).
+      out.far_out = true;
+      out.result = rr;
+      out.result.draws = torch::Tensor();
+      out.result.grads_warmup = grads;
+      out.result.grads_sampling = 0;
+      out.result.energies_warmup = energies;
+      out.result.energies_sampling = 0;
+      out.result.seconds_warmup = seconds_since(t_start);
+      out.result.seconds_sampling = 0;
+      out.report = {{"kind", t.kind}, {"layers", t.layers}, {"rounds", rounds}, {"fit_seconds", fit_seconds}, {"far_out", true}};
+      return out;
+    }
   }
 
   // Note [The flow or its affine base]

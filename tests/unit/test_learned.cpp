@@ -752,7 +752,7 @@ TEST(Preconditioner, TransportAutoKeepsTheAffineMapOnAGaussianAndFitsAFlowOnAFun
   EXPECT_GT(f.preconditioner["grads"].get<int64_t>(), au["affine_grads"].get<int64_t>());
   EXPECT_GT(f.preconditioner["seconds"].get<double>(), au["affine_seconds"].get<double>());
   EXPECT_EQ(load_model(dir + "auto_funnel.pt").second["transport"]["kind"], "flow");
-  EXPECT_FALSE(f.preconditioner.contains("arrival")) << "the affine warm-up's end is the start";
+  EXPECT_FALSE(f.preconditioner.contains("arrival"));  // the affine warm-up's end, where it is needed
 }
 
 namespace {
@@ -810,13 +810,12 @@ TEST(Training, EveryProposalRejectedMeansItLearnedNothing) {
   EXPECT_EQ(ok.bad_rows, 0);
 }
 
-// Note [The transported warm-up starts at the posterior]: `train --transport flow` runs a warm-up
-// of the chains alone first (its record "arrival": the training options' warm-up length, its
-// gradients and seconds counted in the record's totals) and its rounds start where it left them.
-// (End to end, on posteriordb's kilpisjarvi, where the rounds from the box ended far out:
-// python/tests/test_posteriordb.py and `ctest -L posteriordb`.) With transport auto the affine
-// warm-up is that start: TransportAutoKeepsTheAffineMapOnAGaussianAndFitsAFlowOnAFunnel.
-TEST(Preconditioner, AForcedTransportRecordsTheChainsArrival) {
+// Note [The transported warm-up starts at the posterior]: `train --transport flow`'s rounds start
+// from the uniform box, and where the chains arrive there (the last fit below kTransientLoss per
+// coordinate) nothing else runs: no "from_the_box" or "arrival" in the record. (Where they do not,
+// on posteriordb's kilpisjarvi, the rounds run again from where a warm-up of the chains alone
+// left them: python/tests/test_posteriordb.py and `ctest -L posteriordb`.)
+TEST(Preconditioner, AForcedTransportStartsFromTheBox) {
   TrainConfig config = parse_train_config({{"target", {{"name", "icg"}, {"dim", 4}}},
                                            {"dtype", "float64"},
                                            {"model", {{"hidden", 8}}},
@@ -828,12 +827,9 @@ TEST(Preconditioner, AForcedTransportRecordsTheChainsArrival) {
                                              {"precondition_chains", 8},
                                              {"seed", 3}}}});
   const std::string dir = ::testing::TempDir();
-  TrainResult r = train(config, torch::kCPU, dir + "arrival.pt", dir + "arrival.csv", false);
+  TrainResult r = train(config, torch::kCPU, dir + "from_box.pt", dir + "from_box.csv", false);
   const json& pre = r.preconditioner;
-  ASSERT_TRUE(pre.contains("arrival")) << pre.dump();
-  EXPECT_EQ(pre["arrival"]["warmup"], 150);
-  EXPECT_GT(pre["arrival"]["grads"].get<int64_t>(), 150 * 8);
-  EXPECT_GT(pre["grads"].get<int64_t>(), pre["arrival"]["grads"].get<int64_t>());  // counted in the totals
-  EXPECT_GT(pre["seconds"].get<double>(), pre["arrival"]["seconds"].get<double>());
-  EXPECT_EQ(load_model(dir + "arrival.pt").second["preconditioner"]["arrival"], pre["arrival"]);
+  EXPECT_LE(pre["transport"]["rounds"].back()["fit"]["loss_end"].get<double>(), kTransientLoss) << pre.dump();
+  EXPECT_FALSE(pre.contains("from_the_box")) << pre.dump();
+  EXPECT_FALSE(pre.contains("arrival")) << pre.dump();
 }

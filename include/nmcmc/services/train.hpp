@@ -127,9 +127,10 @@ double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x);
 /// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow` and returns
 /// its record (grads, seconds, step size, the transport report); its draws in z [S, C, D] float64
 /// come back through `latent_draws`. Interrupted: "interrupted": true (`flow` unset). Its rounds
-/// start at `start` [C, D] in x where the affine warm-up left the chains; without it, a warm-up
-/// of the chains alone brings them there first (Note [The transported warm-up starts at the
-/// posterior], its gradients and seconds in the record).
+/// start from the uniform box; where they end in the transient they run again from `start`
+/// [C, D] in x (where the affine warm-up left the chains) or, without it, from where a warm-up of
+/// the chains alone leaves them (Note [The transported warm-up starts at the posterior]; the
+/// record's "from_the_box" and "arrival", counted in its totals).
 nlohmann::json warm_up_transport(Target& target, const TrainTransport& transport, const TrainOptions& options,
                                  FlowTransport& flow, torch::Tensor& latent_draws,
                                  const TrainProgressFn& progress = nullptr,

@@ -82,6 +82,11 @@ struct TransportOptions {
   int64_t max_points = 16000;    // the most recent states kept for fitting
   bool global_moves = false;     // independence proposals from the flow after every step
   FitOptions fit;
+  /// Above 0: when the first round's fit (the affine base from its states) ends above this
+  /// held-out loss per coordinate, the run stops there with TransportRun::far_out set (the
+  /// chains have not arrived; Note [The transported warm-up starts at the posterior],
+  /// services/train.cpp). 0: it goes on.
+  double far_out_loss = 0;
 };
 
 /// A kernel on a transported target: runs `inner`; with global moves follows every step with an
@@ -131,6 +136,7 @@ struct TransportRun {
   FlowTransport flow{nullptr};
   nlohmann::json report;  // {"kind", "layers", "rounds": [{iterations, points, fit}], "fit_seconds",
                           //  "global_moves", "global_accept"}
+  bool far_out = false;   // stopped after the first round (TransportOptions::far_out_loss)
 };
 
 /// Runs `kernel` on a fixed transported target (`options.init_x`, if given, in z) and returns the
