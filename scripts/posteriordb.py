@@ -127,6 +127,10 @@ def one(nmcmc, p, ref, row, args, t0):
                             options={"seed": args.seed})
         tr = model.training
         pre = tr.get("preconditioner") or {}
+        if "from_the_box" in pre:  # Note [The transported warm-up starts at the posterior]: it ran again
+            row["transport_again"] = {"from_the_box_last_fit": pre["from_the_box"].get("last_fit_loss"),
+                                      "grads": pre["from_the_box"].get("grads"),
+                                      "arrival_grads": (pre.get("arrival") or {}).get("grads", 0)}
         if "auto" in pre:  # Note [Choosing the transport]: what it measured and chose
             row["transport"] = "auto:" + pre["auto"]["chose"]
             row["fisher_per_dim"] = pre["auto"]["fisher_per_dim"]
