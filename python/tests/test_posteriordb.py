@@ -127,7 +127,6 @@ def test_nuts_warm_up_restarts_chains_that_cannot_move():
     assert r.summary["max_rhat"] < 1.05
 
 
-@pytest.mark.long  # about 140 s: the rounds from the box, far out, then again
 def test_training_through_the_flow_starts_its_rounds_again_where_the_chains_arrived():
     # Note [The transported warm-up starts at the posterior]: on kilpisjarvi (a correlation near -1,
     # the posterior far from the uniform box) `train --transport flow`'s rounds from the box end
