@@ -127,6 +127,22 @@ void seed_buffer_from(Trainer& trainer, const torch::Tensor& draws, const torch:
   const int64_t want = std::min<int64_t>(draws.size(0), (trainer.options().batch + chains - 1) / chains + 1);
   trainer.seed_buffer(draws.narrow(0, draws.size(0) - want, want).reshape({-1, draws.size(2)}).flip(0).to(options));
 }
+
+/// A warm-up run's progress (run_sampler's) as training's phase "precondition": its step counts
+/// the warm-up's iterations and then the draws'. Empty without `progress`.
+ProgressFn precondition_progress(const TrainProgressFn& progress, int64_t warmup, int64_t draws) {
+  if (!progress) return nullptr;
+  return [progress, warmup, draws](const Progress& p) {
+    TrainProgress tp;
+    tp.phase = "precondition";
+    tp.stats.step = p.phase == "warmup" ? p.iteration : warmup + p.iteration;
+    tp.stats.accept = p.accept;
+    tp.stats.eps = p.step_size;
+    tp.total = warmup + draws;
+    tp.elapsed = p.elapsed;
+    progress(tp);
+  };
+}
 }  // namespace
 
 json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
@@ -153,19 +169,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   ro.target_accept = default_target_accept(o.precondition_sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
-  ProgressFn adapter;
-  if (progress) {
-    adapter = [&](const Progress& p) {
-      TrainProgress tp;
-      tp.phase = "precondition";
-      tp.stats.step = p.phase == "warmup" ? p.iteration : o.precondition_warmup + p.iteration;
-      tp.stats.accept = p.accept;
-      tp.stats.eps = p.step_size;
-      tp.total = ro.warmup + ro.draws;
-      tp.elapsed = p.elapsed;
-      progress(tp);
-    };
-  }
+  const ProgressFn adapter = precondition_progress(progress, ro.warmup, ro.draws);
   SampleResult r = run_sampler(target, *kernel, ro, o.seed + 7919, adapter);
   json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
                  {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
@@ -263,21 +267,15 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   t.rounds = tt.rounds;
   ProgressFn adapter;
   if (progress) {
-    adapter = [&](const Progress& p) {
-      TrainProgress tp;
+    ProgressFn run_progress = precondition_progress(progress, ro.warmup, ro.draws);
+    adapter = [progress, run_progress](const Progress& p) {
+      if (p.phase != "fit") return run_progress(p);
+      TrainProgress tp;  // stats.step: the fit's Adam step; stats.loss: its held-out Fisher loss
       tp.elapsed = p.elapsed;
-      if (p.phase == "fit") {  // stats.step: the fit's Adam step; stats.loss: its held-out Fisher loss
-        tp.phase = "fit";
-        tp.stats.step = p.iteration;
-        tp.stats.loss = p.accept;
-        tp.total = p.total;
-      } else {
-        tp.phase = "precondition";
-        tp.stats.step = p.phase == "warmup" ? p.iteration : ro.warmup + p.iteration;
-        tp.stats.accept = p.accept;
-        tp.stats.eps = p.step_size;
-        tp.total = ro.warmup + ro.draws;
-      }
+      tp.phase = "fit";
+      tp.stats.step = p.iteration;
+      tp.stats.loss = p.accept;
+      tp.total = p.total;
       progress(tp);
     };
   }
@@ -332,20 +330,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
       RunOptions ra = ro;
       ra.draws = 1;
       ra.draws_in_memory_limit = 0;
-      ProgressFn arrive;
-      if (progress) {
-        arrive = [&](const Progress& p) {
-          TrainProgress tp;
-          tp.elapsed = p.elapsed;
-          tp.phase = "precondition";
-          tp.stats.step = p.iteration;
-          tp.stats.accept = p.accept;
-          tp.stats.eps = p.step_size;
-          tp.total = ra.warmup;
-          progress(tp);
-        };
-      }
-      SampleResult a = run_sampler(target, *kernel, ra, o.seed + 7919, arrive);
+      SampleResult a = run_sampler(target, *kernel, ra, o.seed + 7919, precondition_progress(progress, ra.warmup, ra.draws));
       arrival = cost(a);
       arrival["warmup"] = ra.warmup;
       arrival["step_size"] = a.step_size;
