@@ -167,6 +167,8 @@ def one(nmcmc, p, ref, row, args, t0):
                                            "loss_start": r.get("fit", {}).get("loss_start"),
                                            "loss_end": r.get("fit", {}).get("loss_end"), "transient": r.get("transient")}
                                           for r in s["transport"].get("rounds", [])]
+        if "restarted" in s["transport"]:  # Note [Far out twice]
+            row["transport_restarted"] = s["transport"]["restarted"]
     ok, z, sd, why = moments_check(s, ref)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],

@@ -177,6 +177,9 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   }
 
   int64_t grads = 0, energies = 0, offset = 0;
+  int64_t extra_iterations = 0;  // Note [Far out twice]: the rounds' iterations beyond options.warmup
+  bool restarted = false;
+  double first_loss = 0;  // the first round's fit
   std::vector<torch::Tensor> pool_x, pool_g;
   torch::Tensor last_px, last_pg;  // the last fit's points (Note [The flow or its affine base])
   double last_loss = std::numeric_limits<double>::infinity();  // the last fit's held-out loss
@@ -191,7 +194,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     if (in_rounds || p.phase == "warmup") {
       q.phase = "warmup";
       q.iteration = offset + p.iteration;
-      q.total = options.warmup;
+      q.total = options.warmup + extra_iterations;
       q.elapsed = seconds_since(t_start);
     }
     progress(q);
@@ -210,7 +213,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     ro.sink = nullptr;
     ro.init_x = round_latent.to_latent(x_start);
     rk.set_recording(true);
-    SampleResult rr = run_sampler(round_latent, rk, ro, seed + 7919 * uint64_t(r + 1), warmup_progress);
+    SampleResult rr = run_sampler(round_latent, rk, ro, seed + 7919 * uint64_t(r + 1) + (restarted ? 104717 : 0), warmup_progress);
     rk.set_recording(false);
     auto [zs, gzs] = rk.take();
     if (!rr.complete) {
@@ -295,6 +298,42 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
                       {"grads_per_chain", rr.grads_warmup + rr.grads_sampling},
                       {"fit", to_json_value(fr)},
                       {"transient", transient}});
+    if (affine_round) first_loss = fr.loss_end;
+    // Note [Far out twice]
+    // The first round (50 iterations from the starting box) is the transient, and a later round
+    // in the transient is dropped (Note [Transport warm-up]); the chains usually arrive within
+    // a round or two. Where the first two fits both end far out (above kFarOutLoss per
+    // coordinate), they are not arriving: the base fitted from far-out states makes a latent
+    // space in which they stay. On posteriordb's kilpisjarvi with 16 chains (a correlation near
+    // -1; 4 chains arrive) every fit of the six rounds ended at the clip (10^4), NUTS ran at step
+    // sizes of 1.3-11 on a flat ridge and the run ended with R-hat 1.17 after 149 s of warm-up;
+    // NUTS alone from the same box arrives in 200 iterations with its own metric adaptation (R-hat
+    // 1.007 over 200 draws; 100 are too few). So the rounds start again, once, with a first round
+    // of `arrival_round` iterations in x and a fresh base, from new points in the starting box
+    // (where the caller gave the starting points, from where the chains are); the abandoned rounds
+    // count as warm-up (the warm-up runs that many iterations longer) and stay in the record
+    // (`restarted`). On kilpisjarvi with 16 chains: R-hat 1.001, 58 s of warm-up; restarted from
+    // where the chains were, the 200-iteration round still ended far out (R-hat 1.002, 111 s). In
+    // the posteriordb suite with 4 chains (seeds 1-3) two runs of 39 had two far-out fits, and
+    // their later rounds had arrived after two or three transient rounds: restarted, kidiq's
+    // interaction got 0.323 bulk-ESS per gradient (0.367 before), kilpisjarvi 0.469 (0.392).
+    if (r == 1 && t.arrival_round > 0 && !restarted && !(first_loss <= kFarOutLoss) && !(fr.loss_end <= kFarOutLoss)) {
+      restarted = true;
+      rounds.back()["restarted_after"] = true;
+      out.flow->reset_layers();
+      pool_x.clear();
+      pool_g.clear();
+      pool_rows = 0;
+      fresh_base = true;
+      extra_iterations += lengths[1] + t.arrival_round;  // rounds 0 and 1 ran, then round 0 at its new length
+      lengths[0] = t.arrival_round;
+      if (!options.init_x.defined()) {  // from the box again, fresh points
+        at::Generator gen = make_generator(seed ^ 0x5e3c1u);
+        x_start = initial_positions(target, options.init, options.chains, gen);
+      }
+      r = -1;  // the loop's ++r: round 0 again, in x
+      continue;
+    }
     if (affine_round && t.far_out_loss > 0 && !(fr.loss_end <= t.far_out_loss)) {
       // The chains have not arrived: the caller starts again elsewhere (TransportOptions::far_out_loss).
       out.far_out = true;
@@ -472,6 +511,11 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
                 {"global_moves", t.global_moves},
                 {"metric_space", "latent"},
                 {"choice", choice}};
+  if (restarted) {
+    out.report["restarted"] = {{"why", "the first two fits ended far out (Note [Far out twice])"},
+                               {"first_round", t.arrival_round},
+                               {"warmup_iterations", options.warmup + extra_iterations}};
+  }
   if (t.global_moves) out.report["global_accept"] = rk.global_accept();
   return out;
 }

@@ -413,6 +413,7 @@ TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
   TransportOptions t;
   t.layers = 2;
   t.rounds = 4;
+  t.arrival_round = 0;  // the first two fits end far out: without this the rounds start again (next test)
   TransportRun tr = run_with_transport(*target, nuts, ro, t, 3);
   ASSERT_TRUE(tr.result.complete);
   const json& rounds = tr.report["rounds"];
@@ -429,5 +430,41 @@ TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
   EXPECT_GE(transient, 1) << "the test's premise: a later round still in the transient";
   torch::Tensor x = tr.result.draws.reshape({-1, 2});
   EXPECT_LT(x.mean(0).abs().max().item<double>(), 1.5);  // sd 7.1 per coordinate, ~1,000+ effective draws
+  EXPECT_NEAR(x.select(1, 0).std().item<double>(), std::sqrt(50.05), 1.0);
+}
+
+TEST(Transport, FarOutTwiceStartsTheRoundsAgain) {
+  // Note [Far out twice]: the previous test's chains (2 x 10^4 out on the strongly correlated 2-d
+  // Gaussian) end the first two rounds with fits far out (above kFarOutLoss); with the default
+  // arrival_round the rounds start again once from where the chains are, with a first round of
+  // that length: the record keeps the two abandoned rounds, the warm-up runs their iterations
+  // longer, every gradient counts, and the run ends on the target.
+  auto target = make_target({{"name", "scg"}}, kF64);
+  Nuts nuts{NutsOptions()};
+  RunOptions ro;
+  ro.set_chains(4).set_warmup(600).set_draws(400).set_metric(MetricAdapt::kDiag);
+  ro.init_x = 50.0 * torch::tensor({{400.0, -380.0}, {-390.0, 410.0}, {395.0, -400.0}, {-405.0, 385.0}}, kF64);
+  TransportOptions t;
+  t.layers = 2;
+  t.rounds = 4;
+  ASSERT_EQ(t.arrival_round, kDefaultArrivalRound);
+  TransportRun tr = run_with_transport(*target, nuts, ro, t, 3);
+  ASSERT_TRUE(tr.result.complete);
+  const json& rounds = tr.report["rounds"];
+  std::cout << "  rounds " << rounds.dump() << "\n  restarted " << tr.report.value("restarted", json()).dump() << "\n";
+  ASSERT_EQ(rounds.size(), 6u);
+  EXPECT_GT(rounds[0]["fit"]["loss_end"].get<double>(), kFarOutLoss);
+  EXPECT_GT(rounds[1]["fit"]["loss_end"].get<double>(), kFarOutLoss);
+  EXPECT_TRUE(rounds[1].value("restarted_after", false));
+  EXPECT_EQ(rounds[2]["iterations"].get<int64_t>(), kDefaultArrivalRound);
+  for (size_t r = 2; r < rounds.size(); ++r) EXPECT_FALSE(rounds[r].contains("restarted_after")) << r;  // once
+  ASSERT_TRUE(tr.report.contains("restarted"));
+  const int64_t extra = rounds[1]["iterations"].get<int64_t>() + kDefaultArrivalRound;
+  EXPECT_EQ(tr.report["restarted"]["warmup_iterations"].get<int64_t>(), 600 + extra);
+  int64_t round_grads = 0;
+  for (const json& r : rounds) round_grads += r["grads_per_chain"].get<int64_t>();
+  EXPECT_GT(tr.result.grads_warmup, round_grads);  // the abandoned rounds count, and the final warm-up
+  torch::Tensor x = tr.result.draws.reshape({-1, 2});
+  EXPECT_LT(x.mean(0).abs().max().item<double>(), 1.5);
   EXPECT_NEAR(x.select(1, 0).std().item<double>(), std::sqrt(50.05), 1.0);
 }

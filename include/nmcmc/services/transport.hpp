@@ -71,6 +71,12 @@ constexpr int64_t kDefaultTransportLayers = 8;
 /// second round on ended at 0.54 or less on 13 posteriordb posteriors and 0.36 or less on
 /// Funnel-1 and Funnel-3 (three seeds), and kidiq's interaction's transient rounds at 2.6-8,300.
 constexpr double kTransientLoss = 1.0;
+/// The first round's fit (per coordinate) above which the chains had not arrived: where they had,
+/// it ended at 4.5 or less (Funnel-3 at six seeds 2.2-4.5; posteriordb 0.03-3.7 with NUTS's 4
+/// chains), where not at 14.7-10,000 (sblrc, earnings, kidiq's regressions; kilpisjarvi with 16).
+constexpr double kFarOutLoss = 10.0;
+/// Note [Far out twice]: the first round's length when the rounds start again.
+constexpr int64_t kDefaultArrivalRound = 200;
 
 /// Note [Transport warm-up].
 struct TransportOptions {
@@ -87,6 +93,10 @@ struct TransportOptions {
   /// chains have not arrived; Note [The transported warm-up starts at the posterior],
   /// services/train.cpp). 0: it goes on.
   double far_out_loss = 0;
+  /// Above 0: when the first two rounds' fits both end above kFarOutLoss per coordinate, the
+  /// rounds start again once, from where the chains are, with a first round of this many
+  /// iterations (Note [Far out twice], services/transport.cpp). 0: they go on.
+  int64_t arrival_round = kDefaultArrivalRound;
 };
 
 /// A kernel on a transported target: runs `inner`; with global moves follows every step with an
