@@ -34,8 +34,15 @@ def main():
     ap.add_argument("--yardstick", default="best NUTS",
                     help="what the other JSONs are, for the headers (e.g. 'the affine learned sampler': "
                          "the learned sampler's rows, labelled by their transport)")
+    ap.add_argument("--only", nargs="+", metavar="POSTERIOR",
+                    help="these posteriors only (e.g. where more seeds were run than the whole suite's)")
     a = ap.parse_args()
     seeds = [(load(g[0]), [load(p) for p in g[1:]]) for g in a.seed]
+    if a.only:
+        missing = [p for p in a.only if not all(p in run for run, _ in seeds)]
+        if missing:
+            ap.error(f"not in every seed's sampler JSON: {', '.join(missing)}")
+        seeds = [({p: run[p] for p in a.only}, nuts) for run, nuts in seeds]
     if any(not nuts for _, nuts in seeds):
         ap.error("each --seed needs the sampler's JSON and at least one NUTS JSON")
 
