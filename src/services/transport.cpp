@@ -263,13 +263,15 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     // time only): where the whole pool's is more than kDriftRatio times worse than the recent
     // one's, the older rounds leave the pool and the fit starts afresh from the last two rounds
     // (base estimated, layers from the identity): earnings 0.379 -> 0.417 bulk-ESS per gradient
-    // (median of ten seeds). The threshold is set from measurements, with a narrow margin: on
-    // sblrc the ratio reached 14-91 and acting there at 10 cost it 0.258 -> 0.218 (ten seeds; a
-    // fresh fit loses what the warm-started fits had learned); on Funnel-3 it stayed at 2.9 or
-    // below (six seeds) and on earnings's other four seeds at 8.4 or below. The summary's rounds
-    // record both losses (`drift`) and `dropped_rounds` where it acted. Dropping the older rounds
-    // always (a pool of the last two), or the second round's states after the fourth, moved
-    // Funnel-3's neck (BENCHMARKS.md "Far out twice").
+    // (median of ten seeds); it also acted on the worst seeds of kidiq's interaction (0.236 ->
+    // 0.431, ratio 5,033) and the mixture (0.231 -> 0.533, 0.161 -> 0.322; 472 and 627). The
+    // threshold is set from measurements, with a narrow margin: on sblrc the ratio reached 14-91
+    // at nine seeds of ten, and acting there at 10 cost it 0.258 -> 0.218 (a fresh fit loses what
+    // the warm-started fits had learned); at 100 it acts on one (155: 0.256 -> 0.200). On
+    // Funnel-3 it stayed at 2.9 or below (six seeds: their runs are bitwise unchanged, as are
+    // Funnel-1's). The summary's rounds record both losses (`drift`) and `dropped_rounds` where
+    // it acted. Dropping the older rounds always (a pool of the last two), or the second round's
+    // states after the fourth, moved Funnel-3's neck (BENCHMARKS.md "Far out twice; ten seeds").
 
     constexpr double kDriftRatio = 100.0;
     json drift;
