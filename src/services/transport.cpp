@@ -142,6 +142,18 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   // through the (identity) coupling layers' graph.
   TransportedTarget first_latent(target, FlowTransport(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed)));
   TransportKernel rk(kernel, t.global_moves);
+  // The affine map alone with its base estimated from (x, g) (the low-rank-plus-diagonal Fisher
+  // estimate; no Adam step), and its held-out loss on those points.
+  auto affine_estimate = [&](const torch::Tensor& x, const torch::Tensor& g, uint64_t fit_seed) {
+    FlowTransport affine(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed));
+    FitOptions fa = t.fit;
+    fa.steps = 0;
+    fa.init_base = true;
+    fa.seed = fit_seed;
+    fa.progress = nullptr;
+    const FitReport report = fit_transport(*affine, x, g, fa);
+    return std::make_pair(affine, report);
+  };
 
   // Round lengths: doubling, summing to fit_fraction of the warm-up; with two rounds or more the
   // first (the transient, which sets the affine base: Note [Transport warm-up]) lasts at least
@@ -278,14 +290,8 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     if (!affine_round && t.layers > 0 && pool_x.size() >= 3) {
       const size_t k = pool_x.size();
       torch::Tensor rx = torch::cat({pool_x[k - 2], pool_x[k - 1]}), rg = torch::cat({pool_g[k - 2], pool_g[k - 1]});
-      FitOptions fa = t.fit;
-      fa.steps = 0;
-      fa.init_base = true;
-      fa.seed = seed + uint64_t(r);
-      FlowTransport a_all(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed));
-      FlowTransport a_recent(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed));
-      const FitReport fa_all = fit_transport(*a_all, px, pg, fa);
-      const FitReport fa_recent = fit_transport(*a_recent, rx, rg, fa);
+      const FitReport fa_all = affine_estimate(px, pg, seed + uint64_t(r)).second;
+      const FitReport fa_recent = affine_estimate(rx, rg, seed + uint64_t(r)).second;
       fit_seconds += fa_all.seconds + fa_recent.seconds;
       drift = {{"affine_all", fa_all.loss_end}, {"affine_recent", fa_recent.loss_end}};
       if (fa_all.loss_end > kDriftRatio * fa_recent.loss_end) {
@@ -437,12 +443,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   json choice = {{"chosen", "flow"}};
   std::optional<TransportedTarget> affine_latent;
   if (t.layers > 0 && t.rounds >= 2 && final_warmup - 2 * (kTrialWarmup + kTrialDraws) >= 100) {
-    FlowTransport affine(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed));
-    FitOptions fa = t.fit;
-    fa.init_base = true;
-    fa.steps = 0;
-    fa.seed = seed + 7;
-    const FitReport affine_fit = fit_transport(*affine, last_px, last_pg, fa);
+    const auto [affine, affine_fit] = affine_estimate(last_px, last_pg, seed + 7);
     struct Trial {
       double cost = 0, score = 0, step_size = 0, grads_per_draw = 0;
       int64_t worst = 0;  // the coordinate with the smallest scaled jump

@@ -398,13 +398,10 @@ TEST(Transport, ResetLayersLeavesTheAffineBase) {
   EXPECT_LT((a.log_det - b.log_det).abs().max().item<double>(), 1e-12);
 }
 
-TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
-  // Note [Transport warm-up]: chains started 2 x 10^4 out on the strongly correlated 2-d
-  // Gaussian (sds 10 and 0.32 rotated by pi/4) are still arriving after the first round (at seed
-  // 3 the second round's fit ends at a loss of 66); a later round whose fit ends above
-  // kTransientLoss drops its coupling layers and its states, and the run still ends on the
-  // target. Every round but the last is flagged exactly when its loss says so (power: with the
-  // rule switched off the flags' check fails; checked once, not kept).
+namespace {
+/// NUTS through a 2-layer flow (4 rounds) on the strongly correlated 2-d Gaussian (sds 10 and
+/// 0.32 rotated by pi/4) from chains started 2 x 10^4 out: the next two tests' run.
+TransportRun scg_from_far_out(int64_t arrival_round) {
   auto target = make_target({{"name", "scg"}}, kF64);
   Nuts nuts{NutsOptions()};
   RunOptions ro;
@@ -413,8 +410,20 @@ TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
   TransportOptions t;
   t.layers = 2;
   t.rounds = 4;
-  t.arrival_round = 0;  // the first two fits end far out: without this the rounds start again (next test)
-  TransportRun tr = run_with_transport(*target, nuts, ro, t, 3);
+  t.arrival_round = arrival_round;
+  return run_with_transport(*target, nuts, ro, t, 3);
+}
+}  // namespace
+
+TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
+  // Note [Transport warm-up]: chains started 2 x 10^4 out on the strongly correlated 2-d
+  // Gaussian (sds 10 and 0.32 rotated by pi/4) are still arriving after the first round (at seed
+  // 3 the second round's fit ends at a loss of 66); a later round whose fit ends above
+  // kTransientLoss drops its coupling layers and its states, and the run still ends on the
+  // target. Every round but the last is flagged exactly when its loss says so (power: with the
+  // rule switched off the flags' check fails; checked once, not kept).
+  // The first two fits end far out: with the restart on the rounds would start again (next test).
+  TransportRun tr = scg_from_far_out(/*arrival_round=*/0);
   ASSERT_TRUE(tr.result.complete);
   const json& rounds = tr.report["rounds"];
   ASSERT_EQ(rounds.size(), 4u);
@@ -439,16 +448,8 @@ TEST(Transport, FarOutTwiceStartsTheRoundsAgain) {
   // arrival_round the rounds start again once from where the chains are, with a first round of
   // that length: the record keeps the two abandoned rounds, the warm-up runs their iterations
   // longer, every gradient counts, and the run ends on the target.
-  auto target = make_target({{"name", "scg"}}, kF64);
-  Nuts nuts{NutsOptions()};
-  RunOptions ro;
-  ro.set_chains(4).set_warmup(600).set_draws(400).set_metric(MetricAdapt::kDiag);
-  ro.init_x = 50.0 * torch::tensor({{400.0, -380.0}, {-390.0, 410.0}, {395.0, -400.0}, {-405.0, 385.0}}, kF64);
-  TransportOptions t;
-  t.layers = 2;
-  t.rounds = 4;
-  ASSERT_EQ(t.arrival_round, kDefaultArrivalRound);
-  TransportRun tr = run_with_transport(*target, nuts, ro, t, 3);
+  ASSERT_EQ(TransportOptions().arrival_round, kDefaultArrivalRound);
+  TransportRun tr = scg_from_far_out(kDefaultArrivalRound);
   ASSERT_TRUE(tr.result.complete);
   const json& rounds = tr.report["rounds"];
   std::cout << "  rounds " << rounds.dump() << "\n  restarted " << tr.report.value("restarted", json()).dump() << "\n";
