@@ -250,11 +250,16 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       pool_x.erase(pool_x.begin());
       pool_g.erase(pool_g.begin());
     }
-    torch::Tensor px = torch::cat(pool_x), pg = torch::cat(pool_g);
-    if (px.size(0) > t.max_points) {
-      px = px.slice(0, px.size(0) - t.max_points);
-      pg = pg.slice(0, pg.size(0) - t.max_points);
-    }
+    // The fit's points: the pool's, the most recent t.max_points of them.
+    auto pool_points = [&] {
+      torch::Tensor x = torch::cat(pool_x), g = torch::cat(pool_g);
+      if (x.size(0) > t.max_points) {
+        x = x.slice(0, x.size(0) - t.max_points);
+        g = g.slice(0, g.size(0) - t.max_points);
+      }
+      return std::make_pair(x, g);
+    };
+    auto [px, pg] = pool_points();
     x_start = round_latent.to_ambient(rr.draws[rr.draws.size(0) - 1]);  // the chains' last positions, in x
     // Note [Transport warm-up]: with two rounds or more the first is the transient from the
     // starting points: its states set only the affine base (the Fisher estimate; no coupling
@@ -299,12 +304,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
         pool_x.erase(pool_x.begin(), pool_x.end() - 2);
         pool_g.erase(pool_g.begin(), pool_g.end() - 2);
         pool_rows = rx.size(0);
-        px = rx;
-        pg = rg;
-        if (px.size(0) > t.max_points) {
-          px = px.slice(0, px.size(0) - t.max_points);
-          pg = pg.slice(0, pg.size(0) - t.max_points);
-        }
+        std::tie(px, pg) = pool_points();
         fresh_base = true;
         out.flow->reset_layers();
       }
