@@ -9,9 +9,9 @@
 #      8192 and 5000 steps) until the time is up, resuming from RESUME/model.pt.part-* (a
 #      previous command's OUT) if given; a stop checkpoints the training (SIGINT), so the next
 #      command resumes it.
-# Everything it reports lands in OUT (default /tmp/gpu_out): machine.txt, build.log, unit.log,
-# statistical_cuda.log, paper.log, and the run's model.pt (in two parts), training_log.csv and
-# results.json. Environment: LIMIT, TAIL_SECONDS (kept back from the build), TEST_SECONDS,
+# Everything it reports lands in OUT (default /tmp/gpu_out), as logs.tar.gz (machine.txt, build.log, unit.log,
+# statistical_cuda.log, paper.log, training_log.csv, entry[.partial].json, results.json) and the run's model.pt
+# (in 15 MiB parts). Environment: LIMIT, TAIL_SECONDS (kept back from the build), TEST_SECONDS,
 # MARGIN (kept back at the end), TARGETS (what to build), BUILD_UNIT=1 (the unit suite too).
 #   bench/gpu_checks.sh DEPS [RESUME]      (DEPS: see scripts/build_with_pytorch.sh)
 set -uo pipefail
@@ -29,7 +29,9 @@ if [ ! -x build-gpu/nmcmc ]; then
 fi
 [ -x build-gpu/nmcmc ] || exit 1
 build-gpu/nmcmc info 2>&1 | tee -a "$out/machine.txt"
-t=${TEST_SECONDS:-90}
+t=${TEST_SECONDS:-120}
+# The tests run beside the paper's training (16 cores; the training is one GPU stream): they
+# share the GPU with it for their first t seconds at most.
 if [ -x build-gpu/tests/nmcmc_unit_tests ]; then
   (OMP_NUM_THREADS=6 timeout "$t" build-gpu/tests/nmcmc_unit_tests --gtest_brief=1 > "$out/unit.log" 2>&1
    echo "unit: rc $?" >> "$out/unit.log") &
@@ -37,25 +39,31 @@ fi
 if [ ! -x build-gpu/tests/nmcmc_statistical_tests ]; then
   echo "statistical tests: not built" | tee "$out/statistical_cuda.log"
 else
-  NMCMC_TEST_DEVICE=cuda timeout "$t" build-gpu/tests/nmcmc_statistical_tests \
-  --gtest_filter='Invariance.RandomWalk:Invariance.Mala:Invariance.Hmc*:Invariance.NutsUnit*:Invariance.NutsWithUniform*:InvariancePower.Mala*:InvariancePower.Hmc*:InvariancePower.Nuts*:InvariancePower.FrozenKernelFails' \
-  > "$out/statistical_cuda.log" 2>&1
-  echo "statistical on cuda: rc $?" | tee -a "$out/statistical_cuda.log"
+  (OMP_NUM_THREADS=6 NMCMC_TEST_DEVICE=cuda timeout "$t" build-gpu/tests/nmcmc_statistical_tests \
+   --gtest_filter='Invariance.RandomWalk:Invariance.Mala:Invariance.Hmc*:Invariance.NutsUnit*:Invariance.NutsWithUniform*:InvariancePower.Mala*:InvariancePower.Hmc*:InvariancePower.Nuts*:InvariancePower.FrozenKernelFails' \
+   > "$out/statistical_cuda.log" 2>&1
+   echo "statistical on cuda: rc $?" >> "$out/statistical_cuda.log") &
 fi
-wait
-grep -hE "(PASSED|FAILED|SKIPPED|OK) \]|\[==========\]|rc " "$out/statistical_cuda.log" "$out/unit.log" 2>/dev/null | head -60
-mkdir -p /tmp/paper/funnel1
-if [ -n "$resume" ] && [ -f "$resume/model.pt.part-00" ]; then
-  cat "$resume"/model.pt.part-* > /tmp/paper/funnel1/model.pt && cp "$resume/training_log.csv" /tmp/paper/funnel1/
+# The run's folder stays in the build folder, which a rerun on the same machine keeps.
+paper=build-gpu/paper
+mkdir -p $paper/funnel1
+if [ -n "$resume" ] && [ -f "$resume/model.pt.part-00" ] && [ ! -f $paper/funnel1/model.pt ]; then
+  cat "$resume"/model.pt.part-* > $paper/funnel1/model.pt && cp "$resume/training_log.csv" $paper/funnel1/
 fi
 echo "paper profile: $(left) s left"
-timeout -s INT -k 20 $(( $(left) - ${MARGIN:-40} )) build-gpu/nmcmc reproduce --profile paper --only funnel1 --device cuda \
-  --no-figures -o /tmp/paper > "$out/paper.log" 2>&1
+timeout -s INT -k 20 $(( $(left) - ${MARGIN:-45} )) build-gpu/nmcmc reproduce --profile paper --only funnel1 --device cuda \
+  --no-figures -o $paper > "$out/paper.log" 2>&1
 echo "reproduce: rc $?" | tee -a "$out/paper.log"
-tr '\r' '\n' < "$out/paper.log" | grep -v "^\s*$" | awk 'NR % 20 == 1 || /==|nuts|mala|hmc|learned|interrupt|rc|rror/' | tail -40
-# The checkpoint (over 16 MiB at the paper's width and batch: the device tool's limit per file)
-# comes back in two parts: cat model.pt.part-* > model.pt.
-[ -f /tmp/paper/funnel1/model.pt ] && split -n 2 -d /tmp/paper/funnel1/model.pt "$out/model.pt.part-"
-cp /tmp/paper/funnel1/training_log.csv "$out/" 2>/dev/null
-cp /tmp/paper/results.json "$out/" 2>/dev/null
+wait
+grep -hE "(PASSED|FAILED|SKIPPED|OK) \]|\[==========\]|rc " "$out/statistical_cuda.log" "$out/unit.log" 2>/dev/null | head -60
+tr '\r' '\n' < "$out/paper.log" | grep -v "^\s*$" | awk 'NR % 25 == 1 || /==|nuts|mala|hmc|learned|interrupt|rc|rror/' | tail -40
+# At most 8 files come back from the device tool, 16 MiB each: the logs and the run's small files
+# in one archive, the checkpoint (over 16 MiB at the paper's width and batch) in 15 MiB parts
+# (cat model.pt.part-* > model.pt).
+for f in funnel1/training_log.csv funnel1/entry.json funnel1/entry.partial.json results.json; do
+  [ -f $paper/$f ] && cp $paper/$f "$out/"
+done
+(cd "$out" && tar czf logs.tar.gz --remove-files $(ls | grep -v '^model\.pt'))
+[ -f $paper/funnel1/model.pt ] && split -b 15M -d $paper/funnel1/model.pt "$out/model.pt.part-"
+ls -la "$out"
 true

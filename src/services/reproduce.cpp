@@ -309,6 +309,10 @@ json run_experiment(Run& run, const std::string& name) {
   with_training(entry["learned"], entry["learned"]["grads_training_total"].get<double>(),
                 entry["learned"]["seconds_training"].get<double>());
   if (pre.is_object()) entry["preconditioner"] = pre;
+  // What is measured so far, after each evaluation: a run stopped during the baselines (a GPU
+  // lease's end, Ctrl-C) keeps the learned sampler's figures. entry.json replaces it at the end.
+  const std::string partial = dir + "/entry.partial.json";
+  auto save_so_far = [&] { write_atomically(partial, [&](std::ostream& os) { os << entry.dump(2) << "\n"; }); };
   const json& paper_data = entry["paper"];
   if (paper_data.contains("authors_sd_rest")) {
     // The funnels: the authors' normalising constant for x2.., for comparison (README).
@@ -325,6 +329,11 @@ json run_experiment(Run& run, const std::string& name) {
     entry["learned"]["authors_constants_ess_5k_min"] = 5000.0 * ratio.min().item<double>();
     entry["learned"]["authors_constants_ess_5k_mean"] = 5000.0 * ratio.mean().item<double>();
   }
+  save_so_far();
+  say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f}, ESS/grad min {:.4g}, max R-hat {:.3f} (so far in {})",
+                  entry["learned"]["accept"].get<double>(), entry["learned"]["ess_per_step_min"].get<double>(),
+                  entry["learned"]["ess_per_grad_min"].get<double>(), entry["learned"]["max_rhat"].get<double>(),
+                  partial));
   const json bl = settings["baseline"];
   for (const SamplerKind kind : {SamplerKind::kMala, SamplerKind::kHmc}) {
     const std::string b = enum_name(kind);
@@ -333,6 +342,7 @@ json run_experiment(Run& run, const std::string& name) {
     stop_point(o);
     SampleResult r = evaluate(*target, make_baseline_proposal(po), chains, bl["warmup"], bl["draws"], true, 2);
     entry[b] = measures(r, *target, 0, 0);
+    save_so_far();
     say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),
                     entry[b]["ess_per_grad_min"].get<double>()));
   }
@@ -348,6 +358,7 @@ json run_experiment(Run& run, const std::string& name) {
     SampleResult r = evaluate(*target, nuts, nuts_chains, bl["warmup"], bl["draws"], true, 2);
     entry["nuts"] = measures(r, *target, 0, 0);
     entry["nuts"]["chains"] = nuts_chains;
+    save_so_far();
     say(fmt::format("  nuts{}: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
                     nuts_chains == chains ? std::string() : fmt::format(" ({} chains)", nuts_chains),
                     entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
@@ -360,6 +371,7 @@ json run_experiment(Run& run, const std::string& name) {
     stop_point(o);
     SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2, {}, MetricAdapt::kDense);
     entry["nuts_dense"] = measures(r, *target, 0, 0);
+    save_so_far();
     say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
                     entry["nuts_dense"]["ess_per_step_min"].get<double>(),
                     entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
@@ -373,6 +385,7 @@ json run_experiment(Run& run, const std::string& name) {
     stop_point(o);
     SampleResult r = evaluate(*target, nuts, settings.value("nuts_chains", chains), bl["warmup"], bl["draws"], true, 2, {}, m);
     entry[key] = measures(r, *target, 0, 0);
+    save_so_far();
     say(fmt::format("  nuts ({}): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw, max R-hat {:.3f}",
                     enum_name(m), entry[key]["ess_per_step_min"].get<double>(), entry[key]["ess_per_grad_min"].get<double>(),
                     entry[key]["grads_per_step"].get<double>(), entry[key]["max_rhat"].get<double>()));
@@ -386,6 +399,7 @@ json run_experiment(Run& run, const std::string& name) {
   if (name == "funnel3") {
     SampleResult long_hmc;
     entry["hmc_paper"] = funnel3_hmc(*target, sampler->grads_per_step(), settings["hmc_long_steps"], dir, say, &long_hmc);
+    save_so_far();
     if (o.figures) {
       plot_traces(dir + "/fig2_x1_traces.png",
                   {{"HMC (paper protocol)", long_hmc.draws}, {"learned", learned.draws}}, 0, 1000, "x.1");
@@ -403,6 +417,7 @@ json run_experiment(Run& run, const std::string& name) {
     }
   }
   write_atomically(dir + "/entry.json", [&](std::ostream& os) { os << entry.dump(2) << "\n"; });
+  fs::remove(partial);
   return entry;
 }
 

@@ -328,6 +328,33 @@ TEST(Cli, ReproduceStopsWithACheckpointOnSigintAndRefusesABadDevice) {
   EXPECT_FALSE(fs::exists(dir + "bad/icg"));
 }
 
+TEST(Cli, ReproduceStoppedDuringTheBaselinesKeepsTheLearnedFigures) {
+  // A short training at the paper profile's evaluation sizes (1024 chains, 2000 steps each): the
+  // learned sampler's figures are written to entry.partial.json before the baselines start, and
+  // SIGINT once that file exists (during MALA's 1024 x 2000 steps, seconds after the 20 ms poll)
+  // ends the run at the next evaluation's start with 130; the file keeps what was measured.
+  const std::string dir = ::testing::TempDir() + "repro_partial/";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "configs");
+  for (const auto& f : fs::directory_iterator(std::string(NMCMC_SOURCE_DIR) + "/configs")) {
+    fs::copy_file(f.path(), dir + "configs/" + f.path().filename().string());
+  }
+  std::ofstream(dir + "configs/funnel1.json", std::ios::trunc) << R"({"name":"funnel1","target":{"name":"funnel","dim":5,"sigma":1},
+    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":20,"checkpoint_every":10}})";
+  const std::string out = dir + "out";
+  const std::string cmd = std::string(NMCMC_CLI_PATH) + " reproduce --profile paper --only funnel1 --no-figures --quiet --configs " +
+                          dir + "configs --output " + out;
+  CliRun r = run_with_prefix(signal_when(cmd, out + "/funnel1/entry.partial.json", "-INT"), "");
+  ASSERT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("interrupted between evaluations"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("so far in"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out + "/funnel1/entry.json"));
+  const nlohmann::json partial = nlohmann::json::parse(std::ifstream(out + "/funnel1/entry.partial.json"));
+  ASSERT_TRUE(partial.contains("learned")) << partial.dump();
+  EXPECT_GT(partial["learned"]["ess_per_grad_min"].get<double>(), 0.0);
+  EXPECT_FALSE(partial.contains("nuts")) << "the run went on past the stop";
+}
+
 TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
   // The smoke profile checks the pipeline and the table's shape, not the figures' values.
   const std::string out = ::testing::TempDir() + "repro_smoke";
@@ -342,6 +369,7 @@ TEST(Cli, ReproduceSmokeProfileRunsThePipeline) {
     for (const char* s : {"learned", "mala", "hmc"}) {
       EXPECT_TRUE(j["experiments"][e][s]["ess_per_step_min"].is_number()) << e << " " << s;
     }
+    EXPECT_FALSE(fs::exists(out + "/" + e + "/entry.partial.json")) << e << ": entry.json replaces it";
   }
   EXPECT_TRUE(j["experiments"]["funnel3"]["hmc_paper"]["scan"].is_array());
   // The preconditioned experiments record their warm-up and have NUTS with a dense metric beside
