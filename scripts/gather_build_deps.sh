@@ -10,7 +10,7 @@ for d in nlohmann fmt CLI; do
   [ -d /usr/include/$d ] || { echo "missing /usr/include/$d: install nmcmc's build packages first (make deps)" >&2; exit 1; }
   cp -r /usr/include/$d "$dest/include/"
 done
-cp /usr/include/stb/stb_image.h "$dest/include/stb/"
+cp /usr/include/stb/stb_image.h /usr/include/stb/stb_image_write.h "$dest/include/stb/"
 cp /usr/include/zlib.h /usr/include/zconf.h "$dest/include/"
 rm -rf "$dest/googletest" && cp -r /usr/src/googletest "$dest/googletest"
 echo "$dest: $(du -sh "$dest" | cut -f1) (headers of nlohmann-json, fmt, CLI11, stb_image, zlib; GoogleTest's source)"

@@ -247,7 +247,7 @@ class Engine {
  public:
   Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options, double eps,
          const ChainState& state, at::Generator& gen)
-      : target_(target), metric64_(metric.to(torch::TensorOptions().dtype(torch::kFloat64))),
+      : target_(target), metric64_(metric.to(torch::TensorOptions().dtype(torch::kFloat64).device(torch::kCPU))),
         elementwise_(metric.kind() == MetricKind::kUnit || metric.kind() == MetricKind::kDiag),
         single_(target.options().dtype() == torch::kFloat32), rules_(rules),
         inside_multinomial_(rule_is(rules.inside, multinomial_choice)), options_(options), eps_(eps),

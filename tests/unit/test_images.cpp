@@ -3,6 +3,9 @@
 // detailed-balance identity), and the training loop (runs, changes the energy, resumes exactly).
 #include <gtest/gtest.h>
 
+#if NMCMC_STB_WRITE_IMPLEMENTATION  // no stb library (Note [A build without Debian's packages])
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#endif
 #include <stb/stb_image_write.h>
 #include <zlib.h>
 
