@@ -158,6 +158,8 @@ def one(nmcmc, p, ref, row, args, t0):
     if isinstance(s.get("transport"), dict) and "choice" in s["transport"]:
         choice = s["transport"]["choice"]
         row["transport_choice"] = choice.get("chosen")  # flow or affine
+        row["transport_final_metric"] = choice.get("final_metric")
+        row["transport_latent_residual"] = choice.get("latent_residual")  # Note [A linear residual in the latent space]
         if isinstance(choice.get("flow"), dict) and isinstance(choice.get("affine"), dict):
             row["transport_scores"] = {k: choice[k].get("score") for k in ("flow", "affine")}
             row["transport_trial_divergent"] = {k: choice[k].get("divergent") for k in ("flow", "affine")}

@@ -612,6 +612,30 @@ std::pair<torch::Tensor, torch::Tensor> TransportedTarget::ambient_pairs(const t
   return {x.detach(), g.detach()};
 }
 
+std::pair<torch::Tensor, torch::Tensor> TransportedTarget::latent_pairs(const torch::Tensor& x_in,
+                                                                        const torch::Tensor& g_in) const {
+  torch::Tensor x = x_in.to(torch::kCPU, torch::kFloat64), g = g_in.to(torch::kCPU, torch::kFloat64);
+  const torch::Tensor ok = torch::isfinite(x).all(1) & torch::isfinite(g).all(1);
+  x = x.index({ok});
+  g = g.index({ok});
+  torch::Tensor z;
+  {
+    torch::NoGradGuard no_grad;
+    z = flow_->inverse(x).out;
+  }
+  torch::AutoGradMode enable(true);
+  z = z.detach().requires_grad_(true);
+  const TransportPass fwd = flow_->forward(z);
+  std::vector<torch::Tensor> outs{fwd.out}, vs{g};
+  if (fwd.log_det.requires_grad()) {  // without coupling layers log|det| does not depend on z
+    outs.push_back(fwd.log_det);
+    vs.push_back(-torch::ones_like(fwd.log_det));
+  }
+  torch::Tensor gz = torch::autograd::grad(outs, {z}, vs, c10::nullopt, false, /*allow_unused=*/true)[0];
+  if (!gz.defined()) gz = torch::zeros_like(z);
+  return {z.detach(), gz.detach()};
+}
+
 torch::Tensor TransportedTarget::compute_energy(const torch::Tensor& z) const {
   torch::NoGradGuard no_grad;
   if (auto pass = flow_->native()) {

@@ -197,6 +197,10 @@ class TransportedTarget : public Target {
   /// evaluation: dU = J^-T (g_z + grad log|det|), by back-propagation through T^-1. Rows [n, D];
   /// returns (x, dU(x)) float64.
   std::pair<torch::Tensor, torch::Tensor> ambient_pairs(const torch::Tensor& z, const torch::Tensor& g_z) const;
+  /// The other way: positions x with energy gradients g = dU(x) [n, D] as latent pairs (z = T^-1(x),
+  /// grad U_z(z) = J^T g - grad_z log|det dT/dz|), without a target evaluation (one graph through
+  /// T); rows with a non-finite x or g are dropped. Float64.
+  std::pair<torch::Tensor, torch::Tensor> latent_pairs(const torch::Tensor& x, const torch::Tensor& g) const;
 
  protected:
   torch::Tensor compute_energy(const torch::Tensor& z) const override;
