@@ -297,22 +297,32 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   EXPECT_EQ(bad_set.code, 64) << bad_set.out;
 }
 
+namespace {
+/// `reproduce --profile paper --only funnel1` with the shipped configs copied into DIR/configs and
+/// funnel1's replaced by a small one (5-d, width 16, batch 64, `steps` training steps, a checkpoint
+/// every 10): the paper profile keeps a config's training settings and evaluates at its own sizes.
+std::string small_funnel1_paper_run(const std::string& dir, int64_t steps, const std::string& out) {
+  fs::remove_all(dir);
+  fs::create_directories(dir + "configs");
+  for (const auto& f : fs::directory_iterator(std::string(NMCMC_SOURCE_DIR) + "/configs")) {
+    fs::copy_file(f.path(), dir + "configs/" + f.path().filename().string());
+  }
+  std::ofstream(dir + "configs/funnel1.json", std::ios::trunc)
+      << R"({"name":"funnel1","target":{"name":"funnel","dim":5,"sigma":1},"model":{"hidden":16,"steps":2,"eps":0.1},)"
+      << R"("train":{"accept_target":0.7,"batch":64,"steps":)" << steps << R"(,"checkpoint_every":10}})";
+  return std::string(NMCMC_CLI_PATH) + " reproduce --profile paper --only funnel1 --no-figures --quiet --configs " + dir +
+         "configs --output " + out;
+}
+}  // namespace
+
 TEST(Cli, ReproduceStopsWithACheckpointOnSigintAndRefusesABadDevice) {
   // The paper profile keeps a config's training settings: a small funnel1 trained for 100000 steps
   // with a checkpoint every 10. SIGINT once the first checkpoint exists: the training saves where
   // it is, the run ends with 130 and says how to resume (the resume itself is train's, tested
   // above). The wait is for the file; the steps left take far longer than the 20 ms poll.
   const std::string dir = ::testing::TempDir() + "repro_stop/";
-  fs::remove_all(dir);
-  fs::create_directories(dir + "configs");
-  for (const auto& f : fs::directory_iterator(std::string(NMCMC_SOURCE_DIR) + "/configs")) {
-    fs::copy_file(f.path(), dir + "configs/" + f.path().filename().string());
-  }
-  std::ofstream(dir + "configs/funnel1.json", std::ios::trunc) << R"({"name":"funnel1","target":{"name":"funnel","dim":5,"sigma":1},
-    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":100000,"checkpoint_every":10}})";
   const std::string out = dir + "out";
-  const std::string cmd = std::string(NMCMC_CLI_PATH) + " reproduce --profile paper --only funnel1 --no-figures --quiet --configs " +
-                          dir + "configs --output " + out;
+  const std::string cmd = small_funnel1_paper_run(dir, 100000, out);
   CliRun r = run_with_prefix(signal_when(cmd, out + "/funnel1/model.pt", "-INT"), "");
   ASSERT_EQ(r.code, 130) << r.out;
   EXPECT_NE(r.out.find("interrupted at training step"), std::string::npos) << r.out;
@@ -334,16 +344,8 @@ TEST(Cli, ReproduceStoppedDuringTheBaselinesKeepsTheLearnedFigures) {
   // SIGINT once that file exists (during MALA's 1024 x 2000 steps, seconds after the 20 ms poll)
   // ends the run at the next evaluation's start with 130; the file keeps what was measured.
   const std::string dir = ::testing::TempDir() + "repro_partial/";
-  fs::remove_all(dir);
-  fs::create_directories(dir + "configs");
-  for (const auto& f : fs::directory_iterator(std::string(NMCMC_SOURCE_DIR) + "/configs")) {
-    fs::copy_file(f.path(), dir + "configs/" + f.path().filename().string());
-  }
-  std::ofstream(dir + "configs/funnel1.json", std::ios::trunc) << R"({"name":"funnel1","target":{"name":"funnel","dim":5,"sigma":1},
-    "model":{"hidden":16,"steps":2,"eps":0.1},"train":{"accept_target":0.7,"batch":64,"steps":20,"checkpoint_every":10}})";
   const std::string out = dir + "out";
-  const std::string cmd = std::string(NMCMC_CLI_PATH) + " reproduce --profile paper --only funnel1 --no-figures --quiet --configs " +
-                          dir + "configs --output " + out;
+  const std::string cmd = small_funnel1_paper_run(dir, 20, out);
   CliRun r = run_with_prefix(signal_when(cmd, out + "/funnel1/entry.partial.json", "-INT"), "");
   ASSERT_EQ(r.code, 130) << r.out;
   EXPECT_NE(r.out.find("interrupted between evaluations"), std::string::npos) << r.out;
