@@ -210,6 +210,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   int64_t grads = 0, energies = 0, offset = 0;
   int64_t extra_iterations = 0;  // Note [Far out twice]: the rounds' iterations beyond options.warmup
   bool restarted = false;
+  bool abandoned = false;  // Note [Far out after the restart]
   double first_loss = 0;  // the first round's fit
   std::vector<torch::Tensor> pool_x, pool_g;
   torch::Tensor last_px, last_pg;  // the last fit's points (Note [The flow or its affine base])
@@ -413,6 +414,23 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       r = -1;  // the loop's ++r: round 0 again, in x
       continue;
     }
+    // Note [Far out after the restart]
+    // On kilpisjarvi with 16 chains the restarted first round (200 iterations in x) still ended
+    // far out on one CPU (an Intel Xeon; on an AMD EPYC it arrived: Note [Far out twice]), every
+    // later fit ended at the clip, and the run ended with R-hat 1.16 after 169 s of warm-up,
+    // where NUTS with the low-rank Fisher metric alone passes from the box with 300 warm-up
+    // iterations (R-hat 1.002, 2 s). The fits cannot help where they see no posterior: after a
+    // restart whose first round still ends far out the transport is given up, and the rest of
+    // the warm-up (the rounds not run included) runs as a run without transport would, on the
+    // target itself from the starting points, adapting the metric the rounds adapt
+    // (`transport.choice.chosen`: none). Continued from where the chains were, with the rounds'
+    // metric, the same warm-up ended at R-hat 1.31 in float32 (648 divergences; 0.042 bulk-ESS per
+    // gradient in float64): far-out chains given as starting points are never redrawn.
+    if (restarted && affine_round && !(fr.loss_end <= kFarOutLoss)) {
+      abandoned = true;
+      for (int64_t k = r + 1; k < t.rounds; ++k) final_warmup += lengths[k];
+      break;
+    }
     if (affine_round && t.far_out_loss > 0 && !(fr.loss_end <= t.far_out_loss)) {
       // The chains have not arrived: the caller starts again elsewhere (TransportOptions::far_out_loss).
       out.far_out = true;
@@ -461,7 +479,11 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   constexpr double kAffineIfBelow = 0.75;
   json choice = {{"chosen", "flow"}};
   std::optional<TransportedTarget> affine_latent;
-  if (t.layers > 0 && t.rounds >= 2 && final_warmup - 2 * (kTrialWarmup + kTrialDraws) >= 100) {
+  if (abandoned) {
+    out.flow = FlowTransport(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed));  // the identity
+    affine_latent.emplace(target, out.flow);
+    choice = {{"chosen", "none"}, {"why", "the restarted first round still ended far out (Note [Far out after the restart])"}};
+  } else if (t.layers > 0 && t.rounds >= 2 && final_warmup - 2 * (kTrialWarmup + kTrialDraws) >= 100) {
     const auto [affine, affine_fit] = affine_estimate(last_px, last_pg, seed + 7);
     struct Trial {
       double cost = 0, score = 0, step_size = 0, grads_per_draw = 0;
@@ -551,7 +573,11 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     choice["latent_residual"] = {{"flow_loss", residual->flow_loss}, {"affine_loss", residual->affine_loss},
                                  {"ratio", residual->ratio()}};
   }
-  if (affine_latent && options.metric == MetricAdapt::kDiag && kernel.has_dense_metric()) {
+  if (abandoned && options.metric == MetricAdapt::kDiag && kernel.has_dense_metric()) {
+    // Note [Far out after the restart]: the metric the rounds adapt, on the target itself.
+    fo.metric = MetricAdapt::kFisherLowRank;
+    choice["final_metric"] = "fisher-lowrank (no transport: the metric the rounds adapt)";
+  } else if (affine_latent && options.metric == MetricAdapt::kDiag && kernel.has_dense_metric()) {
     // Note [The flow or its affine base]: with the affine map kept, a diagonal metric in its latent
     // space cannot correct what its base (the last fit's pool) missed. On posteriordb's earnings at
     // seed 2 (fd020cd; rounds 4-6 ended at held-out losses of 0.83, 0.88 and 0.49, the pool partly
@@ -592,7 +618,15 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     choice["final_metric"] = "fisher-lowrank (an affine map fits the latent points " + fmt::format("{:.3g}", residual->ratio()) +
                              "x better than N(0, I): the latent space is Gaussian up to it)";
   }
-  fo.init_x = final_latent.to_latent(x_start);
+  if (abandoned) {
+    // Note [Far out after the restart]: as a run without transport starts - the caller's starting
+    // points or the starting box (where stuck chains are redrawn: Note [Starting points that cannot
+    // move]), a unit metric - so that the rounds' far-out positions and metric leave nothing behind.
+    fo.init_x = options.init_x;
+    if (kernel.has_metric()) rk.set_metric(Metric());
+  } else {
+    fo.init_x = final_latent.to_latent(x_start);
+  }
   rk.reset_global();
   const double seconds_before = seconds_since(t_start);
   in_rounds = false;
