@@ -613,7 +613,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     // On Funnel-3 the ratio was 0.89-1.00 at six seeds (a funnel is not linear), and those runs
     // keep the diagonal metric, bitwise as before. Measured (BENCHMARKS.md "A linear residual in
     // the latent space"): earnings over 20 seeds 0.94x -> 1.00x NUTS with fisher-lowrank per seed
-    // (it acted on 8; 6 faster, 2 slower), kilpisjarvi on 3 of 10 (all faster).
+    // (it acted on 8; 5 faster, 3 slower), kilpisjarvi on 3 of 10 (all faster): level, not clearly ahead.
     fo.metric = MetricAdapt::kFisherLowRank;
     choice["final_metric"] = "fisher-lowrank (an affine map fits the latent points " + fmt::format("{:.3g}", residual->ratio()) +
                              "x better than N(0, I): the latent space is Gaussian up to it)";
