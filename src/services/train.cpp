@@ -265,6 +265,10 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   t.layers = tt.layers;
   t.hidden = tt.hidden;
   t.rounds = tt.rounds;
+  // The learned sampler trains in the transport's latent space: an identity there leaves it the raw
+  // posterior (kidiq's momiq regression trained so at 7ea8f7d: R-hat 1.15). Where the rounds do not
+  // arrive, Note [The transported warm-up starts at the posterior] below runs them again instead.
+  t.give_up_far_out = false;
   ProgressFn adapter;
   if (progress) {
     ProgressFn run_progress = precondition_progress(progress, ro.warmup, ro.draws);

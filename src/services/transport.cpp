@@ -426,7 +426,7 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
     // (`transport.choice.chosen`: none). Continued from where the chains were, with the rounds'
     // metric, the same warm-up ended at R-hat 1.31 in float32 (648 divergences; 0.042 bulk-ESS per
     // gradient in float64): far-out chains given as starting points are never redrawn.
-    if (restarted && affine_round && !(fr.loss_end <= kFarOutLoss)) {
+    if (t.give_up_far_out && restarted && affine_round && !(fr.loss_end <= kFarOutLoss)) {
       abandoned = true;
       for (int64_t k = r + 1; k < t.rounds; ++k) final_warmup += lengths[k];
       break;

@@ -114,6 +114,10 @@ struct TransportOptions {
   /// rounds start again once, from where the chains are, with a first round of this many
   /// iterations (Note [Far out twice], services/transport.cpp). 0: they go on.
   int64_t arrival_round = kDefaultArrivalRound;
+  /// Where the restarted first round still ends far out, give the transport up: the rest of the
+  /// warm-up runs on the target itself (Note [Far out after the restart], services/transport.cpp).
+  /// false: the rounds go on (training, which needs a map to train in, and has its own restart).
+  bool give_up_far_out = true;
 };
 
 /// A kernel on a transported target: runs `inner`; with global moves follows every step with an
