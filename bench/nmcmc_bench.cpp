@@ -86,9 +86,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
   learned->add_option("--gemm", gemm, "the model's gemm option (default: the config's, else auto; A/B of the backends)")
       ->check(CLI::IsMember({"auto", "onednn", "libtorch"}));
-  bool keep_zero_rows = false;
+  bool keep_zero_rows = false, libtorch_step = false;
   learned->add_flag("--keep-zero-rows", keep_zero_rows,
                     "multiply every row in the backward pass, also those of zero gradient (Note [Zero-gradient rows]; A/B)");
+  learned->add_flag("--libtorch-step", libtorch_step,
+                    "sample: every step through LibTorch (A/B of Note [The learned step's native pass])");
   learned->add_option("--trace", trace, "write a chrome trace of the timed steps (LibTorch's profiler) to this file");
   auto* baseline = app.add_subcommand("baseline", "MH steps per second of a baseline sampler");
   baseline->add_option("--target-json", target_json);
@@ -288,6 +290,7 @@ int main(int argc, char** argv) {
     } else {
       auto proposal = std::make_shared<nmcmc::LearnedProposal>(sampler);
       sampler->eval();
+      sampler->set_native_step(!libtorch_step);
       nmcmc::MetropolisHastings kernel(proposal);
       at::Generator gen = nmcmc::make_generator(1);
       nmcmc::ChainState s = kernel.init(*target, target->has_sampler() ? target->sample(batch, gen) : torch::zeros({batch, target->dim()}));
@@ -308,6 +311,10 @@ int main(int argc, char** argv) {
     json out = {{"bench", "learned"}, {"config", cfg.name}, {"mode", mode}, {"batch", batch}, {"threads", threads},
                 {"seconds_per_step", sec}, {"network_gflops_per_s", flops / sec / 1e9},
                 {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}, {"matmul", sampler->options().matmul},
+                {"native_step", mode != "train" && [&] {
+                   torch::NoGradGuard no_grad;  // as a sampling step runs
+                   return sampler->native_step_applies(torch::zeros({batch, target->dim()}));
+                 }()},
                 {"amx_bf16", nmcmc::cpu_has_fast_bf16_matmul()},
                 {"malloc", nmcmc::tune_allocator().applied ? "heap-reuse" : "default"},
                 {"zero_rows_skipped_per_step", static_cast<double>(nmcmc::test_hooks::zero_gradient_rows_skipped() - skipped_before) /

@@ -408,7 +408,72 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
                                                          bool create_graph) {
   const int64_t d = options_.dim;
   TORCH_CHECK(x.dim() == 2 && x.size(1) == d, "learned sampler: expected x [C, ", d, "], got ", x.sizes());
-  return propose_from(target, x, grad, randn(x.sizes(), gen, x.options()), create_graph);
+  torch::Tensor z0 = randn(x.sizes(), gen, x.options());
+  if (!create_graph && native_step_applies(x)) return propose_native(target, x, grad, z0);
+  return propose_from(target, x, grad, z0, create_graph);
+}
+
+bool LearnedSamplerImpl::native_step_applies(const torch::Tensor& x) const {
+  return native_enabled_ && !torch::GradMode::is_enabled() && x.is_cpu() && x.dim() == 2 &&
+         x.size(0) <= kNativeStepMaxRows && options_.variant != Variant::kFull &&
+         options_.matmul != MatmulOption::kBFloat16 && log_eps_.is_cpu();
+}
+
+LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_native(Target& target, const torch::Tensor& x,
+                                                                const torch::Tensor& grad, const torch::Tensor& z0) {
+  TORCH_CHECK(options_.variant != Variant::kFull && x.is_cpu(), "propose_native: the ", variant_name(options_.variant),
+              " variant on ", x.device(), " has no native pass");
+  torch::NoGradGuard no_grad;
+  // Note [The learned step's native pass]: the copy is remade when a parameter or buffer was
+  // written (an optimiser step, set_eps, set_preconditioner, to()) since it was made.
+  std::vector<std::pair<const void*, int64_t>> key;
+  for (const auto& t : parameters()) key.emplace_back(t.data_ptr(), static_cast<int64_t>(t._version()));
+  for (const auto& t : buffers()) key.emplace_back(t.data_ptr(), static_cast<int64_t>(t._version()));
+  if (!native_ || key != native_key_) {
+    auto n = std::make_shared<NativeLearnedStep>();
+    const int64_t d = options_.dim;
+    n->dim = d;
+    n->substeps = substeps();
+    n->half_max = (d + 1) / 2;
+    n->langevin = options_.variant == Variant::kLangevin;
+    for (int64_t k = 0; k < substeps(); ++k) {
+      torch::Tensor u = upd_idx_[k].to(torch::kCPU).contiguous(), c = cond_idx_[k].to(torch::kCPU).contiguous();
+      n->upd.emplace_back(u.data_ptr<int64_t>(), u.data_ptr<int64_t>() + u.numel());
+      n->cond.emplace_back(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    }
+    n->sqt = net_sqt_->native();
+    if (net_drift_) n->drift = net_drift_->native();
+    NativeAffine& na = n->affine;
+    na.dim = d;
+    if (preconditioned()) {
+      auto f64 = [](const torch::Tensor& t) { return t.defined() ? t.detach().to(torch::kCPU, torch::kFloat64) : t; };
+      auto rows = [](const torch::Tensor& t) {
+        torch::Tensor c = t.contiguous();
+        return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+      };
+      Affine a = model_affine(f64(pre_shift_), f64(pre_base_), f64(pre_log_scale_), f64(pre_lower_),
+                              options_.learn_precondition, f64(pre_directions_), f64(pre_log_eigen_));
+      na.m = rows(a.m);
+      na.log_det = a.log_det.item<double>();
+      if (a.lowrank()) {
+        na.kind = NativeAffine::Kind::kLowRank;
+        na.rank = a.q.size(1);
+        na.scale = rows(a.scale);
+        na.q = rows(a.q);
+        na.em1_t = rows(torch::expm1(a.t));
+        na.em1_nt = rows(torch::expm1(-a.t));
+      } else if (a.dense()) {
+        na.kind = NativeAffine::Kind::kDense;
+        na.lower = rows(a.l2.defined() ? a.l.matmul(a.l2) : a.l);
+      } else {
+        na.kind = NativeAffine::Kind::kDiag;
+        na.scale = rows(a.scale);
+      }
+    }
+    native_ = std::move(n);
+    native_key_ = std::move(key);
+  }
+  return native_->propose(target, x, grad, z0, log_eps_.item<double>());
 }
 
 LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, const torch::Tensor& x,

@@ -329,3 +329,56 @@ TEST(InvariancePower, PreconditionedWithADiagonalReverseFails) {
     }
   }
 }
+
+namespace {
+/// The learned proposal in batches of at most 50 chains, so that every step takes the native pass
+/// (Note [The learned step's native pass]; the invariance runs 20,000 chains in one batch).
+class InChunks : public Proposal {
+ public:
+  explicit InChunks(LearnedSampler s) : s_(std::move(s)) {}
+  std::string name() const override { return "learned in chunks"; }
+  bool uses_grad() const override { return s_->needs_grad(); }
+  double step_size() const override { return s_->eps().item<double>(); }
+  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override {
+    torch::NoGradGuard no_grad;
+    std::vector<ProposalResult> parts;
+    const int64_t c = state.x.size(0);
+    for (int64_t i = 0; i < c; i += 50) {
+      const int64_t n = std::min<int64_t>(50, c - i);
+      torch::Tensor x = state.x.narrow(0, i, n);
+      EXPECT_TRUE(s_->native_step_applies(x));
+      parts.push_back(as_proposal_result(
+          s_->propose(target, x, state.grad.defined() ? state.grad.narrow(0, i, n) : torch::Tensor(), gen, false)));
+    }
+    auto cat = [&](auto field) {
+      std::vector<torch::Tensor> v;
+      for (auto& p : parts) v.push_back(field(p));
+      return v.front().defined() ? torch::cat(v) : torch::Tensor();
+    };
+    ProposalResult r;
+    r.proposed.x = cat([](ProposalResult& p) { return p.proposed.x; });
+    r.proposed.energy = cat([](ProposalResult& p) { return p.proposed.energy; });
+    r.proposed.grad = cat([](ProposalResult& p) { return p.proposed.grad; });
+    r.log_q_ratio = cat([](ProposalResult& p) { return p.log_q_ratio; });
+    return r;
+  }
+
+ private:
+  LearnedSampler s_;
+};
+}  // namespace
+
+TEST(Invariance, LearnedNativeStepWithRandomNetworks) {
+  // The native pass agrees with LibTorch's to 1e-12 (tests/unit/test_learned_native.cpp); here the
+  // kernel it makes keeps the target invariant, on the preconditioned cases and the funnel.
+  for (const Precondition kind : {Precondition::kDense, Precondition::kLowRank}) {
+    auto r = invariance(kRotated6, std::make_shared<InChunks>(preconditioned(kind, Variant::kLangevin, 8)), 141);
+    std::cout << "  native " << kind << " langevin: " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << kind << ": " << r.describe();
+  }
+  for (Variant v : {Variant::kNoGrad, Variant::kLangevin}) {
+    auto r = invariance(kFunnel3, std::make_shared<InChunks>(perturbed_sampler(20, v, 0.2, 7)), 142);
+    std::cout << "  native funnel " << variant_name(v) << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << variant_name(v) << ": " << r.describe();
+  }
+}

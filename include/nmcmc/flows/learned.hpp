@@ -53,6 +53,7 @@
 
 #include "nmcmc/core/enum_names.hpp"
 #include "nmcmc/flows/model.hpp"
+#include "nmcmc/flows/native_step.hpp"
 #include "nmcmc/nn/activations.hpp"
 #include "nmcmc/nn/policy.hpp"
 
@@ -158,6 +159,8 @@ class StepMLPImpl : public torch::nn::Module {
   torch::Tensor forward(int64_t k, const torch::Tensor& input);
   /// Flops (multiply-adds x 2) per row of one forward call.
   int64_t flops_per_row() const;
+  /// Its weights as float64 arrays (Note [The learned step's native pass]).
+  NativeStepNet native() const;
   /// How the layers multiply (Note [Linear-layer policy]).
   const LinearPolicy& policy() const { return policy_; }
   void set_policy(const LinearPolicy& policy) { policy_ = policy; }
@@ -216,6 +219,15 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   /// The same from a given base draw z0 [C, D] (tests take Jacobians through it).
   Proposed propose_from(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0,
                         bool create_graph);
+  /// Note [The learned step's native pass]: whether propose() takes it for a batch x (a CPU batch
+  /// of at most kNativeStepMaxRows rows, no autograd graph, the langevin or no-grad variant, GEMMs
+  /// not asked to run in bfloat16, and not switched off with set_native_step).
+  bool native_step_applies(const torch::Tensor& x) const;
+  /// propose_from(target, x, grad, z0, false) by the native pass (the same kernel; the values
+  /// agree to rounding). The variant must be langevin or no-grad and x on the CPU.
+  Proposed propose_native(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0);
+  /// Lets propose() take the native pass where it applies (the default) or never (A/B benchmarks).
+  void set_native_step(bool on) { native_enabled_ = on; }
 
   /// log q(x_to | x_from) by the inverse pass (an independent route to the same density the
   /// forward pass gives). For the Langevin variant `grad_from` is dU(x_from).
@@ -281,6 +293,11 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   torch::Tensor pre_log_eigen_;             // lowrank: t [k] (parameter if learned)
   std::vector<torch::Tensor> upd_idx_, cond_idx_;  // per sub-step index sets (int64)
   StepMLP net_sqt_{nullptr}, net_r_{nullptr}, net_drift_{nullptr};
+  // Note [The learned step's native pass]: the copy, and the parameters' and buffers' storage and
+  // version counters it was made from (remade when they change).
+  bool native_enabled_ = true;
+  std::shared_ptr<const NativeLearnedStep> native_;
+  std::vector<std::pair<const void*, int64_t>> native_key_;
 };
 TORCH_MODULE(LearnedSampler);
 
