@@ -415,7 +415,7 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
 
 bool LearnedSamplerImpl::native_step_applies(const torch::Tensor& x) const {
   return native_enabled_ && !torch::GradMode::is_enabled() && x.is_cpu() && x.dim() == 2 &&
-         x.size(0) <= kNativeStepMaxRows && options_.variant != Variant::kFull &&
+         x.size(0) * flops_per_step() <= kNativeStepMaxFlops && options_.variant != Variant::kFull &&
          options_.matmul != MatmulOption::kBFloat16 && log_eps_.is_cpu();
 }
 

@@ -12,14 +12,21 @@ namespace nmcmc {
 
 namespace {
 
-/// out [n_out] = b + in [n_in] W, W [n_in, n_out] row-major: running sums over W's rows.
-NMCMC_CLONES void layer_row(const double* __restrict in, int64_t n_in, const double* __restrict w,
-                            const double* __restrict b, int64_t n_out, double* __restrict out) {
-  for (int64_t j = 0; j < n_out; ++j) out[j] = b[j];
+/// out [R, n_out] = b + in [R, n_in] W, W [n_in, n_out] row-major: W's row i is read once for all
+/// R rows (it stays in L1 while each row's running sum takes it), so the weights stream from
+/// memory once per layer and call, not once per row.
+NMCMC_CLONES void layer_rows(const double* __restrict in, int64_t rows, int64_t n_in, const double* __restrict w,
+                             const double* __restrict b, int64_t n_out, double* __restrict out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n_out; ++j) out[r * n_out + j] = b[j];
+  }
   for (int64_t i = 0; i < n_in; ++i) {
-    const double a = in[i];
-    const double* __restrict row = w + i * n_out;
-    for (int64_t j = 0; j < n_out; ++j) out[j] += a * row[j];
+    const double* __restrict wi = w + i * n_out;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double a = in[r * n_in + i];
+      double* __restrict o = out + r * n_out;
+      for (int64_t j = 0; j < n_out; ++j) o[j] += a * wi[j];
+    }
   }
 }
 
@@ -76,16 +83,16 @@ torch::Tensor tensor_of(const std::vector<double>& v, int64_t rows, int64_t cols
 }
 }  // namespace
 
-void NativeStepNet::forward(int64_t k, const double* input, double* output, double* h1, double* h2) const {
+void NativeStepNet::forward(int64_t k, const double* input, int64_t rows, double* output, double* h1, double* h2) const {
   const size_t shared = w_shared.size();
-  layer_row(input, in, w_in[k].data(), b_in[k].data(), hidden, h1);
-  activate_row(h1, hidden, shared == 0 && tanh_last ? Activation::kTanh : activation);
+  layer_rows(input, rows, in, w_in[k].data(), b_in[k].data(), hidden, h1);
+  activate_row(h1, rows * hidden, shared == 0 && tanh_last ? Activation::kTanh : activation);
   for (size_t i = 0; i < shared; ++i) {
-    layer_row(h1, hidden, w_shared[i].data(), b_shared[i].data(), hidden, h2);
-    activate_row(h2, hidden, i + 1 == shared && tanh_last ? Activation::kTanh : activation);
+    layer_rows(h1, rows, hidden, w_shared[i].data(), b_shared[i].data(), hidden, h2);
+    activate_row(h2, rows * hidden, i + 1 == shared && tanh_last ? Activation::kTanh : activation);
     std::swap(h1, h2);
   }
-  layer_row(h1, hidden, w_out[k].data(), b_out[k].data(), out, output);
+  layer_rows(h1, rows, hidden, w_out[k].data(), b_out[k].data(), out, output);
 }
 
 void NativeAffine::to_latent(const double* x, double* y, double* tmp) const {
@@ -201,41 +208,49 @@ Proposed NativeLearnedStep::propose(Target& target, const torch::Tensor& x, cons
   const std::vector<double> gs = langevin ? rows_of(grad) : std::vector<double>();
   const int64_t width = std::max<int64_t>({sqt.hidden, drift.hidden, 1});
   const int64_t scratch = std::max<int64_t>({d, affine.rank, 1});
-  std::vector<double> y(c * d), z(c * d), y_new(c * d), x_new(c * d), input(sqt.in), out(std::max(sqt.out, drift.out));
-  std::vector<double> h1(width), h2(width), tmp(scratch), gy(d), log_det_f(c, 0.0), log_det_r(c, 0.0);
-  // The coupling sub-steps of Note [Learned proposal] on one row, at y (the networks' x) and z in place.
-  auto coupling = [&](int64_t k, const double* yr, double* zr, double& log_det, bool inverse) {
-    std::copy(yr, yr + d, input.begin());
+  std::vector<double> y(c * d), z(c * d), y_new(c * d), x_new(c * d), gy(c * d), input(c * sqt.in);
+  std::vector<double> out(c * std::max(sqt.out, drift.out)), h1(c * width), h2(c * width), tmp(scratch);
+  std::vector<double> log_det_f(c, 0.0), log_det_r(c, 0.0);
+  // The coupling sub-step k of Note [Learned proposal] on every row, at y (the networks' x), z in place.
+  auto coupling = [&](int64_t k, const double* ys, double* zs_, std::vector<double>& log_det, bool inverse) {
     const std::vector<int64_t>& cd = cond[k];
-    for (int64_t j = 0; j < half_max; ++j) input[d + j] = j < static_cast<int64_t>(cd.size()) ? zr[cd[j]] : 0.0;
-    sqt.forward(k, input.data(), out.data(), h1.data(), h2.data());
+    const int64_t nc = static_cast<int64_t>(cd.size());
+    for (int64_t r = 0; r < c; ++r) {
+      double* row = input.data() + r * sqt.in;
+      std::copy(ys + r * d, ys + (r + 1) * d, row);
+      for (int64_t j = 0; j < half_max; ++j) row[d + j] = j < nc ? zs_[r * d + cd[j]] : 0.0;
+    }
+    sqt.forward(k, input.data(), c, out.data(), h1.data(), h2.data());
     const std::vector<int64_t>& up = upd[k];
-    for (size_t j = 0; j < up.size(); ++j) {
-      const double s = out[j], t = out[half_max + j];
-      double& zu = zr[up[j]];
-      zu = inverse ? (zu + eps_sub * t) * std::exp(-s) : zu * std::exp(s) - eps_sub * t;
-      log_det += s;
+    for (int64_t r = 0; r < c; ++r) {
+      const double* o = out.data() + r * sqt.out;
+      for (size_t j = 0; j < up.size(); ++j) {
+        const double sj = o[j], tj = o[half_max + j];
+        double& zu = zs_[r * d + up[j]];
+        zu = inverse ? (zu + eps_sub * tj) * std::exp(-sj) : zu * std::exp(sj) - eps_sub * tj;
+        log_det[r] += sj;
+      }
     }
   };
-  // mu(y) = -(eps^2 / 2) gy exp(S_d(y)) + T_d(y), added to dst.
-  auto add_drift = [&](const double* yr, const double* gyr, double* dst, double sign) {
-    drift.forward(0, yr, out.data(), h1.data(), h2.data());
-    for (int64_t i = 0; i < d; ++i) dst[i] += sign * (-0.5 * eps * eps * gyr[i] * std::exp(out[i]) + out[d + i]);
+  // dst += sign mu(y), mu(y) = -(eps^2 / 2) gy exp(S_d(y)) + T_d(y), on every row.
+  auto add_drift = [&](const double* ys, const double* gys, double* dst, double sign) {
+    drift.forward(0, ys, c, out.data(), h1.data(), h2.data());
+    for (int64_t r = 0; r < c; ++r) {
+      const double* o = out.data() + r * drift.out;
+      for (int64_t i = 0; i < d; ++i) {
+        dst[r * d + i] += sign * (-0.5 * eps * eps * gys[r * d + i] * std::exp(o[i]) + o[d + i]);
+      }
+    }
   };
   for (int64_t r = 0; r < c; ++r) {
-    double* yr = y.data() + r * d;
-    double* zr = z.data() + r * d;
-    affine.to_latent(xs.data() + r * d, yr, tmp.data());
-    std::copy(zs.begin() + r * d, zs.begin() + (r + 1) * d, zr);
-    for (int64_t k = 0; k < substeps; ++k) coupling(k, yr, zr, log_det_f[r], false);
-    double* yn = y_new.data() + r * d;
-    for (int64_t i = 0; i < d; ++i) yn[i] = yr[i] + eps * zr[i];
-    if (langevin) {
-      affine.latent_grad(gs.data() + r * d, gy.data(), tmp.data());
-      add_drift(yr, gy.data(), yn, 1.0);
-    }
-    affine.from_latent(yn, x_new.data() + r * d, tmp.data());
+    affine.to_latent(xs.data() + r * d, y.data() + r * d, tmp.data());
+    if (langevin) affine.latent_grad(gs.data() + r * d, gy.data() + r * d, tmp.data());
   }
+  std::copy(zs.begin(), zs.end(), z.begin());
+  for (int64_t k = 0; k < substeps; ++k) coupling(k, y.data(), z.data(), log_det_f, false);
+  for (int64_t i = 0; i < c * d; ++i) y_new[i] = y[i] + eps * z[i];
+  if (langevin) add_drift(y.data(), gy.data(), y_new.data(), 1.0);
+  for (int64_t r = 0; r < c; ++r) affine.from_latent(y_new.data() + r * d, x_new.data() + r * d, tmp.data());
   Proposed p;
   p.x_new = tensor_of(x_new, c, d, x.options());
   std::vector<double> g_new;
@@ -253,23 +268,21 @@ Proposed NativeLearnedStep::propose(Target& target, const torch::Tensor& x, cons
   double* qr = log_q_rev.data_ptr<double>();
   double* df = det_f.data_ptr<double>();
   double* dr = det_r.data_ptr<double>();
+  // The reverse pass from y': z_rev = (y - y' - mu(y')) / eps (Langevin) or -z, then f^-1.
+  if (langevin) {
+    for (int64_t r = 0; r < c; ++r) affine.latent_grad(g_new.data() + r * d, gy.data() + r * d, tmp.data());
+    for (int64_t i = 0; i < c * d; ++i) z[i] = y[i] - y_new[i];
+    add_drift(y_new.data(), gy.data(), z.data(), -1.0);
+    for (int64_t i = 0; i < c * d; ++i) z[i] /= eps;
+  } else {
+    for (int64_t i = 0; i < c * d; ++i) z[i] = -z[i];
+  }
+  for (int64_t k = substeps - 1; k >= 0; --k) coupling(k, y_new.data(), z.data(), log_det_r, true);
   for (int64_t r = 0; r < c; ++r) {
-    const double* yr = y.data() + r * d;
-    const double* yn = y_new.data() + r * d;
-    double* zr = z.data() + r * d;  // becomes the reverse pass's z
-    if (langevin) {                 // z_rev = (y - y' - mu(y')) / eps
-      affine.latent_grad(g_new.data() + r * d, gy.data(), tmp.data());
-      for (int64_t i = 0; i < d; ++i) zr[i] = yr[i] - yn[i];
-      add_drift(yn, gy.data(), zr, -1.0);
-      for (int64_t i = 0; i < d; ++i) zr[i] /= eps;
-    } else {
-      for (int64_t i = 0; i < d; ++i) zr[i] = -zr[i];
-    }
-    for (int64_t k = substeps - 1; k >= 0; --k) coupling(k, yn, zr, log_det_r[r], true);
     double n0 = 0, n1 = 0;
     for (int64_t i = 0; i < d; ++i) {
       n0 += zs[r * d + i] * zs[r * d + i];
-      n1 += zr[i] * zr[i];
+      n1 += z[r * d + i] * z[r * d + i];
     }
     // flow_log_density, less log|det L| (Note [Affine preconditioner])
     qf[r] = -0.5 * n0 - log_det_f[r] - d_log_eps - affine.log_det;

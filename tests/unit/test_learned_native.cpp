@@ -120,16 +120,18 @@ TEST(NativeStep, TheCopyFollowsTheParameters) {
 
 TEST(NativeStep, ProposeTakesItExactlyWhereItApplies) {
   auto t = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.0}}, kF64);
-  at::Generator g0 = make_generator(2);
-  torch::Tensor x = t->sample(kNativeStepMaxRows + 1, g0);
-  const torch::Tensor grad = t->energy_and_grad(x).grad;
   auto s = sampler_for(5, Variant::kLangevin, Precondition::kDense, Activation::kElu, true, 3);
+  const int64_t most = kNativeStepMaxFlops / s->flops_per_step();  // rows
+  ASSERT_GT(most, 4);
+  at::Generator g0 = make_generator(2);
+  torch::Tensor x = t->sample(most + 1, g0);
+  const torch::Tensor grad = t->energy_and_grad(x).grad;
   torch::Tensor small = x.narrow(0, 0, 4);
   {
     torch::NoGradGuard no_grad;
     EXPECT_TRUE(s->native_step_applies(small));
-    EXPECT_TRUE(s->native_step_applies(x.narrow(0, 0, kNativeStepMaxRows)));
-    EXPECT_FALSE(s->native_step_applies(x));  // more rows than kNativeStepMaxRows
+    EXPECT_TRUE(s->native_step_applies(x.narrow(0, 0, most)));
+    EXPECT_FALSE(s->native_step_applies(x));  // more network flops than kNativeStepMaxFlops
     // propose() draws z0 from the generator and takes the native pass: bit for bit propose_native.
     at::Generator ga = make_generator(8), gb = make_generator(8);
     Proposed p = s->propose(*t, small, grad.narrow(0, 0, 4), ga, false);

@@ -21,7 +21,7 @@
 // chains' dtype before the target sees it, as the LibTorch path's x' is. The values agree with
 // propose_from to rounding (tests/unit/test_learned_native.cpp: 1e-12 in float64); the proposal
 // is the same Markov kernel. Taken by LearnedSamplerImpl::propose where it applies
-// (native_step_applies: a CPU batch of at most kNativeStepMaxRows rows, no autograd graph, the
+// (native_step_applies: a CPU batch of at most kNativeStepMaxFlops network flops, no autograd graph, the
 // gradient-free coupling variants (langevin, no-grad), GEMMs not asked to run in bfloat16); the
 // copy is remade when a parameter or buffer changed (their version counters and storage).
 // Training, the full variant and large batches (where LibTorch's GEMMs win) stay on LibTorch.
@@ -37,9 +37,14 @@ namespace nmcmc {
 
 class Target;
 
-/// Up to this many chains a sampling step takes the native pass (Note [The learned step's
-/// native pass]; above it LibTorch's GEMMs amortise their overhead: BENCHMARKS.md).
-constexpr int64_t kNativeStepMaxRows = 64;
+/// Up to this many network flops per step (chains x LearnedSamplerImpl::flops_per_step()) a
+/// sampling step takes the native pass (Note [The learned step's native pass]). Measured on a
+/// 2-vCPU Intel Xeon (AVX-512), per step, native / LibTorch: arK (D = 7, width 64) 136 / 427 us at
+/// 4 chains (0.45 Mflop), 1082 / 965 at 64 (7.2 Mflop); German (D = 25, width 128) 334 / 862 at 4
+/// (2 Mflop), 778 / 687 at 16 (8 Mflop); ICG (D = 100, width 256) 1024 / 613 at 4 (9.6 Mflop):
+/// above a few Mflop LibTorch's float32 GEMMs, which read half the bytes of weights and reuse
+/// them across rows, win.
+constexpr int64_t kNativeStepMaxFlops = 4'000'000;
 
 /// A StepMLP's weights (every sub-step's first and last layers, the shared middle layers) as
 /// float64 arrays, each layer [n_in, n_out] row-major (by input row).
@@ -49,8 +54,8 @@ struct NativeStepNet {
   bool tanh_last = false;
   std::vector<std::vector<double>> w_in, b_in, w_out, b_out;  // per sub-step
   std::vector<std::vector<double>> w_shared, b_shared;        // per shared layer
-  /// out [out] = net_k(in [in]) for one row; h1, h2: scratch of `hidden` doubles each.
-  void forward(int64_t k, const double* in, double* out, double* h1, double* h2) const;
+  /// out [R, out] = net_k(in [R, in]) for R rows; h1, h2: scratch of R `hidden` doubles each.
+  void forward(int64_t k, const double* in, int64_t rows, double* out, double* h1, double* h2) const;
 };
 
 /// The affine preconditioner x = m + L y as float64 arrays (Note [Affine preconditioner]).
