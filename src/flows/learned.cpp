@@ -416,7 +416,10 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
 bool LearnedSamplerImpl::native_step_applies(const torch::Tensor& x) const {
   return native_enabled_ && !torch::GradMode::is_enabled() && x.is_cpu() && x.dim() == 2 &&
          x.size(0) * flops_per_step() <= kNativeStepMaxFlops && options_.variant != Variant::kFull &&
-         options_.matmul != MatmulOption::kBFloat16 && log_eps_.is_cpu();
+         log_eps_.is_cpu() &&
+         // model.matmul auto, or native (the model's dtype) when that is float64 as the pass is
+         (options_.matmul == MatmulOption::kAuto ||
+          (options_.matmul == MatmulOption::kNative && log_eps_.scalar_type() == torch::kFloat64));
 }
 
 LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_native(Target& target, const torch::Tensor& x,

@@ -144,6 +144,11 @@ TEST(NativeStep, ProposeTakesItExactlyWhereItApplies) {
     s->set_native_step(true);
     s->set_matmul(MatmulOption::kBFloat16);  // asked for bfloat16 GEMMs: LibTorch's
     EXPECT_FALSE(s->native_step_applies(small));
+    s->set_matmul(MatmulOption::kNative);  // the model's dtype: float64, as the pass
+    EXPECT_TRUE(s->native_step_applies(small));
+    s->to(torch::kFloat32);  // float32 GEMMs asked for: LibTorch's
+    EXPECT_FALSE(s->native_step_applies(small.to(torch::kFloat32)));
+    s->to(torch::kFloat64);
     s->set_matmul(MatmulOption::kAuto);
     auto full = sampler_for(5, Variant::kFull, Precondition::kNone, Activation::kElu, false, 3);
     EXPECT_FALSE(full->native_step_applies(small));  // its couplings call the target

@@ -220,8 +220,9 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   Proposed propose_from(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0,
                         bool create_graph);
   /// Note [The learned step's native pass]: whether propose() takes it for a batch x (a CPU batch
-  /// of at most kNativeStepMaxFlops network flops, no autograd graph, the langevin or no-grad variant, GEMMs
-  /// not asked to run in bfloat16, and not switched off with set_native_step).
+  /// of at most kNativeStepMaxFlops network flops, no autograd graph, the langevin or no-grad
+  /// variant, model.matmul auto (or native for a float64 model: the pass runs in float64), and
+  /// not switched off with set_native_step).
   bool native_step_applies(const torch::Tensor& x) const;
   /// propose_from(target, x, grad, z0, false) by the native pass (the same kernel; the values
   /// agree to rounding). The variant must be langevin or no-grad and x on the CPU.

@@ -21,9 +21,10 @@
 // chains' dtype before the target sees it, as the LibTorch path's x' is. The values agree with
 // propose_from to rounding (tests/unit/test_learned_native.cpp: 1e-12 in float64); the proposal
 // is the same Markov kernel. Taken by LearnedSamplerImpl::propose where it applies
-// (native_step_applies: a CPU batch of at most kNativeStepMaxFlops network flops, no autograd graph, the
-// gradient-free coupling variants (langevin, no-grad), GEMMs not asked to run in bfloat16); the
-// copy is remade when a parameter or buffer changed (their version counters and storage).
+// (native_step_applies: a CPU batch of at most kNativeStepMaxFlops network flops, no autograd
+// graph, the gradient-free coupling variants (langevin, no-grad), model.matmul auto, or native
+// for a float64 model: a model told to multiply in bfloat16 or in float32 does so); the copy is
+// remade when a parameter or buffer changed (their version counters and storage).
 // Training, the full variant and large batches (where LibTorch's GEMMs win) stay on LibTorch.
 #include <torch/torch.h>
 
