@@ -243,7 +243,35 @@ def table(nuts_jsons, learned_json: str) -> str:
         out.append(f"| {p} | {dim} | {len(ok)} of {len(nuts)} / pass | {(l['ess_bulk_per_grad'] or 0) / g:.3g}x ({gm}) | "
                    f"{cg / _cost(l, 10000, 'grads'):.3g}x ({cgm}) | {cs / _cost(l, 10000, 'seconds'):.3g}x ({csm}) | "
                    f"{l.get('training_seconds', 0):.0f} ({l.get('stopped')}) | {fmt_be(beg)}; {fmt_be(bes)} |")
+    out.append("")
+    out += _goal_counts(runs, learned)
     return "\n".join(out) + "\n"
+
+
+def _goal_counts(runs, learned):
+    """Issue #35's goals counted: the learned sampler ahead per sampling gradient, and in seconds to
+    10,000 effective draws (all-in), against the best NUTS and against the first run given (NUTS
+    with Stan's settings: the diagonal metric). A posterior where the learned sampler fails counts
+    against it; one where no NUTS passes (or the first run has no row) is listed apart."""
+    lines = []
+    for name, pick in (("the best NUTS", runs), ("NUTS with Stan's settings (the first run given)", runs[:1])):
+        grad_wins, sec_wins, counted, without = [], [], 0, []
+        for p, l in learned.items():
+            ok = [r[p] for r in pick if p in r and r[p]["passes"]]
+            if not ok:
+                without.append(p)
+                continue
+            counted += 1
+            if not l["passes"]:
+                continue
+            if l["ess_bulk_per_grad"] > max(n["ess_bulk_per_grad"] or 0 for n in ok):
+                grad_wins.append(p)
+            if _cost(l, 10000, "seconds") < min(_cost(n, 10000, "seconds") for n in ok):
+                sec_wins.append(p)
+        lines.append(f"against {name}: ahead per sampling gradient on {len(grad_wins)} of {counted}; all-in in seconds to "
+                     f"10,000 effective draws on {len(sec_wins)} of {counted} ({', '.join(sec_wins) or 'none'})"
+                     + (f"; no passing NUTS run for {', '.join(without)}" if without else ""))
+    return lines
 
 
 def _median_range(values):

@@ -40,7 +40,7 @@ TrainConfig parse_train_config(const nlohmann::json& j);
 /// Langevin variant (one gradient per step) with the affine preconditioner, learned, the faster
 /// beta controller, and a budget sized to a user's posterior rather than the paper's GPU runs
 /// (5,000 steps at batch 8,192): batch 64, at most 3,000 steps, stopping when the proposal
-/// entropy has gained less than 0.01 nats per dimension over 300 steps, and after at most 90 s of
+/// entropy has gained less than 0.01 nats per dimension over 200 steps, and after at most 90 s of
 /// training steps. The preconditioner's warm-up runs in float64 whatever the model's dtype (a
 /// float32 warm-up ended at step sizes 50x smaller on correlated regressions; issue #35). The
 /// networks' width is sized to the posterior (model.hidden 0: default_hidden(D) = clamp(4 D, 64,
@@ -49,7 +49,10 @@ TrainConfig parse_train_config(const nlohmann::json& j);
 /// 2.5x the effective draws per second (the networks' GEMMs are most of a step's time). Batch 64
 /// rather than 256: over posteriordb's 16 the same plateau in a median 2.2x less time (a step's
 /// gradients cost 4x less where the target's gradient is dear: the mixture 95 s -> 30 s), the
-/// sampler a median 0.95x per gradient (BENCHMARKS.md).
+/// sampler a median 0.95x per gradient (BENCHMARKS.md). Patience 200 rather than 300: on eight
+/// posteriordb posteriors at two seeds the same sampler (bulk-ESS per sampling gradient 0.99x by
+/// the geometric mean, 0.73-1.42x pair by pair) after 0.75x the training time; 150 cost 0.90x
+/// (down to 0.56x on nes) for 0.65x (BENCHMARKS.md, "The learned step's native pass").
 nlohmann::json default_train_config();
 /// The networks' width for a D-dimensional posterior when a config gives model.hidden = 0.
 int64_t default_hidden(int64_t dim);
