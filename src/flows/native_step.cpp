@@ -95,6 +95,24 @@ void NativeStepNet::forward(int64_t k, const double* input, int64_t rows, double
   layer_rows(h1, rows, hidden, w_out[k].data(), b_out[k].data(), out, output);
 }
 
+namespace {
+/// out = in + ((in Q) coef) Q^T for one row (the low-rank factor I + Q diag(coef) Q^T; in and out
+/// may be the same row), Q [D, k] row-major; tmp: k doubles.
+void low_rank_factor(const double* in, double* out, const std::vector<double>& q, const std::vector<double>& coef,
+                     int64_t d, int64_t k, double* tmp) {
+  std::fill(tmp, tmp + k, 0.0);
+  for (int64_t i = 0; i < d; ++i) {
+    for (int64_t j = 0; j < k; ++j) tmp[j] += in[i] * q[i * k + j];
+  }
+  for (int64_t j = 0; j < k; ++j) tmp[j] *= coef[j];
+  for (int64_t i = 0; i < d; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < k; ++j) s += q[i * k + j] * tmp[j];
+    out[i] = in[i] + s;
+  }
+}
+}  // namespace
+
 void NativeAffine::to_latent(const double* x, double* y, double* tmp) const {
   const int64_t d = dim;
   switch (kind) {
@@ -112,20 +130,10 @@ void NativeAffine::to_latent(const double* x, double* y, double* tmp) const {
         y[i] = s / row[i];
       }
       return;
-    case Kind::kLowRank: {  // u = (x - m) / scale; y = u + ((u Q) (exp(-t) - 1)) Q^T
+    case Kind::kLowRank:  // u = (x - m) / scale; y = u + ((u Q) (exp(-t) - 1)) Q^T
       for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - m[i]) / scale[i];
-      std::fill(tmp, tmp + rank, 0.0);
-      for (int64_t i = 0; i < d; ++i) {
-        for (int64_t j = 0; j < rank; ++j) tmp[j] += y[i] * q[i * rank + j];
-      }
-      for (int64_t j = 0; j < rank; ++j) tmp[j] *= em1_nt[j];
-      for (int64_t i = 0; i < d; ++i) {
-        double s = 0;
-        for (int64_t j = 0; j < rank; ++j) s += q[i * rank + j] * tmp[j];
-        y[i] += s;
-      }
+      low_rank_factor(y, y, q, em1_nt, d, rank, tmp);
       return;
-    }
   }
 }
 
@@ -146,19 +154,10 @@ void NativeAffine::from_latent(const double* y, double* x, double* tmp) const {
         x[i] = m[i] + s;
       }
       return;
-    case Kind::kLowRank: {  // x = m + (y + ((y Q) (exp(t) - 1)) Q^T) scale
-      std::fill(tmp, tmp + rank, 0.0);
-      for (int64_t i = 0; i < d; ++i) {
-        for (int64_t j = 0; j < rank; ++j) tmp[j] += y[i] * q[i * rank + j];
-      }
-      for (int64_t j = 0; j < rank; ++j) tmp[j] *= em1_t[j];
-      for (int64_t i = 0; i < d; ++i) {
-        double s = 0;
-        for (int64_t j = 0; j < rank; ++j) s += q[i * rank + j] * tmp[j];
-        x[i] = m[i] + (y[i] + s) * scale[i];
-      }
+    case Kind::kLowRank:  // x = m + (y + ((y Q) (exp(t) - 1)) Q^T) scale
+      low_rank_factor(y, x, q, em1_t, d, rank, tmp);
+      for (int64_t i = 0; i < d; ++i) x[i] = m[i] + x[i] * scale[i];
       return;
-    }
   }
 }
 
@@ -178,20 +177,10 @@ void NativeAffine::latent_grad(const double* g, double* gy, double* tmp) const {
         for (int64_t j = 0; j <= i; ++j) gy[j] += row[j] * g[i];
       }
       return;
-    case Kind::kLowRank: {  // v = g scale; gy = v + ((v Q) (exp(t) - 1)) Q^T
+    case Kind::kLowRank:  // v = g scale; gy = v + ((v Q) (exp(t) - 1)) Q^T
       for (int64_t i = 0; i < d; ++i) gy[i] = g[i] * scale[i];
-      std::fill(tmp, tmp + rank, 0.0);
-      for (int64_t i = 0; i < d; ++i) {
-        for (int64_t j = 0; j < rank; ++j) tmp[j] += gy[i] * q[i * rank + j];
-      }
-      for (int64_t j = 0; j < rank; ++j) tmp[j] *= em1_t[j];
-      for (int64_t i = 0; i < d; ++i) {
-        double s = 0;
-        for (int64_t j = 0; j < rank; ++j) s += q[i * rank + j] * tmp[j];
-        gy[i] += s;
-      }
+      low_rank_factor(gy, gy, q, em1_t, d, rank, tmp);
       return;
-    }
   }
 }
 
