@@ -450,27 +450,23 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_native(Target& target, 
     na.dim = d;
     if (preconditioned()) {
       auto f64 = [](const torch::Tensor& t) { return t.defined() ? t.detach().to(torch::kCPU, torch::kFloat64) : t; };
-      auto rows = [](const torch::Tensor& t) {
-        torch::Tensor c = t.contiguous();
-        return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-      };
       Affine a = model_affine(f64(pre_shift_), f64(pre_base_), f64(pre_log_scale_), f64(pre_lower_),
                               options_.learn_precondition, f64(pre_directions_), f64(pre_log_eigen_));
-      na.m = rows(a.m);
+      na.m = native_rows(a.m);
       na.log_det = a.log_det.item<double>();
       if (a.lowrank()) {
         na.kind = NativeAffine::Kind::kLowRank;
         na.rank = a.q.size(1);
-        na.scale = rows(a.scale);
-        na.q = rows(a.q);
-        na.em1_t = rows(torch::expm1(a.t));
-        na.em1_nt = rows(torch::expm1(-a.t));
+        na.scale = native_rows(a.scale);
+        na.q = native_rows(a.q);
+        na.em1_t = native_rows(torch::expm1(a.t));
+        na.em1_nt = native_rows(torch::expm1(-a.t));
       } else if (a.dense()) {
         na.kind = NativeAffine::Kind::kDense;
-        na.lower = rows(a.l2.defined() ? a.l.matmul(a.l2) : a.l);
+        na.lower = native_rows(a.l2.defined() ? a.l.matmul(a.l2) : a.l);
       } else {
         na.kind = NativeAffine::Kind::kDiag;
-        na.scale = rows(a.scale);
+        na.scale = native_rows(a.scale);
       }
     }
     native_ = std::move(n);

@@ -71,17 +71,16 @@ void activate_row(double* h, int64_t n, Activation a) {
   }
 }
 
-/// A [C, D] tensor as contiguous float64 rows.
-std::vector<double> rows_of(const torch::Tensor& t) {
-  torch::Tensor c = t.to(torch::kCPU, torch::kFloat64).contiguous();
-  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-}
-
 /// Rows as a [rows, cols] tensor of its own (copy = true: a float64 result must not alias v).
 torch::Tensor tensor_of(const std::vector<double>& v, int64_t rows, int64_t cols, const torch::TensorOptions& options) {
   return torch::from_blob(const_cast<double*>(v.data()), {rows, cols}, torch::kFloat64).to(options, false, true);
 }
 }  // namespace
+
+std::vector<double> native_rows(const torch::Tensor& t) {
+  torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat64).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
 
 void NativeStepNet::forward(int64_t k, const double* input, int64_t rows, double* output, double* h1, double* h2) const {
   const size_t shared = w_shared.size();
@@ -193,8 +192,8 @@ Proposed NativeLearnedStep::propose(Target& target, const torch::Tensor& x, cons
               d, "]");
   const double eps = std::exp(log_eps), eps_sub = eps / static_cast<double>(substeps);
   const double d_log_eps = static_cast<double>(d) * log_eps;
-  const std::vector<double> xs = rows_of(x), zs = rows_of(z0);
-  const std::vector<double> gs = langevin ? rows_of(grad) : std::vector<double>();
+  const std::vector<double> xs = native_rows(x), zs = native_rows(z0);
+  const std::vector<double> gs = langevin ? native_rows(grad) : std::vector<double>();
   const int64_t width = std::max<int64_t>({sqt.hidden, drift.hidden, 1});
   const int64_t scratch = std::max<int64_t>({d, affine.rank, 1});
   std::vector<double> y(c * d), z(c * d), y_new(c * d), x_new(c * d), gy(c * d), input(c * sqt.in);
@@ -247,7 +246,7 @@ Proposed NativeLearnedStep::propose(Target& target, const torch::Tensor& x, cons
     EnergyGrad eg = target.energy_and_grad(p.x_new);
     p.energy_new = eg.energy;
     p.grad_new = eg.grad;
-    g_new = rows_of(eg.grad);
+    g_new = native_rows(eg.grad);
   } else {
     p.energy_new = target.energy(p.x_new);
   }

@@ -93,10 +93,6 @@ torch::Tensor StepMLPImpl::forward(int64_t k, const torch::Tensor& input) {
 }
 
 NativeStepNet StepMLPImpl::native() const {
-  auto rows = [](const torch::Tensor& t) {  // float64, row-major
-    torch::Tensor c = t.detach().to(torch::kCPU, torch::kFloat64).contiguous();
-    return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  };
   NativeStepNet n;
   n.in = in_;
   n.hidden = hidden_;
@@ -104,14 +100,14 @@ NativeStepNet StepMLPImpl::native() const {
   n.activation = activation_;
   n.tanh_last = tanh_last_;
   for (size_t k = 0; k < w_in_.size(); ++k) {
-    n.w_in.push_back(rows(w_in_[k]));  // [in, H]
-    n.b_in.push_back(rows(b_in_[k]));
-    n.w_out.push_back(rows(w_out_[k]));  // [H, out]
-    n.b_out.push_back(rows(b_out_[k]));
+    n.w_in.push_back(native_rows(w_in_[k]));  // [in, H]
+    n.b_in.push_back(native_rows(b_in_[k]));
+    n.w_out.push_back(native_rows(w_out_[k]));  // [H, out]
+    n.b_out.push_back(native_rows(b_out_[k]));
   }
   for (const auto& layer : shared_) {
-    n.w_shared.push_back(rows(layer->weight.t()));  // torch::nn::Linear's [out, in], by input row
-    n.b_shared.push_back(rows(layer->bias));
+    n.w_shared.push_back(native_rows(layer->weight.t()));  // torch::nn::Linear's [out, in], by input row
+    n.b_shared.push_back(native_rows(layer->bias));
   }
   return n;
 }

@@ -47,6 +47,10 @@ class Target;
 /// them across rows, win.
 constexpr int64_t kNativeStepMaxFlops = 4'000'000;
 
+/// A tensor's values as float64 in row-major order (detached, on the CPU): how the native
+/// passes copy weights and rows.
+std::vector<double> native_rows(const torch::Tensor& t);
+
 /// A StepMLP's weights (every sub-step's first and last layers, the shared middle layers) as
 /// float64 arrays, each layer [n_in, n_out] row-major (by input row).
 struct NativeStepNet {
