@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/blas_check.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/tensor_options.hpp"
@@ -56,7 +57,8 @@ std::string version_text(bool measure_blas) {
   auto report = check_blas(measure_blas);
   std::string blas = report.library.empty() ? "unknown" : report.library;
   if (measure_blas) blas += fmt::format(" ({:.1f} GFLOP/s on a 512x512 sgemm, {} threads)", report.gflops, torch::get_num_threads());
-  return fmt::format("nmcmc {}\nLibTorch {}\nBLAS: {}\nmalloc: {}", NMCMC_VERSION, TORCH_VERSION, blas, tune_allocator().message);
+  return fmt::format("nmcmc {}\nLibTorch {}\nBLAS: {}\nOpenBLAS kernels: {}\nmalloc: {}", NMCMC_VERSION, TORCH_VERSION, blas,
+                     blas_kernels().describe(), tune_allocator().message);
 }
 
 void TargetArgs::add(CLI::App* cmd) {

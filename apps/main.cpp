@@ -5,6 +5,7 @@
 
 #include "cli.hpp"
 #include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/process/figures.hpp"
 #include "nmcmc/process/gemm.hpp"
@@ -16,6 +17,7 @@ void draw_figures(const std::vector<nmcmc::cli::Command>& commands, std::filesys
 }
 
 int main(int argc, char** argv) {
+  nmcmc::use_best_blas_kernels(argv);  // Note [OpenBLAS's kernels]: may run this program again
   using namespace nmcmc::cli;
   // A second before now: file times come from a coarse clock, a spec written at once may carry
   // an older stamp; a spec written within the second before is drawn again (harmless).

@@ -12,13 +12,12 @@ import statistics
 import sys
 import time
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "posteriordb"))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
-import nmcmc  # noqa: E402
+import nmcmc  # noqa: E402  (before torch: Note [OpenBLAS's kernels])
+import torch  # noqa: E402
 import ports  # noqa: E402
 import posteriordb  # noqa: E402
 

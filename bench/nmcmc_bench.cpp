@@ -11,6 +11,7 @@
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
 #include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/gemm.hpp"
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
@@ -68,6 +69,7 @@ struct LearnedSetup {
 };
 
 int main(int argc, char** argv) {
+  nmcmc::use_best_blas_kernels(argv);  // Note [OpenBLAS's kernels], as the nmcmc program
   nmcmc::tune_allocator();  // Note [Allocator policy], as the nmcmc program
   nmcmc::warn_gemm_environment();
   CLI::App app{"nmcmc speed benchmarks"};

@@ -32,9 +32,14 @@ import os
 import sys
 import time
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
+try:  # before torch, so that it can choose OpenBLAS's kernels (Note [OpenBLAS's kernels])
+    import nmcmc  # noqa: F401
+except ImportError:  # `export` needs only torch
+    pass
+import torch  # noqa: E402
+
 sys.path.insert(0, os.path.join(HERE, "..", "posteriordb"))
 import ports  # noqa: E402
 
@@ -83,7 +88,6 @@ def moments_check(summary: dict, ref: dict, mcse_z: float = 5.0, sd_tol: float =
 
 
 def check(args) -> int:
-    sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
     import nmcmc
     rows, failed = [], 0
     for p in args.only or ports.PORTS:

@@ -31,16 +31,78 @@ import time as _time
 import warnings as _warnings
 from typing import List as _List, Optional as _Optional
 
+
+
+def _choose_blas_kernels() -> None:
+    """Note [OpenBLAS's kernels] (apps/process/nmcmc/process/blas_kernels.hpp): a DYNAMIC_ARCH
+    OpenBLAS picks its kernels when it loads, and falls back to SSE3 ones ("Prescott") on a CPU
+    model newer than itself, running every GEMM ~3x slower. Only OPENBLAS_CORETYPE, read when the
+    library loads, overrides that: so before LibTorch (and its OpenBLAS) loads here, a child
+    process reports the kernels OpenBLAS would take and, where this CPU runs better ones, the
+    variable is set for this process. Nothing is done where torch is already imported (too late:
+    `nmcmc.blas_kernels()` says so) or where the user set OPENBLAS_CORETYPE."""
+    if "torch" in _sys.modules or _os.environ.get("OPENBLAS_CORETYPE"):
+        return
+    try:
+        flags = set()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+            best, rank = ("Cooperlake" if "avx512_bf16" in flags else "SkylakeX"), 3
+        elif {"avx2", "fma"} <= flags:
+            best, rank = "Haswell", 2
+        elif "avx" in flags:
+            best, rank = "SandyBridge", 1
+        else:
+            return
+        import subprocess
+        probe = ("import ctypes\n"
+                 "b = ctypes.CDLL('libblas.so.3')\n"
+                 "n = getattr(b, 'openblas_get_corename', None); c = getattr(b, 'openblas_get_config', None)\n"
+                 "if n and c:\n"
+                 "    n.restype = c.restype = ctypes.c_char_p\n"
+                 "    print(n().decode() if b'DYNAMIC_ARCH' in c() else '')\n")
+        loaded = subprocess.run([_sys.executable, "-c", probe], capture_output=True, text=True,
+                                timeout=30).stdout.strip()
+    except Exception:  # no /proc, no libblas.so.3, a probe that failed: leave OpenBLAS as it is
+        return
+    ranks = {"sapphirerapids": 3, "cooperlake": 3, "skylakex": 3, "haswell": 2, "zen": 2, "excavator": 2,
+             "sandybridge": 1, "bulldozer": 1, "piledriver": 1, "steamroller": 1}
+    sse_only = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai", "coppermine",
+                "northwood", "banias", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "nano"}
+    have = ranks.get(loaded.lower(), 0 if loaded.lower() in sse_only else None)
+    if have is not None and rank > have:
+        _os.environ["OPENBLAS_CORETYPE"] = best
+        _os.environ["NMCMC_BLAS_CORE_FROM"] = loaded
+
+
+_choose_blas_kernels()
+
 import torch  # before _nmcmc: it loads the LibTorch both share
 
 from . import _nmcmc as _C
 
 __version__ = _C.version()
 __all__ = ["Target", "target", "from_module", "from_function", "targets", "sample", "Run", "train", "Model", "report",
-           "compare", "UsageError", "DataError"]
+           "compare", "blas_kernels", "UsageError", "DataError"]
 
 UsageError = _C.UsageError
 DataError = _C.DataError
+
+
+def blas_kernels() -> str:
+    """The kernels OpenBLAS runs in this process, and what this CPU would run better
+    (Note [OpenBLAS's kernels]); e.g. 'Cooperlake (chosen by nmcmc over Prescott, ...)'."""
+    return _C.blas_kernels()[2]
+
+
+if _C.blas_kernels()[1]:
+    _warnings.warn(f"nmcmc: OpenBLAS runs {_C.blas_kernels()[0]} kernels, and this CPU runs "
+                   f"{_C.blas_kernels()[1]}: matrix products ~3x slower. Set OPENBLAS_CORETYPE="
+                   f"{_C.blas_kernels()[1]} before Python starts, or import nmcmc before torch.", stacklevel=2)
 
 
 def _dtype_name(dtype) -> _Optional[str]:

@@ -12,6 +12,7 @@
 #include "nmcmc/nmcmc.hpp"
 #include "nmcmc/services/compare.hpp"
 #include "nmcmc/process/allocator.hpp"
+#include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/figures.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/version.hpp"
@@ -193,6 +194,10 @@ PYBIND11_MODULE(_nmcmc, m) {
   });
   m.def("report", &report, py::arg("run_dir"), py::arg("output") = py::none());
   m.def("version", [] { return std::string(NMCMC_VERSION); });
+  m.def("blas_kernels", [] {  // Note [OpenBLAS's kernels]
+    const nmcmc::BlasKernels k = nmcmc::blas_kernels();
+    return py::make_tuple(k.loaded, k.better, k.describe());
+  });
   m.def("torch_version", [] { return std::string(TORCH_VERSION); });
   m.def("targets", [] {
     json out = json::array();

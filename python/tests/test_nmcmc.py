@@ -8,9 +8,9 @@ import subprocess
 from typing import List
 
 import pytest
-import torch
 
-import nmcmc
+import nmcmc  # before torch: Note [OpenBLAS's kernels]
+import torch
 
 CLI = os.environ.get("NMCMC_CLI", "build/nmcmc")
 

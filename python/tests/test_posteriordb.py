@@ -14,9 +14,9 @@ import os
 import sys
 
 import pytest
-import torch
 
-import nmcmc
+import nmcmc  # before torch: Note [OpenBLAS's kernels]
+import torch
 
 ROOT = os.environ.get("NMCMC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "posteriordb"))

@@ -13,6 +13,7 @@
 #include <torch/script.h>
 
 #include "nmcmc/io/stan_csv.hpp"
+#include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace fs = std::filesystem;
@@ -61,6 +62,41 @@ TEST(Cli, HelpOnEveryCommand) {
   for (const char* name : {"icg", "scg", "rotated_icg", "spiked", "funnel", "moon", "logistic", "gaussian"}) {
     EXPECT_NE(t.out.find(name), std::string::npos) << name;
   }
+}
+
+// Note [OpenBLAS's kernels]: the kernels to use instead of OpenBLAS's own pick, by the CPU's vector
+// instructions; never a name it cannot rank, never a downgrade.
+TEST(BlasKernels, ABetterCoreOnlyWhereTheCpuRunsWiderVectors) {
+  nmcmc::CpuVectorSupport avx512{true, true, true, false}, bf16{true, true, true, true}, avx2{true, true, false, false},
+      sse{};
+  EXPECT_EQ(nmcmc::better_blas_core("Prescott", bf16), "Cooperlake");
+  EXPECT_EQ(nmcmc::better_blas_core("Prescott", avx512), "SkylakeX");
+  EXPECT_EQ(nmcmc::better_blas_core("Nehalem", avx2), "Haswell");
+  EXPECT_EQ(nmcmc::better_blas_core("Sandybridge", avx2), "Haswell");
+  EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx512), "SkylakeX");
+  EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx2), "");
+  EXPECT_EQ(nmcmc::better_blas_core("SkylakeX", bf16), "");  // the same width: left as it is
+  EXPECT_EQ(nmcmc::better_blas_core("SapphireRapids", bf16), "");
+  EXPECT_EQ(nmcmc::better_blas_core("ZEN", avx2), "");
+  EXPECT_EQ(nmcmc::better_blas_core("Prescott", sse), "");
+  EXPECT_EQ(nmcmc::better_blas_core("NeoverseN1", bf16), "");  // a name it does not know
+  EXPECT_EQ(nmcmc::better_blas_core("", bf16), "");
+}
+
+// The program runs with kernels as good as the CPU's (it chose them itself where OpenBLAS did not),
+// and leaves a user's OPENBLAS_CORETYPE as it is, saying what the CPU would run.
+TEST(Cli, VersionSaysWhichOpenBlasKernelsRun) {
+  const nmcmc::BlasKernels here = nmcmc::blas_kernels();
+  if (here.loaded.empty() && here.chosen_over.empty()) GTEST_SKIP() << "not a DYNAMIC_ARCH OpenBLAS";
+  CliRun v = run_with_prefix("env -u OPENBLAS_CORETYPE -u NMCMC_BLAS_CORE_FROM ", "--version");
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find("OpenBLAS kernels: "), std::string::npos) << v.out;
+  EXPECT_EQ(v.out.find("this CPU runs"), std::string::npos) << v.out;
+  const std::string weak = nmcmc::better_blas_core("Prescott", nmcmc::cpu_vector_support());
+  CliRun kept = run_with_prefix("OPENBLAS_CORETYPE=Prescott ", "--version");
+  EXPECT_EQ(kept.code, 0) << kept.out;
+  EXPECT_NE(kept.out.find("OpenBLAS kernels: Prescott"), std::string::npos) << kept.out;
+  if (!weak.empty()) EXPECT_NE(kept.out.find("this CPU runs " + weak), std::string::npos) << kept.out;
 }
 
 // `nmcmc info` and `--version` say how this process multiplies and allocates (Note [oneDNN GEMM],
