@@ -16,6 +16,11 @@ AUTHORS=${1:?give a checkout of NEM-MC/Entropy-NeuralMC}
 OUT=${2:-bench/out/side_by_side.jsonl}
 BENCH=${BENCH:-build/bench/nmcmc_bench}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# The same OpenBLAS kernels on both sides: the ones nmcmc runs with (Note [OpenBLAS's kernels]: it
+# chooses better ones where OpenBLAS fell back to SSE3 kernels; the authors' Python does not).
+OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$(build/nmcmc --version | sed -n 's/^OpenBLAS kernels: \([A-Za-z0-9]*\).*/\1/p')}
+export OPENBLAS_CORETYPE
+echo "OpenBLAS kernels on both sides: ${OPENBLAS_CORETYPE:-OpenBLAS's own choice}" >&2
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
 for round in 1 2 3; do

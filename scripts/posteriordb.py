@@ -365,6 +365,66 @@ def metrics_table(jsons) -> str:
     return "\n".join(out) + "\n"
 
 
+def pairs_table(directory: str) -> str:
+    """bench/posteriordb_pairs.sh's runs: per posterior, NUTS's (Stan's settings) all-in seconds to
+    10,000 effective draws over the learned sampler's, pair by pair (one round: the two runs back to
+    back), the median over rounds and its range; the count of posteriors where the learned sampler
+    is ahead by the median. A pair where either run fails the moment checks has no ratio; a
+    posterior where only NUTS fails in every round counts for the learned sampler (as in `table`)."""
+    import glob
+    import re
+    import statistics
+    runs = {}
+    for f in glob.glob(os.path.join(directory, "*_r*.json")):
+        m = re.match(r"(learned|nuts)_(.+)_r(\d+)\.json$", os.path.basename(f))
+        if m:
+            rows = json.load(open(f))
+            if rows:
+                runs[(m.group(1), m.group(2), int(m.group(3)))] = rows[0]
+    posteriors = sorted({k[1] for k in runs}, key=lambda p: list(ports.PORTS).index(p) if p in ports.PORTS else 99)
+    out = ["| posterior | rounds | learned: 10k ESS all-in, s (median) | NUTS, Stan's settings: the same (median) | "
+           "NUTS / learned, pair by pair: median (range) | ahead |", "|---|---|---|---|---|---|"]
+    ahead, counted = [], 0
+    for p in posteriors:
+        rounds = sorted({k[2] for k in runs if k[1] == p})
+        ratios, secs_l, secs_n, nuts_failed, learned_failed = [], [], [], 0, 0
+        for r in rounds:
+            lr, nr = runs.get(("learned", p, r)), runs.get(("nuts", p, r))
+            if lr is None or nr is None:
+                continue
+            if not lr.get("passes"):
+                learned_failed += 1
+                continue
+            secs_l.append(lr["seconds_for_10000"])
+            if not nr.get("passes"):
+                nuts_failed += 1
+                continue
+            secs_n.append(nr["seconds_for_10000"])
+            ratios.append(nr["seconds_for_10000"] / lr["seconds_for_10000"])
+        counted += 1
+        if not secs_l and not ratios:
+            out.append(f"| {p} | {len(rounds)} | failed the moment checks | | | no |")
+            continue
+        if ratios:
+            med = statistics.median(ratios)
+            win = med > 1
+            cell = f"{med:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            if nuts_failed or learned_failed:
+                cell += f"; NUTS failed in {nuts_failed}, learned in {learned_failed} round(s)"
+        else:
+            win = True
+            cell = "NUTS failed the moment checks in every round"
+        if win:
+            ahead.append(p)
+        out.append(f"| {p} | {len(rounds)} | {statistics.median(secs_l):.2f} | "
+                   f"{statistics.median(secs_n):.2f} | {cell} | {'yes' if win else 'no'} |" if secs_n else
+                   f"| {p} | {len(rounds)} | {statistics.median(secs_l):.2f} | failed | {cell} | {'yes' if win else 'no'} |")
+    out.append("")
+    out.append(f"the learned sampler ahead of NUTS with Stan's settings, all-in seconds to 10,000 effective draws, "
+               f"by the median pair: {len(ahead)} of {counted} ({', '.join(ahead) or 'none'})")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -399,6 +459,8 @@ def main() -> int:
     t.add_argument("more_nuts_json", nargs="*", help="NUTS runs with other metrics: the best is the yardstick")
     mt = sub.add_parser("metrics")
     mt.add_argument("jsons", nargs="+", help="NUTS check --json runs, Stan's diagonal metric first")
+    pr = sub.add_parser("pairs")
+    pr.add_argument("directory", help="bench/posteriordb_pairs.sh's output")
     tt = sub.add_parser("transport")
     tt.add_argument("flow_json", help="a NUTS check --json run with --transport flow")
     tt.add_argument("nuts_jsons", nargs="+", help="NUTS runs without it (one per metric): the best is the yardstick")
@@ -422,6 +484,8 @@ def main() -> int:
         print(table([a.nuts_json] + a.more_nuts_json, a.learned_json), end="")
     elif a.cmd == "metrics":
         print(metrics_table(a.jsons), end="")
+    elif a.cmd == "pairs":
+        print(pairs_table(a.directory), end="")
     elif a.cmd == "transport":
         print(transport_table(a.flow_json, a.nuts_jsons), end="")
     return 0
