@@ -384,7 +384,7 @@ def pairs_table(directory: str) -> str:
     posteriors = sorted({k[1] for k in runs}, key=lambda p: list(ports.PORTS).index(p) if p in ports.PORTS else 99)
     out = ["| posterior | rounds | learned: 10k ESS all-in, s (median) | NUTS, Stan's settings: the same (median) | "
            "NUTS / learned, pair by pair: median (range) | ahead |", "|---|---|---|---|---|---|"]
-    ahead, counted = [], 0
+    ahead, level, counted = [], [], 0
     for p in posteriors:
         rounds = sorted({k[2] for k in runs if k[1] == p})
         ratios, secs_l, secs_n, nuts_failed, learned_failed = [], [], [], 0, 0
@@ -408,7 +408,9 @@ def pairs_table(directory: str) -> str:
         if ratios:
             med = statistics.median(ratios)
             win = med > 1
-            cell = f"{med:.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            cell = f"{med:.3f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            if abs(med - 1) < 0.05:
+                level.append(p)
             if nuts_failed or learned_failed:
                 cell += f"; NUTS failed in {nuts_failed}, learned in {learned_failed} round(s)"
         else:
@@ -421,7 +423,8 @@ def pairs_table(directory: str) -> str:
                    f"| {p} | {len(rounds)} | {statistics.median(secs_l):.2f} | failed | {cell} | {'yes' if win else 'no'} |")
     out.append("")
     out.append(f"the learned sampler ahead of NUTS with Stan's settings, all-in seconds to 10,000 effective draws, "
-               f"by the median pair: {len(ahead)} of {counted} ({', '.join(ahead) or 'none'})")
+               f"by the median pair: {len(ahead)} of {counted} ({', '.join(ahead) or 'none'}); "
+               f"level within 5 % by the median pair: {', '.join(level) or 'none'}")
     return "\n".join(out) + "\n"
 
 
