@@ -8,8 +8,11 @@
 # tables: NUTS's metrics against Stan's diagonal one, NUTS through the flow transport (--transport
 # flow) against the best NUTS without it, and the learned sampler against the best NUTS.
 # Usage: bash bench/posteriordb.sh [OUT] [--only P ...]   (hours on a 2-vCPU machine: the
-# correlated regressions run NUTS with a diagonal metric at its tree-depth limit). Runs two
-# processes at a time, one thread each; a JSON already in OUT is kept (delete it to run again).
+# correlated regressions run NUTS with a diagonal metric at its tree-depth limit). Runs one
+# process at a time (two side by side on 2 vCPUs share the cores with OpenBLAS's own threads: a
+# run's seconds then depend on what runs beside it); a JSON already in OUT is kept (delete it to
+# run again). The wall-time yardstick of issue #35 is bench/posteriordb_pairs.sh (pair by pair: this
+# machine's speed drifts between whole-suite runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/out/posteriordb}
@@ -21,10 +24,12 @@ check() {  # NAME ARGS...: one check run into OUT/NAME.json unless it is there
   shift
   [ -f "$OUT/$name.json" ] || /usr/bin/python3 scripts/posteriordb.py check --json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 || true
 }
-(check nuts_diag --sampler nuts --metric diag "$@"; check nuts_fisher-lowrank --sampler nuts --metric fisher-lowrank "$@"; check learned --sampler learned "$@") &
-(check nuts_fisher-diag --sampler nuts --metric fisher-diag "$@"; check nuts_dense --sampler nuts --metric dense "$@"
- check nuts_flow --sampler nuts --metric diag --transport flow "$@") &
-wait
+check learned --sampler learned "$@"
+check nuts_diag --sampler nuts --metric diag "$@"
+check nuts_fisher-lowrank --sampler nuts --metric fisher-lowrank "$@"
+check nuts_dense --sampler nuts --metric dense "$@"
+check nuts_fisher-diag --sampler nuts --metric fisher-diag "$@"
+check nuts_flow --sampler nuts --metric diag --transport flow "$@"
 echo "# $(date -u +%F) commit $(git rev-parse --short HEAD), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -qw amx_bf16 /proc/cpuinfo && echo AMX || echo 'no AMX')"
 echo "## NUTS's metrics"
 /usr/bin/python3 scripts/posteriordb.py metrics "$OUT/nuts_diag.json" "$OUT/nuts_fisher-diag.json" "$OUT/nuts_fisher-lowrank.json" "$OUT/nuts_dense.json"
