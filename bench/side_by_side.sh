@@ -20,7 +20,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 # chooses better ones where OpenBLAS fell back to SSE3 kernels; the authors' Python does not).
 OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$(build/nmcmc --version | sed -n 's/^OpenBLAS kernels: \([A-Za-z0-9]*\).*/\1/p')}
 export OPENBLAS_CORETYPE
-echo "OpenBLAS kernels on both sides: ${OPENBLAS_CORETYPE:-OpenBLAS's own choice}" >&2
+echo "OpenBLAS kernels on both sides: ${OPENBLAS_CORETYPE:-as OpenBLAS picks them}" >&2
 mkdir -p "$(dirname "$OUT")"
 : > "$OUT"
 for round in 1 2 3; do
