@@ -46,8 +46,10 @@ CpuVectorSupport cpu_vector_support() {
 }
 
 std::string better_blas_core(const std::string& loaded, const CpuVectorSupport& cpu) {
-  const int have = core_rank(loaded);
-  if (have < 0) return "";
+  // Only OpenBLAS's SSE-only fallback is replaced: a CPU it recognised (Haswell, Zen, ...) keeps
+  // the kernels it chose for it, even where wider ones would run (an AMD Zen 4 with AVX-512).
+  if (core_rank(loaded) != 0) return "";
+  const int have = 0;
   std::string best;
   int rank = -1;
   if (cpu.avx512) {

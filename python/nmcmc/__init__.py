@@ -38,8 +38,8 @@ def _choose_blas_kernels() -> None:
     OpenBLAS picks its kernels when it loads, and falls back to SSE3 ones ("Prescott") on a CPU
     model newer than itself, running every GEMM ~3x slower. Only OPENBLAS_CORETYPE, read when the
     library loads, overrides that: so before LibTorch (and its OpenBLAS) loads here, a child
-    process reports the kernels OpenBLAS would take and, where this CPU runs better ones, the
-    variable is set for this process. Nothing is done where torch is already imported (too late:
+    process reports the kernels OpenBLAS would take and, where they are its SSE-only fallback and
+    this CPU runs AVX or wider, the variable is set for this process. Nothing is done where torch is already imported (too late:
     `nmcmc.blas_kernels()` says so) or where the user set OPENBLAS_CORETYPE."""
     if "torch" in _sys.modules or _os.environ.get("OPENBLAS_CORETYPE"):
         return
@@ -51,11 +51,11 @@ def _choose_blas_kernels() -> None:
                     flags = set(line.split(":", 1)[1].split())
                     break
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-            best, rank = ("Cooperlake" if "avx512_bf16" in flags else "SkylakeX"), 3
+            best = "Cooperlake" if "avx512_bf16" in flags else "SkylakeX"
         elif {"avx2", "fma"} <= flags:
-            best, rank = "Haswell", 2
+            best = "Haswell"
         elif "avx" in flags:
-            best, rank = "SandyBridge", 1
+            best = "SandyBridge"
         else:
             return
         import subprocess
@@ -69,16 +69,15 @@ def _choose_blas_kernels() -> None:
                                 timeout=30).stdout.strip()
     except Exception:  # no /proc, no libblas.so.3, a probe that failed: leave OpenBLAS as it is
         return
-    ranks = {"sapphirerapids": 3, "cooperlake": 3, "skylakex": 3, "haswell": 2, "zen": 2, "excavator": 2,
-             "sandybridge": 1, "bulldozer": 1, "piledriver": 1, "steamroller": 1}
     sse_only = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai", "coppermine",
                 "northwood", "banias", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "nano"}
-    have = ranks.get(loaded.lower(), 0 if loaded.lower() in sse_only else None)
-    if have is not None and rank > have:
+    if loaded.lower() in sse_only:  # OpenBLAS's fallback for a CPU it does not know; a core it chose stays
         _os.environ["OPENBLAS_CORETYPE"] = best
         _os.environ["NMCMC_BLAS_CORE_FROM"] = loaded
 
 
+# A user's own OPENBLAS_CORETYPE (not one nmcmc set in a parent process) is their choice: no warning.
+_user_coretype = bool(_os.environ.get("OPENBLAS_CORETYPE")) and not _os.environ.get("NMCMC_BLAS_CORE_FROM")
 _choose_blas_kernels()
 
 import torch  # before _nmcmc: it loads the LibTorch both share
@@ -99,7 +98,7 @@ def blas_kernels() -> str:
     return _C.blas_kernels()[2]
 
 
-if _C.blas_kernels()[1]:
+if _C.blas_kernels()[1] and not _user_coretype:
     _warnings.warn(f"nmcmc: OpenBLAS runs {_C.blas_kernels()[0]} kernels, and this CPU runs "
                    f"{_C.blas_kernels()[1]}: matrix products ~3x slower. Set OPENBLAS_CORETYPE="
                    f"{_C.blas_kernels()[1]} before Python starts, or import nmcmc before torch.", stacklevel=2)

@@ -147,12 +147,15 @@ def test_training_through_the_flow_starts_its_rounds_again_where_the_chains_arri
 
 
 def test_transport_drops_transient_states_from_the_fits_pool():
-    # Note [Transient states in the pool] (services/transport.cpp): on earnings at seed 1 the base
-    # estimated from all the pool's states fits them ~240x worse than the base from the last two
+    # Note [Transient states in the pool] (services/transport.cpp): on earnings at seed 7 the base
+    # estimated from all the pool's states fits them 280-1550x worse than the base from the last two
     # rounds' states fits theirs (above 100x: the older rounds leave the pool), and the last fit
-    # ends near the affine map's loss (it ended at 0.14 per coordinate when they stayed).
+    # ends near the affine map's loss (it ended at 0.14 per coordinate when they stayed). The
+    # trajectory depends on the GEMM kernels and LibTorch's thread count (their sums' order): seed 7
+    # drops a round under OpenBLAS's SSE3 and AVX-512 kernels with one thread or two (seed 1, this
+    # test's seed until 2026-11-28, did so only under the SSE3 kernels; Note [OpenBLAS's kernels]).
     t = nmcmc.from_module(posteriordb.scripted("earnings-logearn_height"), dtype="float64")
-    r = nmcmc.sample(t, "nuts", transport="flow", seed=1, progress=False)
+    r = nmcmc.sample(t, "nuts", transport="flow", seed=7, progress=False)
     rounds = r.summary["transport"]["rounds"]
     dropped = [x for x in rounds if "dropped_rounds" in x.get("drift", {})]
     assert dropped, [x.get("drift") for x in rounds]

@@ -64,16 +64,18 @@ TEST(Cli, HelpOnEveryCommand) {
   }
 }
 
-// Note [OpenBLAS's kernels]: the kernels to use instead of OpenBLAS's own pick, by the CPU's vector
-// instructions; never a name it cannot rank, never a downgrade.
-TEST(BlasKernels, ABetterCoreOnlyWhereTheCpuRunsWiderVectors) {
+// Note [OpenBLAS's kernels]: the kernels to use instead of OpenBLAS's SSE-only fallback, by the CPU's
+// vector instructions; never a core OpenBLAS chose for a CPU it knew, never a name it cannot rank.
+TEST(BlasKernels, ABetterCoreOnlyInPlaceOfTheSseFallback) {
   nmcmc::CpuVectorSupport avx512{true, true, true, false}, bf16{true, true, true, true}, avx2{true, true, false, false},
       sse{};
   EXPECT_EQ(nmcmc::better_blas_core("Prescott", bf16), "Cooperlake");
   EXPECT_EQ(nmcmc::better_blas_core("Prescott", avx512), "SkylakeX");
   EXPECT_EQ(nmcmc::better_blas_core("Nehalem", avx2), "Haswell");
-  EXPECT_EQ(nmcmc::better_blas_core("Sandybridge", avx2), "Haswell");
-  EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx512), "SkylakeX");
+  EXPECT_EQ(nmcmc::better_blas_core("Core2", avx512), "SkylakeX");
+  EXPECT_EQ(nmcmc::better_blas_core("Sandybridge", avx2), "");  // chosen for a CPU OpenBLAS knew
+  EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx512), "");
+  EXPECT_EQ(nmcmc::better_blas_core("Zen", bf16), "");           // an AMD Zen 4: OpenBLAS's choice stays
   EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx2), "");
   EXPECT_EQ(nmcmc::better_blas_core("SkylakeX", bf16), "");  // the same width: left as it is
   EXPECT_EQ(nmcmc::better_blas_core("SapphireRapids", bf16), "");

@@ -6,9 +6,9 @@
 /// AVX-512 and AVX512-BF16) on "Prescott", SSE3 kernels, and every GEMM runs ~3x slower than it
 /// should (Funnel-1's training step at batch 1024: 1.58 s, 0.52 s with the AVX-512 kernels;
 /// BENCHMARKS.md, "OpenBLAS's kernels"). The choice is made before main() and only the
-/// environment (OPENBLAS_CORETYPE, read when the library loads) overrides it. So the program
-/// compares the kernels OpenBLAS took with the best ones the CPU's instruction set runs and,
-/// where they are weaker, executes itself again, once, with OPENBLAS_CORETYPE set; the new
+/// environment (OPENBLAS_CORETYPE, read when the library loads) overrides it. So where OpenBLAS
+/// took one of its SSE-only cores on a CPU that runs AVX or wider, the program executes itself
+/// again, once, with OPENBLAS_CORETYPE set to the best core the CPU's instructions run; the new
 /// process keeps NMCMC_BLAS_CORE_FROM (what OpenBLAS had picked) for `nmcmc --version` to report.
 /// A user's own OPENBLAS_CORETYPE is always left as it is (set it to keep OpenBLAS's choice).
 /// The Python package does the same before it loads LibTorch (python/nmcmc/__init__.py).
@@ -24,8 +24,9 @@ struct CpuVectorSupport {
 CpuVectorSupport cpu_vector_support();
 
 /// The OPENBLAS_CORETYPE to use instead of `loaded` (OpenBLAS's core name, as
-/// openblas_get_corename() gives it) on a CPU with `cpu`; "" where `loaded` is as good as what the
-/// CPU runs, or is a name this function does not know (it never replaces what it cannot rank).
+/// openblas_get_corename() gives it) on a CPU with `cpu`: only where `loaded` is one of OpenBLAS's
+/// SSE-only cores (its fallback for a CPU it does not know) and the CPU runs AVX or wider; "" for
+/// a core OpenBLAS chose for a CPU it recognised, and for a name this function does not know.
 std::string better_blas_core(const std::string& loaded, const CpuVectorSupport& cpu);
 
 struct BlasKernels {
