@@ -6,24 +6,20 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <map>
+#include <set>
 
 namespace nmcmc {
 
 namespace {
-/// OpenBLAS's x86 core names by the widest vector instructions their kernels use: 3 AVX-512,
-/// 2 AVX2 with FMA, 1 AVX, 0 SSE only. Lower case; names not listed are not ranked.
-int core_rank(std::string name) {
+/// Whether `name` is one of OpenBLAS's x86 cores whose kernels use SSE only (its fallback for a CPU
+/// it does not know is Prescott); case-insensitive.
+bool sse_only_core(std::string name) {
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  static const std::map<std::string, int> ranks = {
-      {"sapphirerapids", 3}, {"cooperlake", 3}, {"skylakex", 3},
-      {"haswell", 2}, {"zen", 2}, {"excavator", 2},
-      {"sandybridge", 1}, {"bulldozer", 1}, {"piledriver", 1}, {"steamroller", 1},
-      {"prescott", 0}, {"core2", 0}, {"penryn", 0}, {"dunnington", 0}, {"nehalem", 0}, {"atom", 0},
-      {"katmai", 0}, {"coppermine", 0}, {"northwood", 0}, {"banias", 0}, {"athlon", 0}, {"opteron", 0},
-      {"opteron_sse3", 0}, {"barcelona", 0}, {"bobcat", 0}, {"nano", 0}};
-  auto it = ranks.find(name);
-  return it == ranks.end() ? -1 : it->second;
+  static const std::set<std::string> sse_only = {"prescott", "core2",     "penryn",     "dunnington", "nehalem",
+                                                 "atom",     "katmai",    "coppermine", "northwood",  "banias",
+                                                 "athlon",   "opteron",   "opteron_sse3", "barcelona", "bobcat",
+                                                 "nano"};
+  return sse_only.count(name) > 0;
 }
 
 template <typename Fn>
@@ -48,21 +44,11 @@ CpuVectorSupport cpu_vector_support() {
 std::string better_blas_core(const std::string& loaded, const CpuVectorSupport& cpu) {
   // Only OpenBLAS's SSE-only fallback is replaced: a CPU it recognised (Haswell, Zen, ...) keeps
   // the kernels it chose for it, even where wider ones would run (an AMD Zen 4 with AVX-512).
-  if (core_rank(loaded) != 0) return "";
-  const int have = 0;
-  std::string best;
-  int rank = -1;
-  if (cpu.avx512) {
-    best = cpu.avx512_bf16 ? "Cooperlake" : "SkylakeX";
-    rank = 3;
-  } else if (cpu.avx2_fma) {
-    best = "Haswell";
-    rank = 2;
-  } else if (cpu.avx) {
-    best = "SandyBridge";
-    rank = 1;
-  }
-  return rank > have ? best : "";
+  if (!sse_only_core(loaded)) return "";
+  if (cpu.avx512) return cpu.avx512_bf16 ? "Cooperlake" : "SkylakeX";
+  if (cpu.avx2_fma) return "Haswell";
+  if (cpu.avx) return "SandyBridge";
+  return "";
 }
 
 BlasKernels blas_kernels() {
