@@ -98,10 +98,11 @@ def blas_kernels() -> str:
     return _C.blas_kernels()[2]
 
 
-if _C.blas_kernels()[1] and not _user_coretype:
-    _warnings.warn(f"nmcmc: OpenBLAS runs {_C.blas_kernels()[0]} kernels, and this CPU runs "
-                   f"{_C.blas_kernels()[1]}: matrix products ~3x slower. Set OPENBLAS_CORETYPE="
-                   f"{_C.blas_kernels()[1]} before Python starts, or import nmcmc before torch.", stacklevel=2)
+_kernels = _C.blas_kernels()  # (loaded, better, description)
+if _kernels[1] and not _user_coretype:
+    _warnings.warn(f"nmcmc: OpenBLAS runs {_kernels[0]} kernels, and this CPU runs {_kernels[1]}: matrix "
+                   f"products ~3x slower. Set OPENBLAS_CORETYPE={_kernels[1]} before Python starts, or import "
+                   f"nmcmc before torch.", stacklevel=2)
 
 
 def _dtype_name(dtype) -> _Optional[str]:
