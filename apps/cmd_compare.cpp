@@ -61,7 +61,8 @@ Command add_compare_command(CLI::App& app) {
                   "the learned sampler is compared with the best")
       ->delimiter(',');
   add_enum_option(cmd, "--transport", a->options.transport,
-                  "flow: also NUTS on the target pulled back through a flow fitted in warm-up (nuts_flow)");
+                  "flow: also NUTS on the target pulled back through a flow fitted in warm-up (nuts_flow); auto: "
+                  "also NUTS with the flow only where its warm-up's draws are far from any Gaussian (nuts_auto)");
   cmd->add_option("--leapfrog", a->options.hmc_leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--table", a->table, "only print the table of an existing compare.json");

@@ -94,11 +94,9 @@ def check(args) -> int:
         ref = ports.reference(p)
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
-        if args.transport == "auto" and args.sampler == "nuts":
-            raise SystemExit("posteriordb.py: --transport auto is the learned sampler's (nmcmc train's)")
         row["transport"] = args.transport or ("auto" if args.sampler == "learned" else "none")
         if args.sampler == "nuts":
-            row["metric"] = args.metric + ("+flow" if args.transport == "flow" else "")
+            row["metric"] = args.metric + ("+" + args.transport if args.transport in ("flow", "auto") else "")
         try:
             ok, why = one(nmcmc, p, ref, row, args, t0)
         except Exception as e:  # a run that fails is a failed row, not the end of the suite
@@ -159,6 +157,10 @@ def one(nmcmc, p, ref, row, args, t0):
     for goal in (1000, 10000):  # the cost of `goal` effective draws: the fixed part + goal at the sampling rate
         row[f"grads_for_{goal}"] = fixed_grads + goal * sampling_grads / ess
         row[f"seconds_for_{goal}"] = fixed_seconds + goal * s["seconds_sampling"] / ess
+    if args.sampler == "nuts" and isinstance(s.get("transport"), dict) and "auto" in s["transport"]:
+        auto = s["transport"]["auto"]  # Note [Choosing the transport]: what the warm-up measured, and which ran
+        row["transport"] = "auto:" + auto["chose"]
+        row["fisher_per_dim"] = auto["fisher_per_dim"]
     if isinstance(s.get("transport"), dict) and "choice" in s["transport"]:
         choice = s["transport"]["choice"]
         row["transport_choice"] = choice.get("chosen")  # flow or affine
@@ -444,8 +446,9 @@ def main() -> int:
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--transport", choices=["none", "flow", "auto"], default=None,
                    help="nuts: sample through a flow fitted in warm-up (default none); learned: train and sample "
-                        "in its latent space; auto (the learned sampler's default, nmcmc train's): the flow "
-                        "where the affine map does not fit (docs/transport.md)")
+                        "in its latent space; auto (the learned sampler's default, nmcmc train's; for nuts "
+                        "nmcmc sample's --transport auto): the flow where the affine map does not fit "
+                        "(docs/transport.md)")
     c.add_argument("--transport-rounds", type=int, default=None, help="with --transport flow: the flow's fits in warm-up (default: nmcmc sample's)")
     c.add_argument("--transport-layers", type=int, default=None, help="with --transport flow: its coupling layers (default: nmcmc sample's)")
     c.add_argument("--chains", type=int, default=4)

@@ -356,8 +356,10 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     "libtorch" (default: its model's model.gemm).
     transport: "flow" samples the target pulled back through a normalizing flow fitted during
     warm-up from the chains' draws and gradients (transport_layers coupling layers, fitted
-    transport_rounds times; None: `nmcmc sample`'s defaults, 8 and 6; docs/transport.md); global_moves adds an independence move from the
-    flow after every step (exact; it can jump between modes).
+    transport_rounds times; None: `nmcmc sample`'s defaults, 8 and 6; docs/transport.md); "auto"
+    fits it only where the warm-up's draws are far from any Gaussian, and samples as "none"
+    elsewhere (the summary's transport record says which); global_moves adds an independence
+    move from the flow after every step (exact; it can jump between modes).
     Ctrl-C raises KeyboardInterrupt."""
     if matmul is not None and sampler != "learned":
         raise ValueError("nmcmc.sample: matmul= goes with sampler='learned'")
@@ -536,7 +538,8 @@ def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: in
     R-hat, divergences, and "all_in": the cost of 1,000 and 10,000 effective draws with warm-up and
     training counted; the learned sampler's "vs_best_nuts": ratios and break-evens in gradients
     and seconds against the best NUTS). transport="flow" adds NUTS on the target pulled back
-    through a flow fitted in warm-up ("nuts_flow"). result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
+    through a flow fitted in warm-up ("nuts_flow"); "auto" adds NUTS with the flow only where its
+    warm-up's draws are far from any Gaussian ("nuts_auto"). result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
     directory if not given)."""
     if isinstance(model, Model):
         model = model.path

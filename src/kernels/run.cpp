@@ -343,6 +343,17 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
   int64_t first_slow = 0;
   while (first_slow < o.warmup && !schedule.in_slow_window(first_slow)) ++first_slow;
   torch::Tensor block_accept;  // [C]: each chain's accept statistics over the current 25 iterations
+  // The warm-up's figures (at its end, or where the caller's observer ends the run).
+  auto warmup_figures = [&] {
+    res.step_size = prop.step_size();
+    res.seconds_warmup = std::chrono::duration<double>(Clock::now() - t0).count();
+    res.grads_warmup = target.grad_evals() - g_start;
+    res.energies_warmup = target.energy_evals() - e_start;
+    if (warmup_grads_chain.defined()) {
+      res.grads_warmup = std::llround(warmup_grads_chain.to(torch::kFloat64).mean().item<double>()) + calls_outside_steps;
+    }
+    res.max_tree_depth = kernel.max_tree_depth();
+  };
   for (int64_t i = 0; i < o.warmup; ++i) {
     if (stop()) {  // nothing drawn yet: nothing to keep
       res.complete = false;
@@ -378,6 +389,10 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
         }
       }
     }
+    if (o.warmup_observer && !o.warmup_observer(i, state)) {  // the caller goes on otherwise: no draws
+      warmup_figures();
+      return res;
+    }
     if (estimator && schedule.in_slow_window(i)) estimator->add(state.x, state.grad);
     if (estimator && schedule.ends_window(i) && estimator->count() > 1) {
       const Metric metric = estimator->estimate();
@@ -392,15 +407,7 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
            i + 1 == o.warmup);
   }
   if (tune) prop.set_step_size(da.final_step());
-  res.step_size = prop.step_size();
-  auto t1 = Clock::now();
-  res.seconds_warmup = std::chrono::duration<double>(t1 - t0).count();
-  res.grads_warmup = target.grad_evals() - g_start;
-  res.energies_warmup = target.energy_evals() - e_start;
-  if (warmup_grads_chain.defined()) {
-    res.grads_warmup = std::llround(warmup_grads_chain.to(torch::kFloat64).mean().item<double>()) + calls_outside_steps;
-  }
-  res.max_tree_depth = kernel.max_tree_depth();
+  warmup_figures();
 
   // ---- sampling: the kernel is frozen ----
   const int64_t s_count = o.draws, c = o.chains, d = target.dim();

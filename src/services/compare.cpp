@@ -199,17 +199,21 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
     run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
     results["samplers"][nuts_name(m)]["metric_adapt"] = m;
   }
-  if (o.transport == TransportKind::kAuto) throw UsageError("compare: --transport takes none or flow (auto is nmcmc train's)");
   if (o.transport != TransportKind::kNone) {
     if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
-    tell("-- nuts_flow");
+    // NUTS through the flow (`nuts_flow`), or with auto (`nuts_auto`) where Note [Choosing the
+    // transport] takes it (its transport record says which ran).
+    const std::string name = o.transport == TransportKind::kAuto ? "nuts_auto" : "nuts_flow";
+    tell("-- " + name);
     Nuts nuts;
+    TransportOptions t;
+    t.kind = o.transport;
     TransportRun tr = run_with_transport(*target, nuts, RunOptions(base).set_metric(MetricAdapt::kDiag).set_target_accept(0.8),
-                                         TransportOptions(), o.seed, sample_progress);
+                                         t, o.seed, sample_progress);
     if (!tr.result.complete) throw UsageError("compare: interrupted");
-    results["samplers"]["nuts_flow"] = row(tr.result, *target);
-    results["samplers"]["nuts_flow"]["transport"] = tr.report;
-    traces.emplace_back("nuts_flow: chain 1", tr.result.draws);
+    results["samplers"][name] = row(tr.result, *target);
+    results["samplers"][name]["transport"] = tr.report;
+    traces.emplace_back(name + ": chain 1", tr.result.draws);
   }
   MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
   run("hmc", hmc, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));

@@ -43,20 +43,16 @@ Prepared prepare(const SampleRequest& request) {
   FlowTransport model_flow(nullptr);
   const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
-  if (a.transport == TransportKind::kAuto) {
-    throw UsageError("--transport auto is nmcmc train's choice between the affine map and a flow; sampling takes "
-                     "none or flow");
-  }
   if (a.transport != TransportKind::kNone && learned) {
     throw UsageError("--transport applies to nuts, hmc and mala; the learned sampler gets its flow in training "
                      "(nmcmc train --transport flow) and samples in it");
   }
   if (a.transport != TransportKind::kNone && a.sampler == SamplerKind::kRwm) {
-    throw UsageError("--transport flow is fitted from gradients: use nuts, hmc or mala (rwm computes none)");
+    throw UsageError("--transport " + enum_name(a.transport) + " works from gradients: use nuts, hmc or mala (rwm computes none)");
   }
   if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != kDefaultTransportLayers ||
                                                 a.transport_rounds != kDefaultTransportRounds)) {
-    throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow");
+    throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow or auto");
   }
   if (learned) {
     if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");

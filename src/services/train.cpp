@@ -95,30 +95,6 @@ json default_train_config() {
           {"transport", {{"kind", "auto"}}}};
 }
 
-double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l) {
-  const torch::Tensor x64 = x.to(torch::kFloat64);
-  const EnergyGrad eg = target.energy_and_grad(x64.to(target.options()));
-  const torch::Tensor g = eg.grad.to(torch::kFloat64);
-  const torch::Tensor ok = torch::isfinite(g).all(1) & torch::isfinite(x64).all(1);
-  if (ok.sum().item<int64_t>() < 2) return std::numeric_limits<double>::quiet_NaN();
-  const torch::Tensor xs = x64.index({ok}), gs = g.index({ok});
-  const torch::Tensor z = torch::linalg_solve(l, (xs - xs.mean(0)).t()).t();  // x = m + L z
-  const torch::Tensor gz = gs.matmul(l);                                      // d(-log p)/dz = L^T grad U
-  return (gz - z).pow(2).sum(1).mean().item<double>() / static_cast<double>(x.size(1));
-}
-
-double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x) {
-  const torch::Tensor x64 = x.to(torch::kFloat64);
-  const torch::Tensor xs = x64.index({torch::isfinite(x64).all(1)});
-  if (xs.size(0) <= xs.size(1)) return std::numeric_limits<double>::quiet_NaN();
-  const torch::Tensor c = xs - xs.mean(0);
-  torch::Tensor cov = c.t().matmul(c) / static_cast<double>(xs.size(0) - 1);
-  // A draw set that spans fewer than D directions (chains that did not move) has no Cholesky factor.
-  const auto [l, info] = torch::linalg_cholesky_ex(cov);
-  if (info.item<int64_t>() != 0) return std::numeric_limits<double>::quiet_NaN();
-  return affine_fisher_per_dim(target, xs, l);
-}
-
 namespace {
 /// Seeds the trainer's bootstrap buffer from a warm-up's draws [S, C, D]: the last draws of every
 /// chain (where the warm-up left them), enough rows for one batch.

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -149,31 +150,79 @@ SampleResult run_mapped(TransportedTarget& latent, Kernel& kernel, const RunOpti
   return res;
 }
 
+namespace {
+/// Note [Choosing the transport]: the divergence per dimension at finite rows x, g (float64) for
+/// the affine map x = mean(x) + L z.
+double fisher_per_dim_at(const torch::Tensor& xs, const torch::Tensor& gs, const torch::Tensor& l) {
+  const torch::Tensor z = torch::linalg_solve(l, (xs - xs.mean(0)).t()).t();  // x = m + L z
+  const torch::Tensor gz = gs.matmul(l);                                      // d(-log p)/dz = L^T grad U
+  return (gz - z).pow(2).sum(1).mean().item<double>() / static_cast<double>(xs.size(1));
+}
+/// The rows of x and g where both are finite (float64).
+std::pair<torch::Tensor, torch::Tensor> finite_rows(const torch::Tensor& x, const torch::Tensor& g) {
+  const torch::Tensor x64 = x.to(torch::kFloat64), g64 = g.to(torch::kFloat64);
+  const torch::Tensor ok = torch::isfinite(g64).all(1) & torch::isfinite(x64).all(1);
+  return {x64.index({ok}), g64.index({ok})};
+}
+/// The Cholesky factor of the rows' covariance; undefined where there is none (fewer rows than
+/// D + 1, or rows spanning fewer than D directions).
+torch::Tensor covariance_factor(const torch::Tensor& xs) {
+  if (xs.size(0) <= xs.size(1)) return torch::Tensor();
+  const torch::Tensor c = xs - xs.mean(0);
+  const torch::Tensor cov = c.t().matmul(c) / static_cast<double>(xs.size(0) - 1);
+  const auto [l, info] = torch::linalg_cholesky_ex(cov);
+  return info.item<int64_t>() == 0 ? l : torch::Tensor();
+}
+}  // namespace
+
+double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l) {
+  const torch::Tensor x64 = x.to(torch::kFloat64);
+  const EnergyGrad eg = target.energy_and_grad(x64.to(target.options()));
+  const auto [xs, gs] = finite_rows(x64, eg.grad);
+  if (xs.size(0) < 2) return std::numeric_limits<double>::quiet_NaN();
+  return fisher_per_dim_at(xs, gs, l.to(torch::kFloat64));
+}
+
+double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x) {
+  const torch::Tensor x64 = x.to(torch::kFloat64);
+  const torch::Tensor xs = x64.index({torch::isfinite(x64).all(1)});
+  const torch::Tensor l = covariance_factor(xs);
+  if (!l.defined()) return std::numeric_limits<double>::quiet_NaN();
+  return affine_fisher_per_dim(target, xs, l);
+}
+
+double gaussian_fisher_per_dim(const torch::Tensor& x, const torch::Tensor& grad_u) {
+  TORCH_CHECK(x.dim() == 2 && grad_u.sizes() == x.sizes(), "gaussian_fisher_per_dim: x and grad_u must be [N, D] alike");
+  const auto [xs, gs] = finite_rows(x, grad_u);
+  const torch::Tensor l = covariance_factor(xs);
+  if (!l.defined()) return std::numeric_limits<double>::quiet_NaN();
+  return fisher_per_dim_at(xs, gs, l);
+}
+
+namespace {
+TransportRun run_with_flow(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
+                           uint64_t seed, const ProgressFn& progress);
+TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
+                           uint64_t seed, const ProgressFn& progress);
+}  // namespace
+
 TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions& options,
                                 const TransportOptions& t, uint64_t seed, const ProgressFn& progress) {
-  if (t.kind != TransportKind::kFlow) throw UsageError("run_with_transport: transport must be flow");
+  if (t.kind == TransportKind::kAuto) return run_with_auto(target, kernel, options, t, seed, progress);
+  return run_with_flow(target, kernel, options, t, seed, progress);
+}
+
+namespace {
+/// The transport's options checked, and its rounds' lengths (Note [Transport warm-up]).
+std::vector<int64_t> round_lengths(const RunOptions& options, const TransportOptions& t) {
   if (options.warmup < 100) {
-    throw UsageError("--transport flow fits the flow during warm-up: give --warmup of at least 100 (got " +
+    throw UsageError("--transport " + enum_name(t.kind) + " fits a flow during warm-up: give --warmup of at least 100 (got " +
                      std::to_string(options.warmup) + ")");
   }
   if (t.rounds < 1) throw UsageError("--transport-rounds must be at least 1");
   if (t.layers < 0) throw UsageError("--transport-layers must be non-negative");
   if (!(t.fit_fraction > 0 && t.fit_fraction < 1)) throw UsageError("the transport's fit fraction must be in (0, 1)");
-  if (!options.keep_draws) throw UsageError("--transport flow keeps its draws (keep_draws)");
-  const auto t_start = std::chrono::steady_clock::now();
-  const int64_t d = target.dim();
-  TransportRun out;
-  out.flow = FlowTransport(FlowOptions().set_dim(d).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed));
-  TransportedTarget latent(target, out.flow);
-  // The first of two rounds or more runs where T is still the identity and only sets the affine
-  // base (Note [Transport warm-up]): on the affine map alone, the same values without a pass
-  // through the (identity) coupling layers' graph.
-  TransportedTarget first_latent(target, FlowTransport(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed)));
-  TransportKernel rk(kernel, t.global_moves);
-  auto affine_estimate = [&](const torch::Tensor& x, const torch::Tensor& g, uint64_t fit_seed) {
-    return nmcmc::affine_estimate(d, t.fit, x, g, seed, fit_seed);
-  };
-
+  if (!options.keep_draws) throw UsageError("--transport " + enum_name(t.kind) + " keeps its draws (keep_draws)");
   // Round lengths: doubling, summing to fit_fraction of the warm-up; with two rounds or more the
   // first (the transient, which sets the affine base: Note [Transport warm-up]) lasts at least
   // kFirstRound iterations and the others share the rest, doubling. With train's 500-iteration
@@ -194,9 +243,32 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
       lengths.push_back(std::max<int64_t>(10, static_cast<int64_t>(std::lround(later_unit * double(int64_t{1} << r)))));
     }
   }
+  if (options.warmup - std::accumulate(lengths.begin(), lengths.end(), int64_t{0}) < 20) {
+    throw UsageError("--warmup is too short for " + std::to_string(t.rounds) + " transport rounds");
+  }
+  return lengths;
+}
+
+TransportRun run_with_flow(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
+                           uint64_t seed, const ProgressFn& progress) {
+  if (t.kind != TransportKind::kFlow) throw UsageError("run_with_transport: transport must be flow");
+  std::vector<int64_t> lengths = round_lengths(options, t);
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t d = target.dim();
+  TransportRun out;
+  out.flow = FlowTransport(FlowOptions().set_dim(d).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed));
+  TransportedTarget latent(target, out.flow);
+  // The first of two rounds or more runs where T is still the identity and only sets the affine
+  // base (Note [Transport warm-up]): on the affine map alone, the same values without a pass
+  // through the (identity) coupling layers' graph.
+  TransportedTarget first_latent(target, FlowTransport(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed)));
+  TransportKernel rk(kernel, t.global_moves);
+  auto affine_estimate = [&](const torch::Tensor& x, const torch::Tensor& g, uint64_t fit_seed) {
+    return nmcmc::affine_estimate(d, t.fit, x, g, seed, fit_seed);
+  };
+
   const int64_t used = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   int64_t final_warmup = options.warmup - used;
-  if (final_warmup < 20) throw UsageError("--warmup is too short for " + std::to_string(t.rounds) + " transport rounds");
 
   // Starting points in x (the inner target has the exact sampler, if any), then in z.
   torch::Tensor x_start;
@@ -651,5 +723,84 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
   if (t.global_moves) out.report["global_accept"] = rk.global_accept();
   return out;
 }
+
+/// Note [Choosing the transport], sampling: a run without a transport that watches its warm-up,
+/// and goes on into sampling, or gives way to the flow's run.
+TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
+                           uint64_t seed, const ProgressFn& progress) {
+  TransportOptions flow_options = t;
+  flow_options.kind = TransportKind::kFlow;
+  round_lengths(options, flow_options);  // the flow's run must be possible before the first step
+  // The first quarter of the warm-up (at least 100 iterations) is watched; the states of its
+  // second half, newest last (positions and energy gradients [C, D] per iteration, at most
+  // kFisherRows rows in all), decide at its end.
+  const int64_t decide_at = std::min(options.warmup, std::max<int64_t>(kAutoWatchMin, options.warmup / 4));
+  const int64_t keep_iterations = (kFisherRows + options.chains - 1) / options.chains;
+  std::deque<std::pair<torch::Tensor, torch::Tensor>> seen;
+  double fisher = std::numeric_limits<double>::quiet_NaN();
+  int64_t rows = 0;
+  bool flow = false;
+  RunOptions watched = options;
+  watched.warmup_observer = [&](int64_t i, const ChainState& state) {
+    if (options.warmup_observer && !options.warmup_observer(i, state)) return false;
+    if (i >= decide_at) return true;
+    if (i >= decide_at / 2 && state.grad.defined()) {  // a kernel without gradients: not measured
+      seen.emplace_back(state.x.to(torch::kFloat64).clone(), state.grad.to(torch::kFloat64).clone());
+      if (static_cast<int64_t>(seen.size()) > keep_iterations) seen.pop_front();
+    }
+    if (i + 1 < decide_at) return true;
+    if (!seen.empty()) {
+      std::vector<torch::Tensor> xs, gs;
+      for (const auto& [x, g] : seen) {
+        xs.push_back(x);
+        gs.push_back(g);
+      }
+      torch::Tensor x = torch::cat(xs), g = torch::cat(gs);
+      if (x.size(0) > kFisherRows) {
+        x = x.narrow(0, x.size(0) - kFisherRows, kFisherRows);
+        g = g.narrow(0, g.size(0) - kFisherRows, kFisherRows);
+      }
+      rows = x.size(0);
+      fisher = gaussian_fisher_per_dim(x, g);
+    }
+    seen.clear();
+    flow = fisher > kFlowFisherPerDim;  // NaN (not measured): no transport
+    return !flow;
+  };
+  const double step_size_given = kernel.step_size();
+  SampleResult first = run_sampler(target, kernel, watched, seed, progress);
+  json record = {{"fisher_per_dim", std::isfinite(fisher) ? json(fisher) : json(nullptr)},
+                 {"threshold", kFlowFisherPerDim},
+                 {"rows", rows},
+                 {"decided_after", decide_at},
+                 {"chose", flow ? "flow" : "none"}};
+  if (!std::isfinite(fisher) && first.complete) {
+    record["why"] = "not measured: the warm-up's draws span fewer than D directions (or fewer than D + 1 finite rows)";
+  }
+  TransportRun out;
+  if (!flow || !first.complete) {  // sampling went on without a transport, or the run was stopped
+    out.result = std::move(first);
+    out.report = {{"kind", TransportKind::kAuto}, {"auto", record}};
+    return out;
+  }
+  record["first_warmup"] = {{"iterations", decide_at},
+                            {"grads_per_chain", first.grads_warmup},
+                            {"energies_per_chain", first.energies_warmup},
+                            {"seconds", first.seconds_warmup},
+                            {"step_size", first.step_size}};
+  // The flow's run starts from the kernel as it was given - its step size, and the unit metric
+  // every caller makes it with - as `--transport flow` does.
+  if (kernel.has_tunable_step_size()) kernel.set_step_size(step_size_given);
+  if (kernel.has_metric()) kernel.set_metric(Metric());
+  out = run_with_flow(target, kernel, options, flow_options, seed, progress);
+  // All-in: the first warm-up, which chose the flow, is paid too.
+  out.result.grads_warmup += first.grads_warmup;
+  out.result.energies_warmup += first.energies_warmup;
+  out.result.seconds_warmup += first.seconds_warmup;
+  out.report["kind"] = TransportKind::kAuto;
+  out.report["auto"] = record;
+  return out;
+}
+}  // namespace
 
 }  // namespace nmcmc

@@ -158,7 +158,10 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --global-moves", 64, "go with --transport flow"},
            {"sample --transport-layers 2", 64, "go with --transport flow"},
            {"sample --transport flow", 64, "at least 100"},
-           {"sample --transport flow --sampler rwm", 64, "fitted from gradients"},
+           {"sample --transport flow --sampler rwm", 64, "from gradients"},
+           {"sample --transport auto", 64, "at least 100"},
+           {"sample --transport auto --sampler rwm", 64, "from gradients"},
+           {"sample --transport auto --sampler learned --model /nonexistent.pt", 64, "--transport applies to"},
            {"sample --transport flow --sampler learned --model /nonexistent.pt", 64, "--transport applies to"},
        }) {
     std::string out_dir = ::testing::TempDir() + "cli_bad_out";
@@ -225,6 +228,28 @@ TEST(Cli, TransportedRunWritesDrawsInXWithTheirLogDensity) {
   fs::remove_all(dir2);
   ASSERT_EQ(run(args + dir2).code, 0);
   EXPECT_TRUE(torch::equal(csv.values.narrow(1, first_x, 5), nmcmc::read_stan_csv(dir2 + "/chain_1.csv").values.narrow(1, first_x, 5)));
+}
+
+TEST(Cli, TransportAutoWithoutAFlowWritesTheDrawsOfARunWithout) {
+  // Note [Choosing the transport]: on a Gaussian `--transport auto` measures a small divergence
+  // and samples as `--transport none` does (the same draws); the summary says what it measured.
+  const std::string base = ::testing::TempDir() + "cli_auto";
+  const std::string args = "sample --target rotated_icg --dim 4 --sampler nuts --chains 2 --warmup 150 --draws 30 "
+                           "--dtype float64 --seed 3 --quiet --output ";
+  fs::remove_all(base + "_none");
+  fs::remove_all(base + "_auto");
+  ASSERT_EQ(run(args + base + "_none").code, 0);
+  CliRun r = run(args + base + "_auto --transport auto");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (int c = 1; c <= 2; ++c) {
+    const std::string chain = "/chain_" + std::to_string(c) + ".csv";
+    nmcmc::StanCsv a = nmcmc::read_stan_csv(base + "_none" + chain), b = nmcmc::read_stan_csv(base + "_auto" + chain);
+    EXPECT_TRUE(torch::equal(a.values, b.values)) << chain;
+  }
+  nlohmann::json summary = nlohmann::json::parse(std::ifstream(base + "_auto/summary.json"));
+  ASSERT_TRUE(summary.contains("transport")) << summary.dump();
+  EXPECT_EQ(summary["transport"]["auto"]["chose"], "none") << summary["transport"].dump();
+  EXPECT_LT(summary["transport"]["auto"]["fisher_per_dim"].get<double>(), 0.15);
 }
 
 #include "nmcmc/training/trainer.hpp"

@@ -705,9 +705,13 @@ TEST(Preconditioner, FisherDivergenceOfTheAffineFitChoosesTheTransport) {
   const double wrong = affine_fisher_per_dim(*icg, x, torch::eye(10, kF64));
   EXPECT_GT(wrong, 5.0 * kFlowFisherPerDim) << wrong;  // variances 1e-2 .. 1e2 left unscaled: 29
   EXPECT_NEAR(gaussian_fisher_per_dim(*icg, x), fit, 1e-9);  // the draws' own covariance: the same map
+  // from the gradients a run carries (sampling's transport auto): the same figure, no evaluation
+  EXPECT_NEAR(gaussian_fisher_per_dim(x, icg->energy_and_grad(x).grad), fit, 1e-9);
   auto funnel = make_target({{"name", "funnel"}, {"dim", 10}, {"sigma", 3.0}}, kF64);
   const double f = gaussian_fisher_per_dim(*funnel, funnel->sample(4000, gen));
   EXPECT_GT(f, 5.0 * kFlowFisherPerDim) << f;
+  const torch::Tensor fx = funnel->sample(4000, gen);
+  EXPECT_NEAR(gaussian_fisher_per_dim(fx, funnel->energy_and_grad(fx).grad), gaussian_fisher_per_dim(*funnel, fx), 1e-9);
   // affine invariance: a Gaussian with variances 1e6 and 1e-6 along directions rotated by 30
   // degrees (kilpisjarvi's shape: correlation near -1, scales 1e-3 .. 1e3) is as far from curved
   // as a standard one

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
@@ -405,6 +406,84 @@ TEST(Transport, RunWithTransportOnAFunnel) {
   // lp is -U(x) at the mapped draws
   torch::Tensor last = r.draws[499];
   EXPECT_LT((r.lp[499] + target->energy(last)).abs().max().item<double>(), 1e-6);
+}
+
+// Note [Choosing the transport], sampling: `--transport auto` on a Gaussian (rotated and
+// ill-conditioned: an affine map whitens it) measures a small divergence from its warm-up and
+// samples as a run without a transport: the same draws bit for bit, the same gradients. On a
+// funnel it measures a large one and runs the flow: the same draws as `--transport flow`, its
+// warm-up's gradients plus the first warm-up's. (A flow run that kept the first warm-up's step
+// size or metric in its kernel, or a first warm-up that drew from the generator, fails these.)
+TEST(Transport, AutoSamplesAsWithoutATransportOnAGaussian) {
+  auto target = make_target({{"name", "rotated_icg"}, {"dim", 4}, {"seed", 3}}, kF64);
+  RunOptions ro;
+  ro.set_chains(4).set_warmup(300).set_draws(100).set_metric(MetricAdapt::kDiag);
+  Nuts plain_nuts{NutsOptions()};
+  const SampleResult plain = run_sampler(*target, plain_nuts, ro, 13);
+  Nuts nuts{NutsOptions()};
+  TransportOptions t;
+  t.kind = TransportKind::kAuto;
+  TransportRun tr = run_with_transport(*target, nuts, ro, t, 13);
+  std::cout << "  report " << tr.report.dump() << "\n";
+  ASSERT_TRUE(tr.result.complete);
+  EXPECT_EQ(tr.report["kind"], "auto");
+  EXPECT_EQ(tr.report["auto"]["chose"], "none");
+  EXPECT_LT(tr.report["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_EQ(tr.report["auto"]["decided_after"], 100);  // a quarter of the warm-up, at least 100
+  EXPECT_EQ(tr.report["auto"]["rows"], 4 * 50);       // the second half of those
+  EXPECT_FALSE(tr.flow);
+  EXPECT_FALSE(tr.report.contains("rounds"));
+  EXPECT_TRUE(torch::equal(tr.result.draws, plain.draws));
+  EXPECT_EQ(tr.result.grads_warmup, plain.grads_warmup);
+  EXPECT_EQ(tr.result.grads_sampling, plain.grads_sampling);
+  EXPECT_EQ(tr.result.step_size, plain.step_size);
+}
+
+TEST(Transport, AutoRunsTheFlowOnAFunnel) {
+  auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.5}}, kF64);
+  RunOptions ro;
+  ro.set_chains(2).set_warmup(300).set_draws(50).set_metric(MetricAdapt::kDiag);
+  TransportOptions t;
+  t.layers = 2;
+  t.rounds = 2;
+  Nuts flow_nuts{NutsOptions()};
+  const TransportRun flow = run_with_transport(*target, flow_nuts, ro, t, 21);
+  // The run without a transport, ended after the first quarter of its warm-up.
+  Nuts plain_nuts{NutsOptions()};
+  RunOptions quarter = ro;
+  quarter.warmup_observer = [](int64_t i, const ChainState&) { return i + 1 < 100; };
+  const SampleResult plain = run_sampler(*target, plain_nuts, quarter, 21);
+  ASSERT_FALSE(plain.draws.defined());
+  EXPECT_GT(plain.grads_warmup, 100);
+  Nuts nuts{NutsOptions()};
+  t.kind = TransportKind::kAuto;
+  const TransportRun tr = run_with_transport(*target, nuts, ro, t, 21);
+  std::cout << "  auto " << tr.report["auto"].dump() << "\n";
+  ASSERT_TRUE(tr.result.complete);
+  EXPECT_EQ(tr.report["kind"], "auto");
+  EXPECT_EQ(tr.report["auto"]["chose"], "flow");
+  EXPECT_GT(tr.report["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_TRUE(tr.flow);
+  EXPECT_EQ(tr.report["rounds"].size(), 2u);
+  EXPECT_TRUE(torch::equal(tr.result.draws, flow.result.draws));
+  // all-in: the first warm-up (as the plain run's) is counted with the flow's
+  EXPECT_EQ(tr.report["auto"]["first_warmup"]["iterations"], 100);
+  EXPECT_EQ(tr.report["auto"]["first_warmup"]["grads_per_chain"].get<int64_t>(), plain.grads_warmup);
+  EXPECT_EQ(tr.result.grads_warmup, flow.result.grads_warmup + plain.grads_warmup);
+  EXPECT_EQ(tr.result.grads_sampling, flow.result.grads_sampling);
+}
+
+TEST(Transport, AutoRefusesAWarmUpTheFlowCouldNotUse) {
+  // Checked before the first step: a flow chosen after a whole warm-up must be able to run.
+  auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.5}}, kF64);
+  Nuts nuts{NutsOptions()};
+  TransportOptions t;
+  t.kind = TransportKind::kAuto;
+  const int64_t before = target->grad_evals();
+  EXPECT_THROW(run_with_transport(*target, nuts, RunOptions().set_warmup(99), t, 1), UsageError);
+  t.rounds = 6;
+  EXPECT_THROW(run_with_transport(*target, nuts, RunOptions().set_warmup(100), t, 1), UsageError);  // too short for 6
+  EXPECT_EQ(target->grad_evals(), before);
 }
 
 TEST(Transport, AGaussianLatentSpaceGetsTheLowRankFisherMetric) {

@@ -55,6 +55,11 @@ struct RunOptions {
   int64_t draws_in_memory_limit = int64_t{512} << 20;
   std::string scratch_directory;   // for that file (empty: the system's temporary directory)
   DrawSink* sink = nullptr;        // gets the draws as they come (needs keep_draws)
+  /// Called after every warm-up iteration (its index) with the chains' state: positions x and
+  /// energy gradients grad as the kernel carries them (one process; transport auto watches the
+  /// warm-up's draws through it: Note [Choosing the transport]). false ends the run there,
+  /// complete, with the warm-up's figures so far and no draws (nothing reaches the sink).
+  std::function<bool(int64_t, const ChainState&)> warmup_observer;
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }

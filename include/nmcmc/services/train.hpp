@@ -99,38 +99,7 @@ nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, T
                                       const std::function<bool()>& should_stop = nullptr,
                                       torch::Tensor* end_positions = nullptr);
 
-/// Note [Choosing the transport]
-/// `nmcmc train` without a config (and nmcmc.train(target)) has transport "auto": it runs the
-/// affine preconditioner's warm-up as before and then measures how far the best affine map could
-/// take the posterior from N(0, I): for the Gaussian N(m, L L^T) with the mean and covariance of
-/// the warm-up's last draws (up to kFisherRows), the Fisher divergence per dimension
-/// E||L^T grad U(x) - L^-1 (x - m)||^2 / D; 0 for a Gaussian target (the whitened gradient is
-/// then the whitened point), and unchanged by any affine map of x, so a badly scaled or strongly
-/// correlated posterior is not mistaken for a curved one. (The warm-up's own metric is no
-/// yardstick: Stan's regularisation of a dense metric leaves kilpisjarvi's near-singular
-/// covariance unwhitened, a divergence of 400 where the draws' own covariance gives 0.04.) Above
-/// kFlowFisherPerDim no affine map whitens the posterior, and the learned proposal trains in a
-/// flow transport's latent space (its warm-up fitted next; the affine warm-up's gradients and
-/// seconds are counted in the record, "auto"); else it trains on the affine map, with nothing spent
-/// beyond one batched gradient. On posteriordb's reference draws the divergence is 0.007-0.6 per
-/// dimension on 15 of the 16 posteriors (GARCH 0.6, eight schools 0.19) and 6.1 on the latent
-/// Gaussian process, the one the affine learned sampler fails; from the warm-up's draws (seeds 1
-/// and 2) GARCH 0.52-0.74, eight schools 0.20-0.24, mesquite's logvash 0.08-0.09 (the next below),
-/// kilpisjarvi 0.04-0.05 and the latent GP 5.3-7.9. The threshold was 2 until the flow's fits
-/// became cheap (Note [The flow's native pass], Note [The fit's own gradient]); at 0.15 (since
-/// 2026-11-28) eight schools and GARCH train in the flow's latent space too, where the affine
-/// learned sampler was at its weakest: eight schools failed the moment checks at 3 of 8 seeds
-/// (R-hat 1.011-1.015, 0.09-0.12 bulk-ESS per gradient) and passes through the flow (0.33-0.63),
-/// GARCH 0.14-0.24 -> 0.49-0.64 per gradient and less all-in time; on logvash and logvolume
-/// (0.05-0.09) the flow cost more than it gave (BENCHMARKS.md, "OpenBLAS's kernels; the transport
-/// threshold"). A distributed run keeps the affine map (the flow trains in one process).
-constexpr double kFlowFisherPerDim = 0.15;
-constexpr int64_t kFisherRows = 1024;
-/// That divergence at draws x [N, D] for the affine map x = mean(x) + L z (NaN with < 2 finite rows).
-double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l);
-/// The same with L the Cholesky factor of the draws' covariance (NaN where it has none: fewer
-/// finite rows than D + 1, or draws that span fewer than D directions).
-double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x);
+/// Note [Choosing the transport] (services/transport.hpp): `nmcmc train`'s transport "auto".
 
 /// Note [Learned proposal in a flow's latent space]: the warm-up of run_with_transport (the
 /// training options' precondition_sampler, _chains and _warmup; 100 draws) fits `flow` and returns

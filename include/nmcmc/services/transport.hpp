@@ -47,7 +47,9 @@
 
 namespace nmcmc {
 
-/// kAuto: training's choice between the affine map and a flow (Note [Choosing the transport]).
+/// kAuto: the choice between the affine map (training) or no transport (sampling: the kernel's
+/// metric) and a flow, by how far the best affine map leaves the posterior from a Gaussian
+/// (Note [Choosing the transport]).
 enum class TransportKind { kNone, kFlow, kAuto };
 template <>
 struct EnumNames<TransportKind> {
@@ -161,6 +163,59 @@ class TransportKernel : public Kernel {
   int64_t global_tries_ = 0, global_accepts_ = 0;
 };
 
+/// Note [Choosing the transport]
+/// `nmcmc train` without a config (and nmcmc.train(target)) has transport "auto": it runs the
+/// affine preconditioner's warm-up as before and then measures how far the best affine map could
+/// take the posterior from N(0, I): for the Gaussian N(m, L L^T) with the mean and covariance of
+/// the warm-up's last draws (up to kFisherRows), the Fisher divergence per dimension
+/// E||L^T grad U(x) - L^-1 (x - m)||^2 / D; 0 for a Gaussian target (the whitened gradient is
+/// then the whitened point), and unchanged by any affine map of x, so a badly scaled or strongly
+/// correlated posterior is not mistaken for a curved one. (The warm-up's own metric is no
+/// yardstick: Stan's regularisation of a dense metric leaves kilpisjarvi's near-singular
+/// covariance unwhitened, a divergence of 400 where the draws' own covariance gives 0.04.) Above
+/// kFlowFisherPerDim no affine map whitens the posterior, and the learned proposal trains in a
+/// flow transport's latent space (its warm-up fitted next; the affine warm-up's gradients and
+/// seconds are counted in the record, "auto"); else it trains on the affine map, with nothing spent
+/// beyond one batched gradient. On posteriordb's reference draws the divergence is 0.007-0.6 per
+/// dimension on 15 of the 16 posteriors (GARCH 0.6, eight schools 0.19) and 6.1 on the latent
+/// Gaussian process, the one the affine learned sampler fails; from the warm-up's draws (seeds 1
+/// and 2) GARCH 0.52-0.74, eight schools 0.20-0.24, mesquite's logvash 0.08-0.09 (the next below),
+/// kilpisjarvi 0.04-0.05 and the latent GP 5.3-7.9. The threshold was 2 until the flow's fits
+/// became cheap (Note [The flow's native pass], Note [The fit's own gradient]); at 0.15 (since
+/// 2026-11-28) eight schools and GARCH train in the flow's latent space too, where the affine
+/// learned sampler was at its weakest: eight schools failed the moment checks at 3 of 8 seeds
+/// (R-hat 1.011-1.015, 0.09-0.12 bulk-ESS per gradient) and passes through the flow (0.33-0.63),
+/// GARCH 0.14-0.24 -> 0.49-0.64 per gradient and less all-in time; on logvash and logvolume
+/// (0.05-0.09) the flow cost more than it gave (BENCHMARKS.md, "OpenBLAS's kernels; the transport
+/// threshold"). A distributed run keeps the affine map (the flow trains in one process).
+///
+/// `nmcmc sample` and `compare` with `--transport auto` (NUTS, HMC, MALA) make the same choice
+/// from their own warm-up (run_with_transport): the run starts as one without a transport would,
+/// with the same seed, and watches the first quarter of its warm-up (at least kAutoWatchMin
+/// iterations): the divergence of that stretch's second half (the positions and gradients the
+/// kernel carries: no extra gradient; the last kFisherRows rows) decides at its end. At or below
+/// kFlowFisherPerDim (or where it cannot be measured: fewer draws than D + 1, or draws spanning
+/// fewer than D directions) the run goes on: its draws are those of `--transport none`, bit for
+/// bit. Above it the run stops there and the whole `--transport flow` run follows, from the
+/// starting box with the same seed (its draws are those of `--transport flow`), and the watched
+/// stretch's gradients and seconds are counted in its warm-up (all-in). The summary's transport
+/// record says which (`auto`).
+/// Why not the flow everywhere: on the 13 small posteriordb posteriors NUTS through the flow
+/// costs 1.5-20x the best NUTS's seconds to 10,000 effective draws (the fits), for a per-gradient gain of
+/// 0.89-1.6x; on the three above the threshold (eight schools, GARCH, the latent GP) it gains
+/// 2.5-80x per gradient (BENCHMARKS.md "The final metric through the flow").
+constexpr double kFlowFisherPerDim = 0.15;
+constexpr int64_t kFisherRows = 1024;
+constexpr int64_t kAutoWatchMin = 100;
+/// That divergence at draws x [N, D] for the affine map x = mean(x) + L z (NaN with < 2 finite rows).
+double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l);
+/// The same with L the Cholesky factor of the draws' covariance (NaN where it has none: fewer
+/// finite rows than D + 1, or draws that span fewer than D directions).
+double gaussian_fisher_per_dim(Target& target, const torch::Tensor& x);
+/// The same from draws x [N, D] and their energy gradients grad_u [N, D] (dU/dx) as a run holds
+/// them: no gradient is computed (rows where either is not finite are left out).
+double gaussian_fisher_per_dim(const torch::Tensor& x, const torch::Tensor& grad_u);
+
 /// A finished transported run: the draws in x, the flow, and what the fits did.
 struct TransportRun {
   SampleResult result;
@@ -178,6 +233,8 @@ SampleResult run_mapped(TransportedTarget& latent, Kernel& kernel, const RunOpti
 /// Note [Transport warm-up]: warm-up with fitting rounds, then sampling with `kernel` (NUTS, HMC,
 /// MALA, RWM) on the pulled-back target; `options` as for run_sampler (warm-up of at least 100
 /// iterations; one process). The result is in x, with every round counted as warm-up.
+/// transport.kind kAuto: Note [Choosing the transport] (the report's "auto" says which ran; with
+/// no transport chosen the flow is unset and the report has no rounds).
 TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions& options,
                                 const TransportOptions& transport, uint64_t seed, const ProgressFn& progress = nullptr);
 
