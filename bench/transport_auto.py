@@ -1,6 +1,8 @@
 """The posteriordb table of bench/transport_auto.sh: NUTS with `--transport auto` against NUTS with
 Stan's settings (no transport), the same seed, per posterior.
-Usage: /usr/bin/python3 bench/transport_auto.py OUT SEED [SEED ...]"""
+Usage: [PREFIX=pdb_nuts_fisher-lowrank] /usr/bin/python3 bench/transport_auto.py OUT SEED [SEED ...]
+(PREFIX: the files' prefix, pdb_nuts for Stan's diagonal metric; "diag" in the table is then the
+run without a transport at that metric)"""
 import json
 import os
 import sys
@@ -21,8 +23,9 @@ def main(out, seeds):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary = {"none": [], "flow": []}
     for seed in seeds:
-        diag = rows(os.path.join(out, f"pdb_nuts_diag_s{seed}.json"))
-        auto = rows(os.path.join(out, f"pdb_nuts_auto_s{seed}.json"))
+        prefix = os.environ.get("PREFIX", "pdb_nuts")
+        diag = rows(os.path.join(out, f"{prefix}_diag_s{seed}.json"))
+        auto = rows(os.path.join(out, f"{prefix}_auto_s{seed}.json"))
         for p in sorted(set(diag) | set(auto)):
             d, a = diag.get(p, {}), auto.get(p, {})
             ran = a.get("transport", "?").replace("auto:", "")

@@ -107,6 +107,19 @@ def test_transport_flow_on_a_python_function_and_its_bad_input():
             nmcmc.sample(t, "nuts", progress=False, **kwargs)
 
 
+def test_transport_auto_on_a_gaussian_samples_as_without_one():
+    # Note [Choosing the transport]: on a Gaussian auto measures a small divergence in the first
+    # quarter of the warm-up and goes on as a run without a transport: the same draws.
+    t = nmcmc.from_function(gaussian_energy, dim=3, names=["mu", "log_tau", "theta"], dtype="float64")
+    plain = nmcmc.sample(t, "nuts", chains=2, warmup=200, draws=100, seed=4, progress=False)
+    auto = nmcmc.sample(t, "nuts", transport="auto", chains=2, warmup=200, draws=100, seed=4, progress=False)
+    assert torch.equal(plain.draws, auto.draws)
+    record = auto.summary["transport"]["auto"]
+    assert record["chose"] == "none" and record["fisher_per_dim"] < record["threshold"] == 0.15
+    with pytest.raises(ValueError, match="at least 100"):
+        nmcmc.sample(t, "nuts", transport="auto", warmup=50, progress=False)
+
+
 def test_train_with_a_flow_transport_and_sample_in_its_latent_space(tmp_path):
     # Note [Learned proposal in a flow's latent space]: the flow is fitted in the training's
     # warm-up and saved with the model; sampling runs in its latent space and returns x with
