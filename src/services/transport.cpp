@@ -262,7 +262,7 @@ TransportRun run_with_flow(Target& target, Kernel& kernel, const RunOptions& opt
   // base (Note [Transport warm-up]): on the affine map alone, the same values without a pass
   // through the (identity) coupling layers' graph.
   TransportedTarget first_latent(target, FlowTransport(FlowOptions().set_dim(d).set_layers(0).set_mask_seed(seed)));
-  TransportKernel rk(kernel, t.global_moves);
+  TransportKernel rk(kernel, /*global_moves=*/false);  // global moves once the flow is fitted (Note [Transport warm-up])
   auto affine_estimate = [&](const torch::Tensor& x, const torch::Tensor& g, uint64_t fit_seed) {
     return nmcmc::affine_estimate(d, t.fit, x, g, seed, fit_seed);
   };
@@ -519,6 +519,7 @@ TransportRun run_with_flow(Target& target, Kernel& kernel, const RunOptions& opt
     }
   }
 
+  rk.set_global_moves(t.global_moves);  // the fits are done: the flow is what the trials and the sampling use
   // Note [The flow or its affine base]
   // The Fisher loss is not what NUTS pays. On posteriordb's kilpisjarvi (three parameters, a
   // correlation near -1, nearly Gaussian) the coupling layers cut the held-out loss 4x against

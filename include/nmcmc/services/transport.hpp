@@ -30,7 +30,13 @@
 // Metropolis-Hastings step from N(0, I) in the latent space (the flow's pushforward in x): it
 // is exact for the pulled-back density whatever the flow, and can jump between modes that the
 // local kernel cannot cross. It costs one gradient per chain and step; the step-size adaptation
-// sees the local kernel's accept statistics only.
+// sees the local kernel's accept statistics only. They start once the fits are done (the trials,
+// the final warm-up and sampling), not in the fitting rounds: there every chain jumped to where
+// the current flow put its mass and the next fit saw only those states - on posteriordb's
+// low-dimensional Gaussian mixture without its ordering (two labellings of equal weight) all 8
+// chains ended in one labelling and stayed (R-hat 1.001, the other half of the posterior never
+// drawn), where the rounds without them fitted a flow joining both (BENCHMARKS.md "`--transport
+// auto` for NUTS").
 //
 // Progress: the rounds report phase "warmup" (iterations of the whole warm-up); each fit reports
 // phase "fit" with iteration = its Adam step, total = its most steps, and `accept` holding the
@@ -129,6 +135,8 @@ struct TransportOptions {
 class TransportKernel : public Kernel {
  public:
   TransportKernel(Kernel& inner, bool global_moves) : inner_(&inner), global_(global_moves) {}
+  /// Global moves on or off from the next step.
+  void set_global_moves(bool on) { global_ = on; }
   std::string name() const override { return inner_->name(); }
   ChainState init(Target& target, const torch::Tensor& x) const override { return inner_->init(target, x); }
   std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) override;
