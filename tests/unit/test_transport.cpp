@@ -473,6 +473,33 @@ TEST(Transport, AutoRunsTheFlowOnAFunnel) {
   EXPECT_EQ(tr.result.grads_sampling, flow.result.grads_sampling);
 }
 
+// Note [Transport warm-up]: global moves start once the fits are done. The fitting rounds of a run
+// with them are those of the same run without (the same step sizes, gradients and fits: with
+// global moves in the rounds, as before, every round differs); after the fits they act.
+TEST(Transport, GlobalMovesWaitForTheFits) {
+  auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.5}}, kF64);
+  RunOptions ro;
+  ro.set_chains(2).set_warmup(300).set_draws(50).set_metric(MetricAdapt::kDiag);
+  TransportOptions t;
+  t.layers = 2;
+  t.rounds = 3;
+  Nuts plain_nuts{NutsOptions()};
+  const TransportRun plain = run_with_transport(*target, plain_nuts, ro, t, 17);
+  t.global_moves = true;
+  Nuts nuts{NutsOptions()};
+  const TransportRun global = run_with_transport(*target, nuts, ro, t, 17);
+  ASSERT_EQ(global.report["rounds"].size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    const json& a = plain.report["rounds"][r];
+    const json& b = global.report["rounds"][r];
+    EXPECT_EQ(a["grads_per_chain"], b["grads_per_chain"]) << r;
+    EXPECT_EQ(a["step_size"], b["step_size"]) << r;
+    EXPECT_EQ(a["fit"]["loss_end"], b["fit"]["loss_end"]) << r;
+  }
+  EXPECT_GT(global.report["global_accept"].get<double>(), 0.0);
+  EXPECT_FALSE(torch::equal(plain.result.draws, global.result.draws));
+}
+
 TEST(Transport, AutoRefusesAWarmUpTheFlowCouldNotUse) {
   // Checked before the first step: a flow chosen after a whole warm-up must be able to run.
   auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.5}}, kF64);
