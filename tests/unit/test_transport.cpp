@@ -439,15 +439,25 @@ TEST(Transport, AutoSamplesAsWithoutATransportOnAGaussian) {
   EXPECT_EQ(tr.result.step_size, plain.step_size);
 }
 
+namespace {
+/// The small transported runs of the tests below: a 5-d funnel (sigma 1.5), 2 chains, 300 warm-up
+/// + 50 draws, two coupling layers, NUTS with a fresh kernel.
+const RunOptions kSmallRun = RunOptions().set_chains(2).set_warmup(300).set_draws(50).set_metric(MetricAdapt::kDiag);
+TransportRun small_funnel_run(Target& target, TransportKind kind, int64_t rounds, bool global_moves, uint64_t seed) {
+  TransportOptions t;
+  t.kind = kind;
+  t.layers = 2;
+  t.rounds = rounds;
+  t.global_moves = global_moves;
+  Nuts nuts{NutsOptions()};
+  return run_with_transport(target, nuts, kSmallRun, t, seed);
+}
+}  // namespace
+
 TEST(Transport, AutoRunsTheFlowOnAFunnel) {
   auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.5}}, kF64);
-  RunOptions ro;
-  ro.set_chains(2).set_warmup(300).set_draws(50).set_metric(MetricAdapt::kDiag);
-  TransportOptions t;
-  t.layers = 2;
-  t.rounds = 2;
-  Nuts flow_nuts{NutsOptions()};
-  const TransportRun flow = run_with_transport(*target, flow_nuts, ro, t, 21);
+  const RunOptions& ro = kSmallRun;
+  const TransportRun flow = small_funnel_run(*target, TransportKind::kFlow, 2, false, 21);
   // The run without a transport, ended after the first quarter of its warm-up.
   Nuts plain_nuts{NutsOptions()};
   RunOptions quarter = ro;
@@ -455,9 +465,7 @@ TEST(Transport, AutoRunsTheFlowOnAFunnel) {
   const SampleResult plain = run_sampler(*target, plain_nuts, quarter, 21);
   ASSERT_FALSE(plain.draws.defined());
   EXPECT_GT(plain.grads_warmup, 100);
-  Nuts nuts{NutsOptions()};
-  t.kind = TransportKind::kAuto;
-  const TransportRun tr = run_with_transport(*target, nuts, ro, t, 21);
+  const TransportRun tr = small_funnel_run(*target, TransportKind::kAuto, 2, false, 21);
   std::cout << "  auto " << tr.report["auto"].dump() << "\n";
   ASSERT_TRUE(tr.result.complete);
   EXPECT_EQ(tr.report["kind"], "auto");
@@ -478,16 +486,8 @@ TEST(Transport, AutoRunsTheFlowOnAFunnel) {
 // global moves in the rounds, as before, every round differs); after the fits they act.
 TEST(Transport, GlobalMovesWaitForTheFits) {
   auto target = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.5}}, kF64);
-  RunOptions ro;
-  ro.set_chains(2).set_warmup(300).set_draws(50).set_metric(MetricAdapt::kDiag);
-  TransportOptions t;
-  t.layers = 2;
-  t.rounds = 3;
-  Nuts plain_nuts{NutsOptions()};
-  const TransportRun plain = run_with_transport(*target, plain_nuts, ro, t, 17);
-  t.global_moves = true;
-  Nuts nuts{NutsOptions()};
-  const TransportRun global = run_with_transport(*target, nuts, ro, t, 17);
+  const TransportRun plain = small_funnel_run(*target, TransportKind::kFlow, 3, false, 17);
+  const TransportRun global = small_funnel_run(*target, TransportKind::kFlow, 3, true, 17);
   ASSERT_EQ(global.report["rounds"].size(), 3u);
   for (size_t r = 0; r < 3; ++r) {
     const json& a = plain.report["rounds"][r];
