@@ -169,7 +169,13 @@ parallel::DistOptions DistArgs::resolve() const {
 
 std::shared_ptr<parallel::Communicator> DistArgs::connect(torch::TensorOptions& options) const {
   parallel::DistOptions o = resolve();
-  if (o.world_size > 1) g_prefix = fmt::format("nmcmc [rank {}/{}]", o.rank, o.world_size);
+  if (o.world_size > 1) {
+    g_prefix = fmt::format("nmcmc [rank {}/{}]", o.rank, o.world_size);
+    // A peer that dies cuts this rank's sockets; a write into one must fail as an error (the
+    // collective's "another process of the run died", exit 69), not end the rank by SIGPIPE with
+    // nothing said. Only ranks of a multi-process run: `nmcmc ... | head` keeps the default.
+    std::signal(SIGPIPE, SIG_IGN);
+  }
   if (options.device().is_cuda() && !options.device().has_index() && o.world_size > 1) {
     options = options.device(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank)));
   }
