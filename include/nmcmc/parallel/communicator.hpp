@@ -12,9 +12,7 @@
 // step]) and stays in lockstep. Sampling gives each rank a block of chains with its own seed and
 // adaptation (independent runs, as Stan's chains); rank 0 gathers the draws and writes the
 // summary. Every collective has a timeout: a rank that dies breaks the others' connections at
-// once, one that hangs is given up on after the timeout; both end the run with a DistError. A
-// write into a dead peer's socket raises SIGPIPE, which ends a process by default: a program of
-// its own ignores SIGPIPE in its ranks, as nmcmc's CLI does (and Python does for every process).
+// once, one that hangs is given up on after the timeout; both end the run with a DistError.
 #include <torch/torch.h>
 
 #include <chrono>
