@@ -202,11 +202,11 @@ std::string format_summary(const json& j, int64_t rows) {
                    j["step_size"].get<double>(), j["divergences"].get<int64_t>(), j["grads_per_step"].get<double>()));
   if (j["divergences"].get<int64_t>() > 0) {
     // As Stan warns: a divergent trajectory met curvature its step size could not follow, and the
-    // chains under-visit such regions (Funnel-3 through the flow: 1-4 % of transitions diverged and
-    // x1's sd came out 2.2-2.8 MCSE low at two seeds of three; at --target-accept 0.95, 0.03-0.5 %
-    // and within 1.3 MCSE: BENCHMARKS.md "`--transport auto` for NUTS").
+    // chains under-visit such regions. Funnel-3 through the flow, 20,000 draws per chain: at 0.8
+    // 4.2 % diverged and x1's sd came out 2.4 % low, at 0.95 0.68 % and 1.4 % low (-3.1 MCSE), at
+    // 0.99 0.28 % and right (BENCHMARKS.md "Funnel-3 through the flow: ten seeds, and its tails").
     line(fmt::format("warning: {} of {:.0f} transitions diverged ({:.2g} %): the draws may miss where the density "
-                     "curves sharply (a funnel's neck); a higher --target-accept (0.9, 0.95) takes smaller steps there",
+                     "curves sharply (a funnel's neck); a higher --target-accept (0.9 to 0.99) takes smaller steps there",
                      j["divergences"].get<int64_t>(), steps, 100.0 * j["divergences"].get<double>() / steps));
   }
   line(fmt::format("min bulk-ESS {:.0f} of {:.0f} draws ({:.4f}/MH step, {:.4g}/grad, {:.1f}/s)  min tail-ESS {:.0f}  max R-hat {:.3f}",
