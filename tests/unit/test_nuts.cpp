@@ -7,6 +7,7 @@
 
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
+#include "nmcmc/diagnostics/summary.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/chain_stream.hpp"
 #include "nmcmc/kernels/nuts.hpp"
@@ -149,6 +150,29 @@ TEST(Nuts, RunSamplerAdaptsAndReportsTreeStatistics) {
   EXPECT_NEAR(s["grads_per_step"].get<double>(), r.n_grad_chain.to(torch::kFloat64).mean().item<double>(), 1e-12);
   EXPECT_TRUE(s.contains("tree_depth_hits"));
   EXPECT_GT(s["accept_rate"].get<double>(), 0.6);
+}
+
+// The run's summary counts the divergent transitions and, as Stan does, warns where there are any,
+// naming --target-accept; a run without any says nothing of them.
+TEST(Nuts, SummaryWarnsOfDivergences) {
+  auto funnel = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 3}}, kF64);
+  Nuts nuts;
+  RunOptions run;
+  run.set_chains(4).set_warmup(200).set_draws(200);
+  SampleResult r = run_sampler(*funnel, nuts, run, 3);
+  json s = summarise(r, *funnel);
+  const int64_t divergent = r.divergent.sum().item<int64_t>();
+  ASSERT_GT(divergent, 0);
+  EXPECT_EQ(s["divergences"].get<int64_t>(), divergent);
+  const std::string text = format_summary(s);
+  EXPECT_NE(text.find("warning: " + std::to_string(divergent) + " of 800 transitions diverged"), std::string::npos) << text;
+  EXPECT_NE(text.find("--target-accept"), std::string::npos) << text;
+  auto icg = make_target({{"name", "icg"}, {"dim", 4}}, kF64);
+  Nuts calm;
+  SampleResult q = run_sampler(*icg, calm, run, 3);
+  json c = summarise(q, *icg);
+  ASSERT_EQ(c["divergences"].get<int64_t>(), 0);
+  EXPECT_EQ(format_summary(c).find("diverged"), std::string::npos);
 }
 
 TEST(Adaptation, DenseMetricLearnsACovariance) {
