@@ -767,6 +767,17 @@ std::string log_without_timings(const std::string& path) {
 }
 }  // namespace
 
+namespace {
+/// The small training the `nmcmc launch` tests run (German credit, 8 hidden units, a checkpoint every
+/// 2 steps), after `train`.
+std::string small_german_training() {
+  return " -c " + std::string(NMCMC_SOURCE_DIR) +
+         "/configs/german.json --batch 32 --set model.hidden=8 --set train.precondition_warmup=30 "
+         "--set train.precondition_draws=5 --set train.precondition_chains=2 --set train.log_every=1 "
+         "--set train.checkpoint_every=2 -q";
+}
+}  // namespace
+
 // A rank that writes into a dead peer's socket gets SIGPIPE: the ranks ignore it, so that the write
 // fails as the collective's error (exit 69) and the run says so; by default SIGPIPE killed rank 0
 // silently (1 run in 16 under load). Deterministic here: SIGPIPE sent to both ranks mid-run leaves
@@ -775,11 +786,8 @@ TEST(Cli, LaunchRanksIgnoreSigpipe) {
   const std::string dir = ::testing::TempDir() + "cli_launch_sigpipe/";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string command = std::string(NMCMC_CLI_PATH) + " launch --nproc 2 -- train -c " +
-                              std::string(NMCMC_SOURCE_DIR) +
-                              "/configs/german.json --batch 32 --set model.hidden=8 --set train.precondition_warmup=30 "
-                              "--set train.precondition_draws=5 --set train.precondition_chains=2 "
-                              "--set train.checkpoint_every=2 -q --steps 100000000 -o " + dir + "p.pt";
+  const std::string command = std::string(NMCMC_CLI_PATH) + " launch --nproc 2 -- train" + small_german_training() +
+                              " --steps 100000000 -o " + dir + "p.pt";
   CliRun r = run_with_prefix(act_when(command, dir + "p.pt", "pkill -PIPE -P $pid; sleep 1; kill -INT $pid; "), "");
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_EQ(r.out.find("signal 13"), std::string::npos) << r.out;
@@ -792,10 +800,7 @@ TEST(Cli, LaunchTrainsDataParallelStopsOnCtrlCAndEndsWhenARankDies) {
   const std::string dir = ::testing::TempDir() + "cli_launch/";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string train = " -c " + std::string(NMCMC_SOURCE_DIR) +
-                            "/configs/german.json --batch 32 --set model.hidden=8 --set train.precondition_warmup=30 "
-                            "--set train.precondition_draws=5 --set train.precondition_chains=2 --set train.log_every=1 "
-                            "--set train.checkpoint_every=2 -q";
+  const std::string train = small_german_training();
   CliRun two = run("launch --nproc 2 -- train" + train + " --steps 6 -o " + dir + "two.pt");
   ASSERT_EQ(two.code, 0) << two.out;
   EXPECT_NE(two.out.find("data-parallel over 2 processes (2 shards per batch)"), std::string::npos) << two.out;
