@@ -33,7 +33,7 @@ void on_signal(int sig) {
 }
 const char* const kTargetOptions[] = {"--target", "--dim", "--sigma", "--dataset", "--data-file", "--label-column",
                                       "--target-seed", "--target-json", "--module", "--module-output",
-                                      "--module-engine"};
+                                      "--module-engine", "--stan", "--data"};
 }  // namespace
 
 const std::string& command_line() { return g_command_line; }
@@ -74,6 +74,8 @@ void TargetArgs::add(CLI::App* cmd) {
   cmd->add_option("--module-engine", module_engine,
                   "torchscript: auto (default: nmcmc's own evaluator where the module's operations allow, else LibTorch) | "
                   "native (an error if they do not) | libtorch");
+  cmd->add_option("--stan", stan, "your Stan program (a .stan file; implies --target stan): compiled once, then cached");
+  cmd->add_option("--data", stan_data, "stan: the program's data, JSON as CmdStan reads it");
   cmd->add_option("--target-json", spec_json, "the whole target spec as JSON, e.g. '{\"name\":\"funnel\",\"dim\":100,\"sigma\":1}'");
 }
 
@@ -85,7 +87,15 @@ json TargetArgs::spec() const {
       throw UsageError(std::string("--target-json is not valid JSON: ") + e.what());
     }
   }
-  json s = {{"name", name.value_or(module ? "torchscript" : "funnel")}};
+  json s = {{"name", name.value_or(module ? "torchscript" : stan ? "stan" : "funnel")}};
+  if (stan) {
+    if (s["name"] != "stan") throw UsageError("--stan goes with --target stan");
+    if (module) throw UsageError("give --stan or --module, not both");
+    s["program"] = *stan;
+    if (stan_data) s["data"] = *stan_data;
+  } else if (stan_data) {
+    throw UsageError("--data goes with --stan (the program's data)");
+  }
   if (module) {
     if (s["name"] != "torchscript") throw UsageError("--module goes with --target torchscript");
     s["module"] = *module;

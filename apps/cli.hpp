@@ -70,7 +70,7 @@ struct TargetArgs {
   std::optional<std::string> name;  // unset: funnel, or torchscript with --module
   std::optional<int64_t> dim;
   std::optional<double> sigma;
-  std::optional<std::string> dataset, file, spec_json, module, module_output, module_engine;
+  std::optional<std::string> dataset, file, spec_json, module, module_output, module_engine, stan, stan_data;
   std::optional<int> label_column;
   std::optional<int64_t> target_seed;
   void add(CLI::App* cmd);

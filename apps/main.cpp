@@ -9,6 +9,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/process/figures.hpp"
 #include "nmcmc/process/gemm.hpp"
+#include "nmcmc/process/stan_build.hpp"
 
 namespace {
 int run_parsed(const std::vector<nmcmc::cli::Command>& commands);
@@ -25,6 +26,8 @@ int main(int argc, char** argv) {
   nmcmc::tune_allocator();  // Note [Allocator policy]
   nmcmc::warn_gemm_environment();
   set_command_line(argc, argv);
+  // Note [Stan programs]: --stan programs are compiled on first use and cached.
+  nmcmc::register_stan_builder([](const std::string& message) { std::cerr << "nmcmc: " << message << std::endl; });
   CLI::App app{"nmcmc: neural-network MCMC that maximises proposal entropy (Li, Chen & Sommer 2021)"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every command");

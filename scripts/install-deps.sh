@@ -4,7 +4,8 @@ set -euo pipefail
 packages=(build-essential cmake ccache libtorch-dev libopenblas0-pthread libcli11-dev nlohmann-json3-dev
           libfmt-dev libgtest-dev libstb-dev zlib1g-dev dataset-fashion-mnist
           pybind11-dev python3-dev python3-torch python3-pytest python3-numpy
-          pkg-config libnetcdf-dev libgloo-dev libdnnl-dev python3-xarray python3-netcdf4 python3-pandas python3-matplotlib)
+          pkg-config libnetcdf-dev libgloo-dev libdnnl-dev python3-xarray python3-netcdf4 python3-pandas python3-matplotlib
+          r-cran-rstan r-cran-stanheaders r-cran-rcppeigen libboost-dev r-cran-jsonlite r-cran-posterior)
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi

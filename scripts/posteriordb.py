@@ -19,6 +19,11 @@
         trained with `nmcmc train --module`'s defaults) and checks the moments against the
         reference: every mean within 5 MCSE (the run's and the reference's combined), every sd
         within 10 %; prints a row per posterior (exit 1 if any fails)
+    scripts/posteriordb.py check --stan [...]
+        the same from posteriordb's Stan programs (posteriordb/stan, all 46 posteriors with reference
+        draws; Note [Stan programs]): the draws are Stan's constrained quantities, checked by name
+        against posteriordb/stan_reference: every mean within 5 combined MCSE, and every sd within 5
+        of its combined standard error sd sqrt((kurtosis - 1) / (4 ESS)) (kurtosis of the run's draws)
 
 The moment checks' false-fail rate: a mean off by more than 5 combined MCSE has probability about
 6e-7 per parameter for a correct sampler (normal approximation), about 6e-5 over the suite's ~110
@@ -87,11 +92,61 @@ def moments_check(summary: dict, ref: dict, mcse_z: float = 5.0, sd_tol: float =
     return not why, worst_z, worst_sd, why
 
 
+STAN_DIR = os.path.join(HERE, "..", "posteriordb")
+
+
+def stan_posteriors():
+    return sorted(f[:-5] for f in os.listdir(os.path.join(STAN_DIR, "stan_reference")) if f.endswith(".json"))
+
+
+def stan_reference(posterior: str) -> dict:
+    with open(os.path.join(STAN_DIR, "stan_reference", posterior + ".json")) as f:
+        ref = json.load(f)
+    ref["kind"] = "stan program"
+    ref["program"] = os.path.join(STAN_DIR, "stan", ref["model"] + ".stan")
+    ref["data_file"] = os.path.join(STAN_DIR, "data", ref["data"] + ".json")
+    return ref
+
+
+def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd_z: float = 5.0):
+    """The moment checks of a run from a Stan program, by Stan's names: (passes, worst mean z,
+    worst sd ratio, why). The sd's standard error is sd sqrt((kurtosis - 1) / (4 ESS)), the run's and
+    the reference's combined, with the kurtosis of the run's draws [S, C, K]."""
+    index = {p["name"]: k for k, p in enumerate(summary["parameters"])}
+    worst_z, worst_sd, why = 0.0, 1.0, []
+    for j, name in enumerate(ref["names"]):
+        if name not in index:
+            why.append(f"{name}: not in the run's output")
+            continue
+        k = index[name]
+        p = summary["parameters"][k]
+        if ref["sd"][j] == 0:  # a constant (e.g. a fixed element of a matrix)
+            if abs(p["mean"] - ref["mean"][j]) > 1e-8 * (1 + abs(ref["mean"][j])):
+                why.append(f"{name} {p['mean']:.4g} vs the constant {ref['mean'][j]:.4g}")
+            continue
+        ref_ess = ref["ess_bulk"][j] or ref["n"]
+        z = abs(p["mean"] - ref["mean"][j]) / math.sqrt(p["mcse_mean"] ** 2 + ref["sd"][j] ** 2 / ref_ess)
+        x = draws[:, :, k].reshape(-1).to(torch.float64)
+        kurt = float(((x - x.mean()) ** 4).mean() / x.var(unbiased=False) ** 2)
+        ess = max(p["ess_bulk"], 1.0)
+        se_sd = math.sqrt(p["sd"] ** 2 * (kurt - 1) / (4 * ess) + ref["sd"][j] ** 2 * (kurt - 1) / (4 * ref_ess))
+        zs = abs(p["sd"] - ref["sd"][j]) / se_sd if se_sd > 0 else float("inf")
+        r = p["sd"] / ref["sd"][j]
+        worst_z = max(worst_z, z)
+        if abs(r - 1) > abs(worst_sd - 1):
+            worst_sd = r
+        if z > mcse_z:
+            why.append(f"{name} mean {p['mean']:.4g} vs {ref['mean'][j]:.4g} ({z:.1f} MCSE)")
+        if zs > sd_z:
+            why.append(f"{name} sd {p['sd']:.4g} vs {ref['sd'][j]:.4g} ({zs:.1f} se)")
+    return not why, worst_z, worst_sd, why
+
+
 def check(args) -> int:
     import nmcmc
     rows, failed = [], 0
-    for p in args.only or ports.PORTS:
-        ref = ports.reference(p)
+    for p in args.only or (stan_posteriors() if args.stan else ports.PORTS):
+        ref = stan_reference(p) if args.stan else ports.reference(p)
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
         row["transport"] = args.transport or ("auto" if args.sampler == "learned" else "none")
@@ -115,7 +170,13 @@ def check(args) -> int:
 
 def one(nmcmc, p, ref, row, args, t0):
     """Samples one posterior as `check` says; fills `row`; returns (passes, why)."""
-    target = nmcmc.from_module(scripted(p), dtype=args.dtype)
+    if args.stan:
+        target = nmcmc.stan_model(ref["program"], ref["data_file"], dtype=args.dtype)
+        row["dim"] = target.dim
+        row["compile_seconds"] = time.time() - t0  # 0 from the cache
+        t0 = time.time()
+    else:
+        target = nmcmc.from_module(scripted(p), dtype=args.dtype)
     fixed_grads = fixed_seconds = 0.0  # warm-up, preconditioner and training: paid before sampling
     if args.sampler == "nuts":
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
@@ -177,7 +238,7 @@ def one(nmcmc, p, ref, row, args, t0):
                                           for r in s["transport"].get("rounds", [])]
         if "restarted" in s["transport"]:  # Note [Far out twice]
             row["transport_restarted"] = s["transport"]["restarted"]
-    ok, z, sd, why = moments_check(s, ref)
+    ok, z, sd, why = moments_check_named(s, ref, run.draws) if args.stan else moments_check(s, ref)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
                 "density_failures": s.get("density_failures", 0), "worst_mean_mcse": z, "worst_sd_ratio": sd})
@@ -442,6 +503,7 @@ def main() -> int:
     c = sub.add_parser("check")
     c.add_argument("--sampler", choices=["nuts", "learned"], default="nuts")
     c.add_argument("--only", nargs="*")
+    c.add_argument("--stan", action="store_true", help="posteriordb's Stan programs (all 46) instead of the ports")
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--transport", choices=["none", "flow", "auto"], default=None,

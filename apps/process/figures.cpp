@@ -11,31 +11,13 @@
 #include <filesystem>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/process/command.hpp"
 
 namespace nmcmc {
 
 namespace fs = std::filesystem;
 
 namespace {
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-/// Runs a command line; returns its exit code (127: not found) and its output (stdout + stderr).
-std::pair<int, std::string> run_command(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return {127, "cannot start: " + command};
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return {code, output};
-}
-
 std::string last_line(const std::string& text) {
   std::string t = text;
   while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();

@@ -85,7 +85,7 @@ import torch  # before _nmcmc: it loads the LibTorch both share
 from . import _nmcmc as _C
 
 __version__ = _C.version()
-__all__ = ["Target", "target", "from_module", "from_function", "targets", "sample", "Run", "train", "Model", "report",
+__all__ = ["Target", "target", "from_module", "from_function", "stan_model", "targets", "sample", "Run", "train", "Model", "report",
            "compare", "blas_kernels", "UsageError", "DataError"]
 
 UsageError = _C.UsageError
@@ -230,6 +230,30 @@ def from_module(module, dim: _Optional[int] = None, output: str = "energy", dtyp
         torch.jit.save(module, buf)
         spec["module"] = _C.register_module(buf.getvalue())
         keep = module
+    t = Target(spec, dtype=dtype, device=device)
+    t._keep = keep
+    return t
+
+
+def stan_model(program, data=None, dtype="float64", device="cpu", seed: _Optional[int] = None) -> Target:
+    """Your Stan program as a target: `program` is the path of a .stan file (current Stan syntax,
+    or Stan 2.21's), `data` the path of its data as CmdStan's JSON, or a dict of them (written to
+    a temporary file). Compiled by Stan's own compiler on first use (about a minute; cached).
+    The chains move on Stan's unconstrained scale; sample() reports the draws as Stan writes them:
+    constrained parameters, transformed parameters and generated quantities by Stan's names.
+    `seed` seeds the transformed data block's random numbers."""
+    spec = {"name": "stan", "program": _os.fspath(program)}
+    keep = None
+    if isinstance(data, dict):  # written where the target can read it; removed with the target
+        keep = _tempfile.TemporaryDirectory(prefix="nmcmc_stan_")
+        path = _os.path.join(keep.name, "data.json")
+        with open(path, "w") as f:
+            _json.dump(data, f)
+        data = path
+    if data is not None:
+        spec["data"] = _os.fspath(data)
+    if seed is not None:
+        spec["seed"] = int(seed)
     t = Target(spec, dtype=dtype, device=device)
     t._keep = keep
     return t

@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <iostream>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/figures.hpp"
+#include "nmcmc/process/stan_build.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/version.hpp"
 
@@ -187,6 +189,9 @@ PYBIND11_MODULE(_nmcmc, m) {
       PyErr_SetString(PyExc_ValueError, (std::string("nmcmc: ") + e.what()).c_str());
     }
   });
+
+  // Note [Stan programs]: nmcmc.stan_model compiles on first use (told on stderr) and caches.
+  nmcmc::register_stan_builder([](const std::string& message) { std::cerr << "nmcmc: " << message << std::endl; });
 
   m.def("tune_allocator", [] {
     const nmcmc::AllocatorPolicy p = nmcmc::tune_allocator();

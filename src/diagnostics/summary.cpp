@@ -128,7 +128,9 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
                                     : r.n_grad.to(torch::kFloat64).mean().item<double>();
   }
   json params = json::array();
-  const std::vector<std::string> names = parameter_labels(target);
+  // The draws' own labels (Note [Draws in the model's own parameters]), else the target's.
+  const std::vector<std::string> names =
+      static_cast<int64_t>(r.names.size()) == d ? r.names : parameter_labels(target);
   for (int64_t k = 0; k < d; ++k) {
     params.push_back({{"name", names[k]},
                       {"mean", st.mean[k].item<double>()},

@@ -6,8 +6,10 @@
 #include "nmcmc/core/tensor_options.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/io/atomic_file.hpp"
+#include "nmcmc/io/mapped_draws.hpp"
 #include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/services/sample.hpp"
+#include "nmcmc/targets/stan.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "nmcmc/version.hpp"
@@ -30,7 +32,10 @@ struct Prepared {
 
 Prepared prepare(const SampleRequest& request) {
   const SampleOptions& a = request.options;
-  torch::TensorOptions options = parse_tensor_options(a.dtype.value_or("float32"), a.device);
+  // Note [Stan programs]: a Stan program's density is float64 throughout, and so are its chains
+  // unless asked otherwise (a float32 state rounds away what its scales need).
+  const bool stan = request.target.is_object() && request.target.value("name", std::string()) == "stan";
+  torch::TensorOptions options = parse_tensor_options(a.dtype.value_or(stan ? "float64" : "float32"), a.device);
   const OutputFormats formats = parse_formats(a.formats);  // checked before the run
   (void)formats;
   std::unique_ptr<Kernel> kernel;
@@ -193,6 +198,21 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     stream = std::make_unique<StanCsvStream>(*a.output, chain_config, parallel::block_of(a.chains, rank, world).first);
   }
   run.sink = stream.get();
+  // Note [Draws in the model's own parameters]: a Stan program's draws are reported constrained.
+  std::unique_ptr<MappedSink> mapped;
+  auto gq_failures = std::make_shared<std::pair<int64_t, std::string>>(0, "");
+  if (const auto* stan = dynamic_cast<const StanTarget*>(prep.target.get())) {
+    DrawMap map{stan->constrained_names(true, true), nullptr};
+    const uint64_t seed = a.seed;
+    map.map = [stan, seed, gq_failures](const torch::Tensor& x, int64_t first_draw) {
+      const int64_t n = x.size(0), c = x.size(1);
+      return stan->constrain(x.reshape({n * c, x.size(2)}), true, true, seed, first_draw * c, &gq_failures->first,
+                             &gq_failures->second)
+          .reshape({n, c, -1});
+    };
+    mapped = std::make_unique<MappedSink>(run.sink, std::move(map));
+    run.sink = mapped.get();
+  }
   json transport_report;
   if (a.transport != TransportKind::kNone) {
     TransportOptions t;
@@ -209,6 +229,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   } else {
     out.result = run_sampler(*prep.target, *prep.kernel, run, a.seed, progress, comm.get());
   }
+  if (mapped) out.result = mapped->take_result();
   SampleResult& r = out.result;
   if (!r.draws.defined() || r.draws.size(0) == 0) return out;  // stopped before any draw
   if (world > 1) {
@@ -220,6 +241,10 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   if (!comm->is_root()) return out;
   out.summary = summarise(r, *prep.target, int64_t{256} << 20, progress);
   if (!transport_report.is_null()) out.summary["transport"] = transport_report;
+  if (gq_failures->first > 0) {
+    out.summary["generated_quantities_failures"] = gq_failures->first;
+    out.summary["first_generated_quantities_failure"] = gq_failures->second;
+  }
   if (!r.complete) {
     out.config["complete"] = false;
     out.config["draws_written"] = r.draws.size(0);

@@ -11,6 +11,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "nmcmc/targets/stan.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 
 #ifndef NMCMC_SOURCE_DATA_DIR
@@ -290,6 +291,13 @@ std::vector<TargetInfo> builtin_infos() {
         {"engine", "auto (default: nmcmc's own evaluator where the module allows, else LibTorch) | native | libtorch "
                    "(--module-engine)"}},
        {"module"}},
+      {"stan",
+       "your Stan program (Note [Stan programs]): compiled by Stan's compiler, sampled on Stan's unconstrained scale",
+       {{"program", "the .stan file (--stan)"},
+        {"data", "its data as CmdStan's JSON (--data)"},
+        {"library", "the model built from it (filled in when nmcmc builds the program)"},
+        {"seed", "seed of the transformed data block's random numbers (0)"}},
+       {"program", "data", "library"}},
   };
 }
 
@@ -302,7 +310,7 @@ struct Registry {
     const std::map<std::string, TargetFactory> factories = {
         {"icg", make_icg},     {"scg", make_scg},   {"rotated_icg", make_rotated_icg}, {"spiked", make_spiked}, {"funnel", make_funnel},
         {"moon", make_moon},   {"logistic", make_logistic}, {"gaussian", make_gaussian},
-        {"torchscript", make_torchscript_target}};
+        {"torchscript", make_torchscript_target}, {"stan", make_stan_target}};
     for (auto& info : builtin_infos()) entries.emplace_back(info, factories.at(info.name));
   }
 };

@@ -878,3 +878,36 @@ TEST(Cli, LaunchShardsChainsLikeSingleProcessRuns) {
   EXPECT_EQ(few.code, 64) << few.out;
   EXPECT_NE(few.out.find("at least one chain each"), std::string::npos) << few.out;
 }
+
+// Note [Stan programs]: `--stan --data` as a Stan user runs it; the outputs in Stan's names.
+TEST(Cli, StanProgramSamplesAndWritesStansNames) {
+  const std::string src = NMCMC_SOURCE_DIR, cache = std::string("NMCMC_STAN_CACHE=") + NMCMC_TEST_STAN_CACHE + " ";
+  const std::string program = src + "/tests/data/stan/schools.stan", data = src + "/posteriordb/data/eight_schools.json";
+  const std::string dir = ::testing::TempDir() + "cli_stan";
+  fs::remove_all(dir);
+  CliRun r = run_with_prefix(cache, "sample --stan " + program + " --data " + data +
+                                        " --chains 2 --warmup 150 --draws 60 --seed 2 --quiet --output " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  nmcmc::StanCsv csv = nmcmc::read_stan_csv(dir + "/chain_1.csv");
+  ASSERT_EQ(csv.values.size(0), 60);
+  const auto& c = csv.columns;
+  const auto at = [&](const std::string& name) { return std::find(c.begin(), c.end(), name) - c.begin(); };
+  ASSERT_LT(at("tau"), static_cast<long>(c.size()));
+  ASSERT_LT(at("theta.8"), static_cast<long>(c.size()));
+  ASSERT_LT(at("y_rep.1"), static_cast<long>(c.size()));
+  EXPECT_EQ(c[0], "lp__");
+  EXPECT_EQ(at("x.1"), static_cast<long>(c.size()));
+  EXPECT_GT(csv.values.select(1, at("tau")).min().item<double>(), 0.0);  // constrained: tau > 0
+  // Bad input: a program that does not compile (65, with its line), data missing a variable (65,
+  // naming it), --data without --stan (64).
+  r = run_with_prefix(cache, "sample --stan " + src + "/tests/data/stan/bad.stan --chains 1 --warmup 10 --draws 10 -q");
+  EXPECT_EQ(r.code, 65) << r.out;
+  EXPECT_NE(r.out.find("line 6"), std::string::npos) << r.out;
+  const std::string partial = ::testing::TempDir() + "cli_stan_partial.json";
+  std::ofstream(partial) << R"({"J": 8, "sigma": [15, 10, 16, 11, 9, 11, 10, 18]})";
+  r = run_with_prefix(cache, "sample --stan " + program + " --data " + partial + " --chains 1 --warmup 10 --draws 10 -q");
+  EXPECT_EQ(r.code, 65) << r.out;
+  EXPECT_NE(r.out.find("variable name=y"), std::string::npos) << r.out;
+  r = run("sample --data " + data + " --chains 1 --warmup 10 --draws 10 -q");
+  EXPECT_EQ(r.code, 64) << r.out;
+}
