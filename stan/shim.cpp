@@ -189,7 +189,13 @@ nmcmc_stan_model* nmcmc_stan_new(const char* data_json, unsigned int seed, char*
     std::stringstream msgs;
     m->model.reset(new stan_model(context, seed, &msgs));
     const stan_model& model = *m->model;
+    // rstan's compiler names the class model<hash>_NAME: the program's name is NAME.
     m->name = model.model_name();
+    const size_t underscore = m->name.find('_');
+    if (m->name.compare(0, 5, "model") == 0 && underscore != std::string::npos &&
+        m->name.find_first_not_of("0123456789abcdef", 5) == underscore) {
+      m->name = m->name.substr(underscore + 1);
+    }
     std::vector<std::string> names;
     for (int tp = 0; tp < 2; ++tp) {
       for (int gq = 0; gq < 2; ++gq) {

@@ -162,7 +162,7 @@ std::string translate_stan_syntax(const std::string& program, const std::string&
       continue;
     }
     if (c == '%' && program.compare(i, 3, "%/%") == 0) {
-      out += " / ";
+      out += "/";
       i += 3;
       continue;
     }

@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/kernels/factory.hpp"
 #include "nmcmc/process/stan_build.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/stan.hpp"
@@ -225,6 +228,9 @@ TEST(Stan, AProgramThatDoesNotCompileSaysWhereAndIsNotCached) {
     EXPECT_NE(m.find("line 6"), std::string::npos) << m;
     EXPECT_NE(m.find("PARSER EXPECTED"), std::string::npos) << m;
   }
+  for (const auto& entry : fs::directory_iterator(o.cache_dir)) {
+    if (entry.path().filename().string().rfind("bad-", 0) == 0) EXPECT_FALSE(fs::exists(entry.path() / "bad.so"));
+  }
 }
 
 TEST(Stan, ABuiltProgramIsReusedFromTheCache) {
@@ -236,11 +242,56 @@ TEST(Stan, ABuiltProgramIsReusedFromTheCache) {
   EXPECT_EQ(fs::path(first).filename(), "schools.so");
 }
 
-// NUTS with warm-up through the whole sampling service, against posteriordb's reference (Stan,
-// 10 x 10,000 draws). On the unconstrained scale (mu and theta_trans as drawn, log tau from tau),
-// each mean within 4.5 standard errors (ours by its MCSE from bulk ESS, the reference's by its sd
-// over sqrt(its ESS)) and each sd within 4.5 of its standard error sd / sqrt(2 ESS): a correct
-// sampler fails one of the 20 checks with probability about 1.4e-4.
+namespace {
+
+/// The moment checks against posteriordb's reference (Stan, 10 x 10,000 thinned draws) on the
+/// unconstrained scale: x [N, 10] (mu and theta_trans as drawn, log tau), with each coordinate's
+/// bulk ESS. Each mean within 4.5 standard errors (ours by sd / sqrt(ESS), the reference's by its sd
+/// over sqrt(its 10,000 draws)) and each sd within 4.5 of its standard error sd / sqrt(2 ESS): a
+/// correct sampler fails one of the 20 checks with probability about 1.4e-4 (normal approximation).
+/// Returns the checks that fail.
+std::vector<std::string> reference_failures(const torch::Tensor& x, const std::vector<double>& ess) {
+  std::ifstream in(kSource + "/posteriordb/reference/eight_schools-eight_schools_noncentered.json");
+  const json ref = json::parse(in);
+  std::vector<std::string> failed;
+  for (int64_t k = 0; k < 10; ++k) {
+    const double m = x.select(1, k).mean().item<double>(), s = x.select(1, k).std().item<double>();
+    const double ref_m = ref["mean"][k].get<double>(), ref_s = ref["sd"][k].get<double>();
+    const double ref_ess = 10000.0;  // thinned Stan draws: near independent
+    const double se_m = std::sqrt(s * s / ess[k] + ref_s * ref_s / ref_ess);
+    const double se_s = std::sqrt(s * s / (2 * ess[k]) + ref_s * ref_s / (2 * ref_ess));
+    const std::string name = ref["names"][k].get<std::string>();
+    if (std::abs(m - ref_m) > 4.5 * se_m) failed.push_back(fmt::format("{}: mean {} vs {}", name, m, ref_m));
+    if (std::abs(s - ref_s) > 4.5 * se_s) failed.push_back(fmt::format("{}: sd {} vs {}", name, s, ref_s));
+  }
+  return failed;
+}
+
+/// A broken Stan target for the power check: the log density without the Jacobian of tau = exp(x).
+class WithoutJacobian : public nmcmc::Target {
+ public:
+  explicit WithoutJacobian(nmcmc::StanTarget& stan) : Target(stan.options()), stan_(stan) {}
+  std::string name() const override { return "stan without its Jacobian"; }
+  int64_t dim() const override { return stan_.dim(); }
+  json spec() const override { return stan_.spec(); }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override { return compute_energy_and_grad(x, false).energy; }
+  nmcmc::EnergyGrad compute_energy_and_grad(const torch::Tensor& x, bool) const override {
+    torch::Tensor lp, grad;
+    std::string failure;
+    stan_.evaluate(x, &lp, &grad, /*jacobian=*/false, /*propto=*/true, &failure);
+    return {-lp, -grad};
+  }
+
+ private:
+  nmcmc::StanTarget& stan_;
+};
+
+}  // namespace
+
+// NUTS with warm-up through the whole sampling service (the --stan path: build, constrained
+// outputs), against posteriordb's reference (reference_failures: false-fail rate about 1.4e-4).
 TEST(Stan, NutsOnAStanProgramMatchesPosteriordbsReference) {
   const nmcmc::StanBuildOptions o = build_options();
   nmcmc::set_stan_builder([o](const std::string& program) { return nmcmc::build_stan_program(program, o); });
@@ -257,19 +308,23 @@ TEST(Stan, NutsOnAStanProgramMatchesPosteriordbsReference) {
   EXPECT_EQ(r.names[9], "tau");
   EXPECT_EQ(out.config["dtype"], "float64");
   ASSERT_LT(out.summary["max_rhat"].get<double>(), 1.01) << out.summary.dump();
-  std::ifstream in(kSource + "/posteriordb/reference/eight_schools-eight_schools_noncentered.json");
-  const json ref = json::parse(in);
   torch::Tensor x = r.draws.narrow(2, 0, 10).reshape({-1, 10}).clone();  // [S*C, 10], constrained
   x.select(1, 9).log_();
-  const auto& params = out.summary["parameters"];
-  for (int64_t k = 0; k < 10; ++k) {
-    const double m = x.select(1, k).mean().item<double>(), s = x.select(1, k).std().item<double>();
-    const double ess = params[k]["ess_bulk"].get<double>();
-    const double ref_m = ref["mean"][k].get<double>(), ref_s = ref["sd"][k].get<double>();
-    const double ref_ess = 10000.0;  // thinned Stan draws: near independent
-    const double se_m = std::sqrt(s * s / ess + ref_s * ref_s / ref_ess);
-    const double se_s = std::sqrt(s * s / (2 * ess) + ref_s * ref_s / (2 * ref_ess));
-    EXPECT_LT(std::abs(m - ref_m), 4.5 * se_m) << ref["names"][k] << ": mean " << m << " vs " << ref_m;
-    EXPECT_LT(std::abs(s - ref_s), 4.5 * se_s) << ref["names"][k] << ": sd " << s << " vs " << ref_s;
-  }
+  std::vector<double> ess;
+  for (int64_t k = 0; k < 10; ++k) ess.push_back(out.summary["parameters"][k]["ess_bulk"].get<double>());
+  const auto failed = reference_failures(x, ess);
+  EXPECT_TRUE(failed.empty()) << failed.front();
+}
+
+// Power: the same checks catch the density without its Jacobian (tau's posterior moves to 0).
+TEST(Stan, ReferenceChecksCatchAMissingJacobian) {
+  auto stan = schools();
+  WithoutJacobian broken(*stan);
+  std::unique_ptr<nmcmc::Kernel> nuts = nmcmc::make_baseline_kernel(nmcmc::ProposalOptions().set_sampler(nmcmc::SamplerKind::kNuts));
+  nmcmc::RunOptions run;
+  run.set_chains(4).set_warmup(1000).set_draws(1000).set_metric(nmcmc::MetricAdapt::kDiag).set_target_accept(0.95);
+  const nmcmc::SampleResult r = nmcmc::run_sampler(broken, *nuts, run, 3);
+  const torch::Tensor x = r.draws.reshape({-1, 10});
+  // Its ESS, generously: the checks' standard errors only grow with a smaller one.
+  EXPECT_FALSE(reference_failures(x, std::vector<double>(10, 4000.0)).empty());
 }
