@@ -33,8 +33,20 @@ char* copy_message(const std::string& s) {
   return out;
 }
 
+/// rstan's compiler names the class model<hash>_NAME; messages say NAME.
+std::string program_name(std::string s) {
+  for (size_t at = s.find("model"); at != std::string::npos; at = s.find("model", at + 1)) {
+    const size_t underscore = s.find('_', at + 5);
+    if (underscore != std::string::npos && underscore >= at + 5 + 8 &&
+        s.find_first_not_of("0123456789abcdef", at + 5) == underscore) {
+      s.erase(at, underscore + 1 - at);
+    }
+  }
+  return s;
+}
+
 void set_error(char** error, const std::string& message) {
-  if (error) *error = copy_message(message);
+  if (error) *error = copy_message(program_name(message));
 }
 
 /// One data variable read from CmdStan's JSON: its dimensions and its values in the column-major
@@ -189,13 +201,7 @@ nmcmc_stan_model* nmcmc_stan_new(const char* data_json, unsigned int seed, char*
     std::stringstream msgs;
     m->model.reset(new stan_model(context, seed, &msgs));
     const stan_model& model = *m->model;
-    // rstan's compiler names the class model<hash>_NAME: the program's name is NAME.
-    m->name = model.model_name();
-    const size_t underscore = m->name.find('_');
-    if (m->name.compare(0, 5, "model") == 0 && underscore != std::string::npos &&
-        m->name.find_first_not_of("0123456789abcdef", 5) == underscore) {
-      m->name = m->name.substr(underscore + 1);
-    }
+    m->name = program_name(model.model_name());
     std::vector<std::string> names;
     for (int tp = 0; tp < 2; ++tp) {
       for (int gq = 0; gq < 2; ++gq) {

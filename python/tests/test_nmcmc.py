@@ -288,3 +288,20 @@ def test_training_budget_stops_early_and_says_why(tmp_path):
     assert d["train"]["batch"] == 64 and d["train"]["patience"] > 0 and d["train"]["max_seconds"] > 0
     with pytest.raises(ValueError, match="patience"):
         nmcmc.train(t, steps=10, options={"patience": -1}, progress=False)
+
+
+def test_stan_model_samples_in_stans_names_and_says_what_is_missing():
+    # Note [Stan programs]: the tests' program, built once per build tree (build/stan-cache).
+    src = os.environ.get("NMCMC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+    program = os.path.join(src, "tests", "data", "stan", "schools.stan")
+    data = {"J": 8, "y": [28, 8, -3, 7, -1, 1, 18, 12], "sigma": [15, 10, 16, 11, 9, 11, 10, 18]}
+    t = nmcmc.stan_model(program, data=data)
+    assert t.dim == 10 and t.names[9] == "tau" and t.spec["name"] == "stan"
+    run = nmcmc.sample(t, "nuts", chains=2, warmup=200, draws=100, seed=1, progress=False)
+    names = [p["name"] for p in run.summary["parameters"]]
+    assert names[9] == "tau" and names[10] == "theta.1" and names[-1] == "y_rep.8"
+    assert tuple(run.draws.shape) == (100, 2, 26)
+    assert bool((run.draws[:, :, 9] > 0).all())  # tau, constrained
+    del data["y"]
+    with pytest.raises(ValueError, match="variable name=y"):
+        nmcmc.stan_model(program, data=data)
