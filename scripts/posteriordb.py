@@ -9,6 +9,9 @@
         for `nmcmc sample --module DIR/POSTERIOR.pt`, `nmcmc train --module ...` and Python
     scripts/posteriordb.py gradients [POSTERIOR ...]
         E[grad U] = 0 on the reference draws (checks each port, Jacobians included)
+    scripts/posteriordb.py ports-vs-stan [POSTERIOR ...]
+        each port's energy and gradient against its Stan program's (Note [Stan programs]) at the
+        1,000 reference draws: the energies equal up to one constant, the gradients equal
     scripts/posteriordb.py table NUTS.json LEARNED.json [NUTS_OTHER_METRIC.json ...]
         the benchmark table of `check --json` runs: the learned sampler against the best NUTS
         (ratios: >1 means the learned sampler wins)
@@ -140,6 +143,33 @@ def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd
         if zs > sd_z:
             why.append(f"{name} sd {p['sd']:.4g} vs {ref['sd'][j]:.4g} ({zs:.1f} se)")
     return not why, worst_z, worst_sd, why
+
+
+def ports_vs_stan(only) -> int:
+    """Each port against Stan's own density: U_port - U_stan constant and the gradients equal, at
+    the reference draws (unconstrained, the port's order, which is Stan's)."""
+    import nmcmc
+    bad = 0
+    for p in only or ports.PORTS:
+        sref = stan_reference(p)
+        t = nmcmc.stan_model(sref["program"], sref["data_file"], dtype="float64")
+        x = torch.tensor(ports.reference(p)["draws"], dtype=torch.float64)
+        if t.dim != x.shape[1]:
+            print(f"FAIL {p:45s} the port has {x.shape[1]} coordinates, the Stan program {t.dim}")
+            bad += 1
+            continue
+        u_stan, g_stan = t.energy_and_grad(x)
+        xr = x.clone().requires_grad_(True)
+        u_port = ports.module(p).double()(xr)
+        g_port, = torch.autograd.grad(u_port.sum(), xr)
+        du = (u_port.detach() - u_stan)
+        spread = float((du - du.mean()).abs().max() / (1 + u_stan.abs().max()))
+        g_err = float((g_port - g_stan).abs().max() / (1 + g_stan.abs().max()))
+        ok = spread < 1e-8 and g_err < 1e-8
+        bad += 0 if ok else 1
+        print(f"{'ok  ' if ok else 'FAIL'} {p:45s} D={t.dim:2d}  energy difference spread {spread:.1e}  "
+              f"gradient difference {g_err:.1e}  (relative)")
+    return 1 if bad else 0
 
 
 def check(args) -> int:
@@ -521,6 +551,8 @@ def main() -> int:
     c.add_argument("--dtype", default="float64")
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--json")
+    ps = sub.add_parser("ports-vs-stan")
+    ps.add_argument("only", nargs="*")
     t = sub.add_parser("table")
     t.add_argument("nuts_json")
     t.add_argument("learned_json")
@@ -548,6 +580,8 @@ def main() -> int:
         return 1 if bad else 0
     elif a.cmd == "check":
         return check(a)
+    elif a.cmd == "ports-vs-stan":
+        return ports_vs_stan(a.only)
     elif a.cmd == "table":
         print(table([a.nuts_json] + a.more_nuts_json, a.learned_json), end="")
     elif a.cmd == "metrics":

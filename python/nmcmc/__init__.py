@@ -178,6 +178,21 @@ class Target:
         """(mean, sd) as float64 tensors [D], or None."""
         return self._t.reference_moments
 
+    def constrained_names(self, transformed: bool = True, generated: bool = True) -> _List[str]:
+        """A Stan program's (stan_model) names on the constrained scale: parameters, then transformed
+        parameters and generated quantities as asked."""
+        return list(self._t.constrained_names(transformed, generated))
+
+    def constrain(self, x: torch.Tensor, transformed: bool = True, generated: bool = True, seed: int = 0):
+        """A Stan program's constrained values at unconstrained points x [N, D] -> [N, K] float64, as
+        constrained_names says; generated quantities draw with `seed` and the row's index."""
+        return self._t.constrain(x, transformed, generated, seed)
+
+    def unconstrain(self, values: torch.Tensor) -> torch.Tensor:
+        """A Stan program's unconstrained points [N, D] of constrained parameter values [N, P]
+        (constrained_names(False, False) order)."""
+        return self._t.unconstrain(values)
+
     def energy(self, x: torch.Tensor) -> torch.Tensor:
         """U(x) for x [C, D] (in the target's dtype) -> [C]."""
         return self._t.energy(x)

@@ -16,6 +16,7 @@
 #include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/figures.hpp"
 #include "nmcmc/process/stan_build.hpp"
+#include "nmcmc/targets/stan.hpp"
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/version.hpp"
 
@@ -170,6 +171,13 @@ std::string compare(const std::string& options_json, py::object report) {
 
 }  // namespace
 
+/// A Stan program's target, or a UsageError naming what asked for one.
+nmcmc::StanTarget& stan_of(nmcmc::Target& t, const char* what) {
+  auto* s = dynamic_cast<nmcmc::StanTarget*>(&t);
+  if (!s) throw nmcmc::UsageError(std::string(what) + ": only a Stan program's target (nmcmc.stan_model) has a constrained scale");
+  return *s;
+}
+
 std::string report(const std::string& run_dir, std::optional<std::string> output) {
   py::gil_scoped_release release;
   return nmcmc::write_report(run_dir, output);
@@ -240,6 +248,19 @@ PYBIND11_MODULE(_nmcmc, m) {
                                if (!m) return py::none();
                                return py::make_tuple(m->mean, m->sd);
                              })
+      .def(
+          "constrain",
+          [](nmcmc::Target& t, const torch::Tensor& x, bool transformed, bool generated, uint64_t seed) {
+            return stan_of(t, "constrain").constrain(x, transformed, generated, seed);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "unconstrain", [](nmcmc::Target& t, const torch::Tensor& c) { return stan_of(t, "unconstrain").unconstrain(c); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("constrained_names",
+           [](nmcmc::Target& t, bool transformed, bool generated) {
+             return stan_of(t, "constrained_names").constrained_names(transformed, generated);
+           })
       .def(
           "energy",
           [](nmcmc::Target& t, const torch::Tensor& x) {

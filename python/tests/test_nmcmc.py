@@ -302,6 +302,12 @@ def test_stan_model_samples_in_stans_names_and_says_what_is_missing():
     assert names[9] == "tau" and names[10] == "theta.1" and names[-1] == "y_rep.8"
     assert tuple(run.draws.shape) == (100, 2, 26)
     assert bool((run.draws[:, :, 9] > 0).all())  # tau, constrained
+    x = torch.randn(5, 10, dtype=torch.float64)
+    c = t.constrain(x, transformed=False, generated=False)
+    assert t.constrained_names(False, False)[9] == "tau" and torch.allclose(c[:, 9], x[:, 9].exp())
+    assert torch.allclose(t.unconstrain(c), x, atol=1e-12)
+    with pytest.raises(ValueError, match="Stan program"):
+        nmcmc.target("icg", dim=2).constrain(x[:, :2])
     del data["y"]
     with pytest.raises(ValueError, match="variable name=y"):
         nmcmc.stan_model(program, data=data)
