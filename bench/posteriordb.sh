@@ -7,7 +7,8 @@
 # cost of 10,000 effective draws and the break-even against the best NUTS. Prints the BENCHMARKS
 # tables: NUTS's metrics against Stan's diagonal one, NUTS through the flow transport (--transport
 # flow) against the best NUTS without it, and the learned sampler against the best NUTS.
-# Usage: bash bench/posteriordb.sh [OUT] [--only P ...]   (hours on a 2-vCPU machine: the
+# With --stan, the same on all 46 posteriors from their Stan programs (docs/stan.md).
+# Usage: bash bench/posteriordb.sh [OUT] [--stan] [--only P ...]   (hours on a 2-vCPU machine: the
 # correlated regressions run NUTS with a diagonal metric at its tree-depth limit). Runs one
 # process at a time (two side by side on 2 vCPUs share the cores with OpenBLAS's own threads: a
 # run's seconds then depend on what runs beside it); a JSON already in OUT is kept (delete it to
