@@ -296,7 +296,8 @@ std::vector<TargetInfo> builtin_infos() {
        {{"program", "the .stan file (--stan)"},
         {"data", "its data as CmdStan's JSON (--data)"},
         {"library", "the model built from it (filled in when nmcmc builds the program)"},
-        {"seed", "seed of the transformed data block's random numbers (0)"}},
+        {"seed", "seed of the transformed data block's random numbers (0)"},
+        {"threads", "threads a batch's rows may use (0: one per core)"}},
        {"program", "data", "library"}},
   };
 }

@@ -1,5 +1,7 @@
 #include "nmcmc/targets/torchscript.hpp"
 
+#include "nmcmc/core/finite_hvp.hpp"
+
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
@@ -319,21 +321,10 @@ EnergyGrad TorchScriptTarget::native_energy(const torch::Tensor& x, bool with_gr
   return {u, g};
 }
 
-// Note [Native second derivatives]
-// Training differentiates the gradient of the target again (the entropy objective depends on
-// dU at points that depend on the network). On the native engine U and dU at x are one autograd
-// node; its backward, given the upstream gradients u_bar [C] and g_bar [C, D], returns
-//   x_bar = u_bar * dU(x) + H(x) g_bar,
-// the Hessian-vector product H g_bar by a central difference of native gradients along g_bar,
-// (dU(x + h v) - dU(x - h v)) / 2h with v = g_bar, per row h = 1e-5 (1 + |x|_inf) / |v|_inf
-// (both sides in one batched call of 2C rows): truncation error ~1e-10 and rounding ~1e-11
-// relative in float64, far below float32 training's own noise. Where dU(x) is finite but a side's
-// energy or the difference is not (a step left the support: log's gradient is finite on the wrong
-// side of zero, its energy is not) the batch is done exactly by LibTorch's double backward. Within
-// h of a kink (relu, abs) the difference averages the two sides' gradients. The node's backward
-// is not itself differentiable (third derivatives: none needed). Accounting: the difference's two
-// gradients are part of the backward pass, not counted as target gradient evaluations, as
-// LibTorch's double backward never was (BENCHMARKS' training gradients count forward calls).
+// U and dU as one autograd node whose backward takes H v by central differences of native
+// gradients (Note [Native second derivatives], core/finite_hvp.hpp); where dU(x) is finite but a
+// side's energy or the difference is not (a step left the support: log's gradient is finite on the
+// wrong side of zero, its energy is not) the batch is done exactly by LibTorch's double backward.
 struct NativeEnergyNode : torch::autograd::Function<NativeEnergyNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                                 int64_t self) {
@@ -354,19 +345,15 @@ struct NativeEnergyNode : torch::autograd::Function<NativeEnergyNode> {
     if (upstream[1].defined()) {
       const torch::Tensor v = upstream[1].to(torch::kFloat64);
       const torch::Tensor x64 = x.to(torch::kFloat64);
-      const torch::Tensor vmax = v.abs().amax(1, true);
-      const torch::Tensor h = torch::where(vmax > 0, 1e-5 * (1.0 + x64.abs().amax(1, true)) / vmax, torch::zeros_like(vmax));
-      torch::Tensor hv;
+      torch::Tensor hv, finite;
       bool exact = false;
       try {
-        const EnergyGrad both = t->native_energy(torch::cat({x64 + h * v, x64 - h * v}), true);
-        const int64_t c = x.size(0);
-        const torch::Tensor diff = both.grad.narrow(0, 0, c) - both.grad.narrow(0, c, c);
-        hv = torch::where(vmax > 0, diff / (2.0 * torch::where(vmax > 0, h, torch::ones_like(h))), torch::zeros_like(diff));
-        const torch::Tensor energies_finite =
-            torch::isfinite(both.energy.narrow(0, 0, c)) & torch::isfinite(both.energy.narrow(0, c, c));
-        const torch::Tensor off = (~torch::isfinite(hv).all(1) | ~energies_finite) & torch::isfinite(g).all(1);
-        exact = off.any().item<bool>();
+        const auto energy_grad = [t](const torch::Tensor& points) {
+          const EnergyGrad both = t->native_energy(points, true);
+          return std::make_pair(both.energy, both.grad);
+        };
+        hv = central_difference_hvp(energy_grad, x64, v, &finite);
+        exact = (~finite & torch::isfinite(g).all(1)).any().item<bool>();
       } catch (const std::exception&) {
         exact = true;  // a point beside x raised: LibTorch's double backward instead
       }

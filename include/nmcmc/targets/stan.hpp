@@ -5,8 +5,8 @@
 /// A Stan program is translated by Stan's own compiler and built, with stan/shim.cpp, against
 /// Stan's math library into a shared library behind nmcmc's small C interface
 /// (targets/stan_abi.h); this target loads that library and evaluates the log density and its
-/// gradient through Stan's reverse-mode autodiff, one row of the batch at a time (in LibTorch's
-/// intra-op threads when there are several). The energy is U(x) = -log p(x) on Stan's
+/// gradient through Stan's reverse-mode autodiff, one row of the batch at a time (split over the
+/// cores when the batch costs enough: Note [Stan rows in threads]). The energy is U(x) = -log p(x) on Stan's
 /// unconstrained scale, Jacobian included and constants dropped, so x is what Stan's own samplers
 /// move and U is -lp__ as Stan defines it. A domain error that Stan raises (a scale that is not
 /// positive, a Cholesky factor that fails) is a rejection (Note [A density may fail]), never an
@@ -19,7 +19,9 @@
 /// Without a builder a spec must name the built "library".
 ///
 /// Spec: {"name": "stan", "program": "model.stan", "data": "data.json"?, "library": "model.so"?,
-///        "seed": 0?}  (seed: the transformed data block's random numbers).
+///        "seed": 0?, "threads": 0?}  (seed: the transformed data block's random numbers; threads:
+///        how many threads a batch's rows may use, 0 = one per core: Note [Stan rows in threads]).
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -82,6 +84,8 @@ class StanTarget : public Target {
   nlohmann::json spec_;
   int64_t dim_ = 0;
   std::vector<std::string> unconstrained_names_;
+  int64_t threads_ = 1;                                // Note [Stan rows in threads]
+  mutable std::atomic<double> row_seconds_{0.0};       // the measured cost of a row (moving average)
   friend struct StanEnergyNode;
   EnergyGrad plain_energy_and_grad(const torch::Tensor& x) const;
 };
