@@ -50,16 +50,18 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 0xcbf29ce484222325ull) {
 }
 
 /// Where Debian (or a user's R) keeps an R package: its directory, or "".
-std::string r_package_dir(const std::string& package) {
-  std::vector<std::string> roots;
+std::string r_package_dir(const std::string& package, const std::vector<std::string>& given) {
+  std::vector<std::string> roots = given;
   for (const char* env : {"R_LIBS_USER", "R_LIBS_SITE", "R_LIBS"}) {
-    if (const char* v = std::getenv(env); v && *v) {
+    if (const char* v = std::getenv(env); v && *v && given.empty()) {
       std::stringstream s(v);
       std::string item;
       while (std::getline(s, item, ':')) roots.push_back(item);
     }
   }
-  for (const char* r : {"/usr/local/lib/R/site-library", "/usr/lib/R/site-library", "/usr/lib/R/library"}) roots.push_back(r);
+  if (given.empty()) {
+    for (const char* r : {"/usr/local/lib/R/site-library", "/usr/lib/R/site-library", "/usr/lib/R/library"}) roots.push_back(r);
+  }
   for (const std::string& r : roots) {
     if (fs::exists(fs::path(r) / package / "DESCRIPTION")) return (fs::path(r) / package).string();
   }
@@ -147,8 +149,9 @@ StanBuildOptions stan_build_options_from_environment() {
 std::string build_stan_program(const std::string& program_path, const StanBuildOptions& options) {
   const fs::path program = fs::absolute(program_path).lexically_normal();
   const std::string label = program.filename().string();
-  const std::string stan_headers = r_package_dir("StanHeaders"), eigen = r_package_dir("RcppEigen");
-  if (stan_headers.empty() || eigen.empty() || r_package_dir("rstan").empty()) {
+  const std::string stan_headers = r_package_dir("StanHeaders", options.r_libraries);
+  const std::string eigen = r_package_dir("RcppEigen", options.r_libraries);
+  if (stan_headers.empty() || eigen.empty() || r_package_dir("rstan", options.r_libraries).empty()) {
     throw ExitError(fmt::format("--stan needs Stan's compiler and math library: apt-get install {} "
                                 "(or run `make deps`)", kPackages), kExitUnavailable);
   }

@@ -292,7 +292,7 @@ std::vector<TargetInfo> builtin_infos() {
                    "(--module-engine)"}},
        {"module"}},
       {"stan",
-       "your Stan program (Note [Stan programs]): compiled by Stan's compiler, sampled on Stan's unconstrained scale",
+       "your Stan program (docs/stan.md): compiled by Stan's compiler, sampled on Stan's unconstrained scale",
        {{"program", "the .stan file (--stan)"},
         {"data", "its data as CmdStan's JSON (--data)"},
         {"library", "the model built from it (filled in when nmcmc builds the program)"},

@@ -233,6 +233,18 @@ TEST(Stan, AProgramThatDoesNotCompileSaysWhereAndIsNotCached) {
   }
 }
 
+TEST(Stan, WithoutStanInstalledOneMessageNamesThePackages) {
+  nmcmc::StanBuildOptions o = build_options();
+  o.r_libraries = {::testing::TempDir() + "no_r_packages_here"};
+  try {
+    nmcmc::build_stan_program(kProgram, o);
+    FAIL() << "built without Stan";
+  } catch (const nmcmc::ExitError& e) {
+    EXPECT_EQ(e.code, nmcmc::kExitUnavailable);
+    EXPECT_NE(std::string(e.what()).find("apt-get install r-cran-rstan r-cran-stanheaders"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Stan, ABuiltProgramIsReusedFromTheCache) {
   const nmcmc::StanBuildOptions o = build_options();
   const std::string first = nmcmc::build_stan_program(kProgram, o);

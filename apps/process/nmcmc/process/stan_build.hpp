@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace nmcmc {
 
@@ -17,6 +18,10 @@ struct StanBuildOptions {
   /// The C++ compiler ($CXX, else g++) and its optimisation flags (part of the cache key).
   std::string cxx = "g++";
   std::string flags = "-O2";
+  /// Where R's packages are looked for (StanHeaders, RcppEigen, rstan): empty means $R_LIBS_USER,
+  /// $R_LIBS_SITE, $R_LIBS, then Debian's /usr/local/lib/R/site-library, /usr/lib/R/site-library,
+  /// /usr/lib/R/library.
+  std::vector<std::string> r_libraries;
   /// Told what takes time ("compiling model.stan ..."); unset: silent.
   std::function<void(const std::string&)> log;
 };
