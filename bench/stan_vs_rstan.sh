@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # NUTS through `nmcmc sample --stan` against rstan's own NUTS (Stan 2.21, Debian's r-cran-rstan) on
 # the same Stan programs and data: 4 chains x (1000 warm-up + 1000 draws), diagonal metric, target
-# accept 0.8, one core each (rstan's chains one after another; nmcmc's batched in one thread).
+# accept 0.8, one core each (rstan's chains one after another; nmcmc's batched in one thread, its
+# Stan rows too).
 # Also the first `--stan` run's compile-plus-first-draw time with an empty cache, and from the cache.
 # Writes OUT/*.json and prints a table. Usage: bash bench/stan_vs_rstan.sh [OUT]   (about 10 minutes)
 set -euo pipefail
@@ -29,8 +30,9 @@ for spec in "eight_schools_noncentered eight_schools" "arK arK" "hmm_example hmm
     dir="$OUT/nmcmc_${model}_s$seed"
     if [ ! -f "$dir/summary.json" ]; then
       t0=$(now)
-      "$NMCMC" sample --stan $PDB/stan/$model.stan --data $PDB/data/$data.json --chains 4 --warmup 1000 --draws 1000 \
-        --seed $seed --threads 1 --quiet --output "$dir" > "$dir.log" 2>&1
+      # one core, as rstan's run: the Stan rows in one thread (Note [Stan rows in threads])
+      "$NMCMC" sample --target-json "{\"name\": \"stan\", \"program\": \"$PDB/stan/$model.stan\", \"data\": \"$PDB/data/$data.json\", \"threads\": 1}" \
+        --chains 4 --warmup 1000 --draws 1000 --seed $seed --threads 1 --quiet --output "$dir" > "$dir.log" 2>&1
       t1=$(now)
       echo "{\"wall_seconds\": $(echo "$t1 - $t0" | bc)}" > "$dir.wall.json"
     fi
