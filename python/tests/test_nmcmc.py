@@ -308,6 +308,11 @@ def test_stan_model_samples_in_stans_names_and_says_what_is_missing():
     assert torch.allclose(t.unconstrain(c), x, atol=1e-12)
     with pytest.raises(ValueError, match="Stan program"):
         nmcmc.target("icg", dim=2).constrain(x[:, :2])
+    # The learned sampler trains on it (second derivatives by differences of Stan's gradients) and
+    # reports its draws in Stan's names too.
+    model = nmcmc.train(t, steps=20, transport="none", progress=False)
+    run = nmcmc.sample(sampler="learned", model=model, chains=2, warmup=20, draws=30, seed=2, progress=False)
+    assert tuple(run.draws.shape) == (30, 2, 26) and run.summary["parameters"][25]["name"] == "y_rep.8"
     del data["y"]
     with pytest.raises(ValueError, match="variable name=y"):
         nmcmc.stan_model(program, data=data)
