@@ -29,7 +29,7 @@ write(toJSON(list(model = basename(model_file), chains = chains, warmup = warmup
                   compile_seconds = compile_s, wall_seconds = wall_s,
                   seconds_warmup = sum(el[, "warmup"]), seconds_sampling = sum(el[, "sample"]),
                   grads_sampling = leap, grads_total = leap_all,
-                  min_ess_bulk = min(ess), max_rhat = max(rhat), ess_bulk = as.list(ess),
+                  min_ess_bulk = min(ess, na.rm = TRUE), max_rhat = max(rhat, na.rm = TRUE), ess_bulk = as.list(ess),
                   mean = as.list(sapply(pars, function(p) mean(arr[, , p]))),
                   sd = as.list(sapply(pars, function(p) sd(arr[, , p]))),
                   divergences = sum(sapply(sp, function(s) sum(s[, "divergent__"])))),
