@@ -165,7 +165,8 @@ def ports_vs_stan(only) -> int:
         du = (u_port.detach() - u_stan)
         spread = float((du - du.mean()).abs().max() / (1 + u_stan.abs().max()))
         g_err = float((g_port - g_stan).abs().max() / (1 + g_stan.abs().max()))
-        ok = spread < 1e-8 and g_err < 1e-8
+        # rounding only (an ill-conditioned GP Cholesky: ~1e-8); a wrong or missing term is O(1)
+        ok = spread < 1e-6 and g_err < 1e-6
         bad += 0 if ok else 1
         print(f"{'ok  ' if ok else 'FAIL'} {p:45s} D={t.dim:2d}  energy difference spread {spread:.1e}  "
               f"gradient difference {g_err:.1e}  (relative)")
