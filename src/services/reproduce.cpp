@@ -634,7 +634,13 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
       } else if (name == "moon") {
         parse_train_config(read_train_config_file((fs::path(configs_of(o)) / "moon.json").string()));
       } else {
-        make_target(experiment_config(o, name).target, torch::kFloat32);
+        // The paper's ESS needs the target's true moments (a Stan program or a module has none).
+        auto target = make_target(experiment_config(o, name).target, torch::kFloat32);
+        if (!target->reference_moments()) {
+          throw UsageError(fmt::format("reproduce: experiment '{}' has a target without true moments ('{}'), which the "
+                                       "paper's ESS needs: run it with `nmcmc compare` or `nmcmc train` and `sample`",
+                                       name, target->name()));
+        }
       }
     }
   }
