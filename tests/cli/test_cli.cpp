@@ -910,4 +910,12 @@ TEST(Cli, StanProgramSamplesAndWritesStansNames) {
   EXPECT_NE(r.out.find("variable name=y"), std::string::npos) << r.out;
   r = run("sample --data " + data + " --chains 1 --warmup 10 --draws 10 -q");
   EXPECT_EQ(r.code, 64) << r.out;
+  // reproduce's paper ESS needs true moments: a Stan program's experiment is refused up front.
+  const std::string configs = ::testing::TempDir() + "cli_stan_configs";
+  fs::create_directories(configs);
+  std::ofstream(configs + "/icg.json") << R"({"name": "icg", "target": {"name": "stan", "program": ")" + program +
+                                              R"(", "data": ")" + data + R"("}, "train": {"steps": 10}})";
+  r = run_with_prefix(cache, "reproduce --profile smoke --only icg --configs " + configs + " -q -o " + dir + "_reproduce");
+  EXPECT_EQ(r.code, 64) << r.out;
+  EXPECT_NE(r.out.find("without true moments"), std::string::npos) << r.out;
 }
