@@ -175,6 +175,11 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   if (!comm) comm = parallel::single_process();
   const int world = comm->world_size(), rank = comm->rank();
   Prepared prep = prepare(request);
+  if (world > 1 && dynamic_cast<const StanTarget*>(prep.target.get())) {
+    // Note [Draws in the model's own parameters]: each draw is mapped where it is drawn, and the
+    // ranks' mapped draws are not gathered yet.
+    throw UsageError("a Stan program samples in one process (not under nmcmc launch yet)");
+  }
   if ((a.transport != TransportKind::kNone || prep.latent) && world > 1) {
     throw UsageError(prep.latent ? "a model trained with a flow transport samples in one process"
                                  : "--transport runs in one process");

@@ -910,6 +910,11 @@ TEST(Cli, StanProgramSamplesAndWritesStansNames) {
   EXPECT_NE(r.out.find("variable name=y"), std::string::npos) << r.out;
   r = run("sample --data " + data + " --chains 1 --warmup 10 --draws 10 -q");
   EXPECT_EQ(r.code, 64) << r.out;
+  // Sampling a Stan program under nmcmc launch is refused with one message (not gathered yet).
+  r = run_with_prefix(cache, "launch --nproc 2 -- sample --stan " + program + " --data " + data +
+                                 " --chains 2 --warmup 20 --draws 10 -q");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("a Stan program samples in one process"), std::string::npos) << r.out;
   // reproduce's paper ESS needs true moments: a Stan program's experiment is refused up front.
   const std::string configs = ::testing::TempDir() + "cli_stan_configs";
   fs::create_directories(configs);
