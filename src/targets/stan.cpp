@@ -183,6 +183,7 @@ void StanTarget::evaluate(const torch::Tensor& x, torch::Tensor* lp, torch::Tens
   if (!split) {
     rows(0, n);
   } else {
+    ++split_calls_;
     std::mutex done_mutex;
     std::condition_variable done;
     int64_t pending = workers - 1;

@@ -162,6 +162,25 @@ TEST(Stan, SecondDerivativesForTrainingMatchTheExactHessian) {
   EXPECT_LT((hv - exact).abs().max().item<double>(), 1e-5 * (1 + exact.abs().max().item<double>()));
 }
 
+TEST(Stan, RowsSplitOverThreadsGiveTheSameBits) {
+  // Note [Stan rows in threads]: a 512-row batch costs far above the split's threshold.
+  schools();  // registers the builder
+  const auto with_threads = [](int threads) {
+    json spec = {{"name", "stan"}, {"program", kProgram}, {"data", kData}, {"threads", threads}};
+    auto t = nmcmc::make_target(spec, torch::TensorOptions().dtype(torch::kFloat64));
+    return std::unique_ptr<nmcmc::StanTarget>(dynamic_cast<nmcmc::StanTarget*>(t.release()));
+  };
+  auto one = with_threads(1), two = with_threads(2);
+  const torch::Tensor x = points(512, 8);
+  for (int call = 0; call < 5; ++call) {  // the first calls measure the rows' cost
+    const nmcmc::EnergyGrad a = one->energy_and_grad(x), b = two->energy_and_grad(x);
+    EXPECT_TRUE(torch::equal(a.energy, b.energy));
+    EXPECT_TRUE(torch::equal(a.grad, b.grad));
+  }
+  EXPECT_EQ(one->split_calls(), 0);
+  EXPECT_GT(two->split_calls(), 0);  // the rows did run in two threads
+}
+
 TEST(Stan, ConstrainAndUnconstrainAreInverse) {
   auto t = schools();
   const torch::Tensor x = points(8, 5);

@@ -69,6 +69,9 @@ class StanTarget : public Target {
   /// what the ports are checked against.
   torch::Tensor log_density(const torch::Tensor& x, bool jacobian, bool propto) const;
 
+  /// How many evaluations split their rows over threads (Note [Stan rows in threads]).
+  int64_t split_calls() const { return split_calls_.load(); }
+
   /// Rows [N] of log density and gradient [N, D] (float64) at x (any dtype): what the energies use.
   /// A row that raises is NaN; its message goes to *first_failure if that is empty.
   void evaluate(const torch::Tensor& x, torch::Tensor* lp, torch::Tensor* grad, bool jacobian, bool propto,
@@ -86,6 +89,7 @@ class StanTarget : public Target {
   std::vector<std::string> unconstrained_names_;
   int64_t threads_ = 1;                                // Note [Stan rows in threads]
   mutable std::atomic<double> row_seconds_{0.0};       // the measured cost of a row (moving average)
+  mutable std::atomic<int64_t> split_calls_{0};
   friend struct StanEnergyNode;
   EnergyGrad plain_energy_and_grad(const torch::Tensor& x) const;
 };
