@@ -2,17 +2,16 @@
 #include "nmcmc/targets/stan.hpp"
 
 #include <ATen/Parallel.h>
-#include <ATen/ParallelFuture.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
-#include <thread>
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/finite_hvp.hpp"
