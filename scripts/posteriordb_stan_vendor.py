@@ -24,6 +24,11 @@ OUT = os.path.join(HERE, "..", "posteriordb")
 DB = "posterior_database"
 
 
+def git_dir(path: str) -> str:
+    """The git directory of a checkout, or the path itself (a bare mirror)."""
+    return os.path.join(path, ".git") if os.path.isdir(os.path.join(path, ".git")) else path
+
+
 def git(repo: str, *args: str) -> bytes:
     return subprocess.run(["git", "--git-dir", repo, *args], check=True, capture_output=True).stdout
 
@@ -46,9 +51,7 @@ def stan_name(name: str) -> str:
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    repo = sys.argv[1]
-    if os.path.isdir(os.path.join(repo, ".git")):
-        repo = os.path.join(repo, ".git")
+    repo = git_dir(sys.argv[1])
     commit = git(repo, "rev-parse", "HEAD").decode().strip()
     listing = git(repo, "ls-tree", "--name-only", "HEAD", f"{DB}/reference_posteriors/draws/draws/").decode().split()
     posteriors = sorted(os.path.basename(p)[: -len(".json.zip")] for p in listing if p.endswith(".json.zip"))

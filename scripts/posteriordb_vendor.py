@@ -8,43 +8,29 @@ draws, 1,000 of the draws, the reference's bulk ESS, the source commit).
 
 Run once by a developer; nothing at build or test time downloads anything.
 """
-import io
 import json
 import os
-import subprocess
 import sys
-import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "posteriordb"))
 import ports  # noqa: E402
-
-
-def git_show(repo: str, path: str) -> bytes:
-    return subprocess.run(["git", "--git-dir", repo, "show", "HEAD:" + path], check=True, capture_output=True).stdout
-
-
-def unzip_json(blob: bytes):
-    with zipfile.ZipFile(io.BytesIO(blob)) as z:
-        return json.loads(z.read(z.namelist()[0]))
+from posteriordb_stan_vendor import git, git_dir, show, unzip_json  # noqa: E402
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    repo = sys.argv[1]
-    if os.path.isdir(os.path.join(repo, ".git")):
-        repo = os.path.join(repo, ".git")
-    commit = subprocess.run(["git", "--git-dir", repo, "rev-parse", "HEAD"], check=True, capture_output=True,
-                            text=True).stdout.strip()
+    repo = git_dir(sys.argv[1])
+    commit = git(repo, "rev-parse", "HEAD").decode().strip()
     out = os.path.join(HERE, "..", "posteriordb")
     db = "posterior_database"
     for posterior, (data_name, _builder, params, kind) in ports.PORTS.items():
-        data = unzip_json(git_show(repo, f"{db}/data/data/{data_name}.json.zip"))
+        data = unzip_json(show(repo, f"{db}/data/data/{data_name}.json.zip"))
         with open(os.path.join(out, "data", data_name + ".json"), "w") as f:
             json.dump(data, f, separators=(",", ":"))
-        chains = unzip_json(git_show(repo, f"{db}/reference_posteriors/draws/draws/{posterior}.json.zip"))
-        info = json.loads(git_show(repo, f"{db}/reference_posteriors/draws/info/{posterior}.info.json"))
+        chains = unzip_json(show(repo, f"{db}/reference_posteriors/draws/draws/{posterior}.json.zip"))
+        info = json.loads(show(repo, f"{db}/reference_posteriors/draws/info/{posterior}.info.json"))
         draws = {name: sum((c[name] for c in chains), []) for name in chains[0]}
         x = ports.unconstrain(posterior, draws)  # [n, D], chain-major
         n = x.shape[0]
