@@ -12,6 +12,8 @@
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
+#include "seed_streams.hpp"
+
 namespace nmcmc {
 
 using json = nlohmann::json;
@@ -146,7 +148,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
   const ProgressFn adapter = precondition_progress(progress, ro.warmup, ro.draws);
-  SampleResult r = run_sampler(target, *kernel, ro, o.seed + 7919, adapter);
+  SampleResult r = run_sampler(target, *kernel, ro, seed_of(o.seed, SeedStream::kPreconditioner), adapter);
   json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
                  {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
@@ -180,7 +182,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
       ro2.warmup = std::max<int64_t>(100, o.precondition_warmup / 4);
       ro2.metric = MetricAdapt::kUnit;
       ro2.init_x = r.draws.select(0, r.draws.size(0) - 1).to(target.options());
-      SampleResult r2 = run_sampler(target, *kernel2, ro2, o.seed + 7927, adapter);
+      SampleResult r2 = run_sampler(target, *kernel2, ro2, seed_of(o.seed, SeedStream::kPreconditionerRefit), adapter);
       record["refit"] = {{"warmup", ro2.warmup}, {"draws", ro2.draws}, {"first_step_size", r.step_size},
                          {"grads", (r2.grads_warmup + r2.grads_sampling) * ro2.chains},
                          {"seconds", r2.seconds_warmup + r2.seconds_sampling}};
@@ -210,7 +212,8 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
     // Note [Choosing the transport]: how far the Gaussian the affine map fits is from the target,
     // from the last draws and their gradients.
     torch::Tensor x = r.draws.reshape({-1, target.dim()});
-    x = x.narrow(0, std::max<int64_t>(0, x.size(0) - kFisherRows), std::min<int64_t>(x.size(0), kFisherRows));
+    const int64_t rows = TransportRules().fisher_rows;
+    x = x.narrow(0, std::max<int64_t>(0, x.size(0) - rows), std::min<int64_t>(x.size(0), rows));
     const double f = gaussian_fisher_per_dim(target, x);
     record["fisher_per_dim"] = std::isfinite(f) ? json(f) : json(nullptr);
     record["grads"] = record["grads"].get<int64_t>() + x.size(0);
@@ -261,7 +264,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   }
   // Note [The transported warm-up starts at the posterior]
   // The transport's rounds start from the uniform box, as `nmcmc sample`'s do. Where they end in
-  // the transient (the last fit's held-out loss above kTransientLoss per coordinate: the chains
+  // the transient (the last fit's held-out loss above TransportRules::transient_loss per coordinate: the chains
   // had not arrived) they run again from where a warm-up of the chains alone left them: the
   // affine preconditioner's (Stan's windows, one run of the same sampler, chains, iterations and
   // seed), which with `--transport auto` has run already (`start`) and otherwise runs here (the
@@ -281,15 +284,15 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   auto transported = [&](const torch::Tensor& x_start) {
     RunOptions rt = ro;
     if (x_start.defined()) rt.init_x = x_start.to(target.options());
-    return run_with_transport(target, *kernel, rt, t, o.seed + 7919, adapter);
+    return run_with_transport(target, *kernel, rt, t, seed_of(o.seed, SeedStream::kPreconditioner), adapter);
   };
   auto cost = [&](const SampleResult& s) {
     return json{{"grads", (s.grads_warmup + s.grads_sampling) * ro.chains}, {"seconds", s.seconds_warmup + s.seconds_sampling}};
   };
-  // Above kFarOutLoss (services/transport.hpp) the attempt from the box stops after the first
+  // Above TransportRules::far_out_loss (services/transport.hpp) the attempt from the box stops after the first
   // round (chains far out take NUTS's longest trajectories: on kilpisjarvi the whole attempt cost
   // about 100 s).
-  t.far_out_loss = kFarOutLoss;
+  t.far_out_loss = t.rules.far_out_loss;
   TransportRun tr = transported(torch::Tensor());
   json from_box, arrival;
   const auto last_loss = [](const TransportRun& run) {
@@ -297,7 +300,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
     return rounds.empty() ? 0.0 : rounds.back()["fit"].value("loss_end", 0.0);
   };
   t.far_out_loss = 0;
-  if (tr.result.complete && (tr.far_out || !(last_loss(tr) <= kTransientLoss))) {
+  if (tr.result.complete && (tr.far_out || !(last_loss(tr) <= t.rules.transient_loss))) {
     from_box = cost(tr.result);
     from_box["last_fit_loss"] = last_loss(tr);
     from_box["stopped_after_the_first_round"] = tr.far_out;
@@ -307,7 +310,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
       RunOptions ra = ro;
       ra.draws = 1;
       ra.draws_in_memory_limit = 0;
-      SampleResult a = run_sampler(target, *kernel, ra, o.seed + 7919, precondition_progress(progress, ra.warmup, ra.draws));
+      SampleResult a = run_sampler(target, *kernel, ra, seed_of(o.seed, SeedStream::kPreconditioner), precondition_progress(progress, ra.warmup, ra.draws));
       arrival = cost(a);
       arrival["warmup"] = ra.warmup;
       arrival["step_size"] = a.step_size;
@@ -432,9 +435,9 @@ TrainResult train(const TrainConfig& config, torch::Device device, const std::st
         return result;
       }
       const json f = affine_record.value("fisher_per_dim", json(nullptr));
-      const bool misfit = f.is_number() && f.get<double>() > kFlowFisherPerDim;
+      const bool misfit = f.is_number() && f.get<double>() > TransportRules().flow_fisher_per_dim;
       auto_record = {{"fisher_per_dim", f},
-                     {"threshold", kFlowFisherPerDim},
+                     {"threshold", TransportRules().flow_fisher_per_dim},
                      {"chose", misfit && !distributed ? "flow" : "affine"},
                      {"affine_grads", affine_record.value("grads", int64_t{0})},
                      {"affine_seconds", affine_record.value("seconds", 0.0)}};

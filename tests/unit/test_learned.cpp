@@ -703,13 +703,13 @@ TEST(Preconditioner, FisherDivergenceOfTheAffineFitChoosesTheTransport) {
   const double fit = affine_fisher_per_dim(*icg, x, l);
   EXPECT_LT(fit, 0.05) << fit;  // sampling error only: about D / n
   const double wrong = affine_fisher_per_dim(*icg, x, torch::eye(10, kF64));
-  EXPECT_GT(wrong, 5.0 * kFlowFisherPerDim) << wrong;  // variances 1e-2 .. 1e2 left unscaled: 29
+  EXPECT_GT(wrong, 5.0 * TransportRules().flow_fisher_per_dim) << wrong;  // variances 1e-2 .. 1e2 left unscaled: 29
   EXPECT_NEAR(gaussian_fisher_per_dim(*icg, x), fit, 1e-9);  // the draws' own covariance: the same map
   // from the gradients a run carries (sampling's transport auto): the same figure, no evaluation
   EXPECT_NEAR(gaussian_fisher_per_dim(x, icg->energy_and_grad(x).grad), fit, 1e-9);
   auto funnel = make_target({{"name", "funnel"}, {"dim", 10}, {"sigma", 3.0}}, kF64);
   const double f = gaussian_fisher_per_dim(*funnel, funnel->sample(4000, gen));
-  EXPECT_GT(f, 5.0 * kFlowFisherPerDim) << f;
+  EXPECT_GT(f, 5.0 * TransportRules().flow_fisher_per_dim) << f;
   const torch::Tensor fx = funnel->sample(4000, gen);
   EXPECT_NEAR(gaussian_fisher_per_dim(fx, funnel->energy_and_grad(fx).grad), gaussian_fisher_per_dim(*funnel, fx), 1e-9);
   // affine invariance: a Gaussian with variances 1e6 and 1e-6 along directions rotated by 30
@@ -743,14 +743,14 @@ TEST(Preconditioner, TransportAutoKeepsTheAffineMapOnAGaussianAndFitsAFlowOnAFun
   TrainResult g = train(config({{"name", "icg"}, {"dim", 6}}), torch::kCPU, dir + "auto_icg.pt", dir + "auto_icg.csv", false);
   ASSERT_TRUE(g.preconditioner.contains("auto")) << g.preconditioner.dump();
   EXPECT_EQ(g.preconditioner["auto"]["chose"], "affine");
-  EXPECT_LT(g.preconditioner["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_LT(g.preconditioner["auto"]["fisher_per_dim"].get<double>(), TransportRules().flow_fisher_per_dim);
   EXPECT_FALSE(g.preconditioner.contains("transport"));
   EXPECT_FALSE(load_model(dir + "auto_icg.pt").second.contains("transport"));
   TrainResult f = train(config({{"name", "funnel"}, {"dim", 6}, {"sigma", 3.0}}), torch::kCPU, dir + "auto_funnel.pt",
                         dir + "auto_funnel.csv", false);
   ASSERT_TRUE(f.preconditioner.contains("auto")) << f.preconditioner.dump();
   EXPECT_EQ(f.preconditioner["auto"]["chose"], "flow");
-  EXPECT_GT(f.preconditioner["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_GT(f.preconditioner["auto"]["fisher_per_dim"].get<double>(), TransportRules().flow_fisher_per_dim);
   EXPECT_EQ(f.preconditioner["kind"], "flow");
   const json& au = f.preconditioner["auto"];
   EXPECT_GT(f.preconditioner["grads"].get<int64_t>(), au["affine_grads"].get<int64_t>());
@@ -815,7 +815,7 @@ TEST(Training, EveryProposalRejectedMeansItLearnedNothing) {
 }
 
 // Note [The transported warm-up starts at the posterior]: `train --transport flow`'s rounds start
-// from the uniform box, and where the chains arrive there (the last fit below kTransientLoss per
+// from the uniform box, and where the chains arrive there (the last fit below TransportRules().transient_loss per
 // coordinate) nothing else runs: no "from_the_box" or "arrival" in the record. (Where they do not,
 // on posteriordb's kilpisjarvi, the rounds run again from where a warm-up of the chains alone
 // left them: python/tests/test_posteriordb.py and `ctest -L posteriordb`.)
@@ -833,7 +833,7 @@ TEST(Preconditioner, AForcedTransportStartsFromTheBox) {
   const std::string dir = ::testing::TempDir();
   TrainResult r = train(config, torch::kCPU, dir + "from_box.pt", dir + "from_box.csv", false);
   const json& pre = r.preconditioner;
-  EXPECT_LE(pre["transport"]["rounds"].back()["fit"]["loss_end"].get<double>(), kTransientLoss) << pre.dump();
+  EXPECT_LE(pre["transport"]["rounds"].back()["fit"]["loss_end"].get<double>(), TransportRules().transient_loss) << pre.dump();
   EXPECT_FALSE(pre.contains("from_the_box")) << pre.dump();
   EXPECT_FALSE(pre.contains("arrival")) << pre.dump();
 }

@@ -111,7 +111,7 @@ TEST(Transport, LatentPairsAreThePulledBackTargetsGradients) {
 TEST(Transport, ALinearResidualInTheLatentSpaceIsMeasured) {
   // Note [A linear residual in the latent space]: through the identity, scg's points (a
   // correlation of 0.998) are far from N(0, I) and an affine map estimated from them fixes that
-  // (the ratio far above kLinearResidualRatio); a funnel's neck is not linear, and an affine map
+  // (the ratio far above TransportRules().linear_residual_ratio); a funnel's neck is not linear, and an affine map
   // fits its exact draws hardly better than N(0, I) does: under the threshold.
   auto scg = make_target({{"name", "scg"}}, kF64);
   at::Generator gen = make_generator(21);
@@ -132,7 +132,7 @@ TEST(Transport, ALinearResidualInTheLatentSpaceIsMeasured) {
   LatentResidual non = latent_residual(scaled, xf, funnel->energy_and_grad(xf).grad, 3);
   std::cout << "  funnel through its affine base: " << non.flow_loss << " -> " << non.affine_loss << "\n";
   EXPECT_GT(non.flow_loss, 0.05);  // far from N(0, I) ...
-  EXPECT_LT(non.ratio(), kLinearResidualRatio);  // ... and not by a linear map
+  EXPECT_LT(non.ratio(), TransportRules().linear_residual_ratio);  // ... and not by a linear map
 }
 
 TEST(Transport, PulledBackGradientWithAGraphForTraining) {
@@ -428,7 +428,7 @@ TEST(Transport, AutoSamplesAsWithoutATransportOnAGaussian) {
   ASSERT_TRUE(tr.result.complete);
   EXPECT_EQ(tr.report["kind"], "auto");
   EXPECT_EQ(tr.report["auto"]["chose"], "none");
-  EXPECT_LT(tr.report["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_LT(tr.report["auto"]["fisher_per_dim"].get<double>(), TransportRules().flow_fisher_per_dim);
   EXPECT_EQ(tr.report["auto"]["decided_after"], 100);  // a quarter of the warm-up, at least 100
   EXPECT_EQ(tr.report["auto"]["rows"], 4 * 50);       // the second half of those
   EXPECT_FALSE(tr.flow);
@@ -470,7 +470,7 @@ TEST(Transport, AutoRunsTheFlowOnAFunnel) {
   ASSERT_TRUE(tr.result.complete);
   EXPECT_EQ(tr.report["kind"], "auto");
   EXPECT_EQ(tr.report["auto"]["chose"], "flow");
-  EXPECT_GT(tr.report["auto"]["fisher_per_dim"].get<double>(), kFlowFisherPerDim);
+  EXPECT_GT(tr.report["auto"]["fisher_per_dim"].get<double>(), TransportRules().flow_fisher_per_dim);
   EXPECT_TRUE(tr.flow);
   EXPECT_EQ(tr.report["rounds"].size(), 2u);
   EXPECT_TRUE(torch::equal(tr.result.draws, flow.result.draws));
@@ -577,7 +577,7 @@ TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
   // Note [Transport warm-up]: chains started 8 x 10^5 out on the strongly correlated 2-d
   // Gaussian (sds 10 and 0.32 rotated by pi/4) are still arriving after the first round (the
   // second round's fit ends at the clip, 10^4); a later round whose fit ends above
-  // kTransientLoss drops its coupling layers and its states, and the run still ends on the
+  // TransportRules().transient_loss drops its coupling layers and its states, and the run still ends on the
   // target. Every round but the last is flagged exactly when its loss says so (power: with the
   // rule switched off the flags' check fails; checked once, not kept).
   // The first two fits end far out: with the restart on the rounds would start again (next test).
@@ -588,7 +588,7 @@ TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
   std::cout << "  rounds " << rounds.dump() << "\n";
   int transient = 0;
   for (size_t r = 1; r + 1 < rounds.size(); ++r) {
-    const bool above = !(rounds[r]["fit"]["loss_end"].get<double>() <= kTransientLoss);
+    const bool above = !(rounds[r]["fit"]["loss_end"].get<double>() <= TransportRules().transient_loss);
     EXPECT_EQ(rounds[r]["transient"].get<bool>(), above) << r;
     transient += above;
   }
@@ -602,7 +602,7 @@ TEST(Transport, RoundsInTheTransientLoseTheirLayers) {
 
 TEST(Transport, FarOutTwiceStartsTheRoundsAgain) {
   // Note [Far out twice]: the previous test's chains (8 x 10^5 out on the strongly correlated 2-d
-  // Gaussian) end the first two rounds with fits far out (above kFarOutLoss); with the default
+  // Gaussian) end the first two rounds with fits far out (above TransportRules().far_out_loss); with the default
   // arrival_round the rounds start again once from where the chains are, with a first round of
   // that length: the record keeps the two abandoned rounds, the warm-up runs their iterations
   // longer, every gradient counts, and the run ends on the target.
@@ -612,8 +612,8 @@ TEST(Transport, FarOutTwiceStartsTheRoundsAgain) {
   const json& rounds = tr.report["rounds"];
   std::cout << "  rounds " << rounds.dump() << "\n  restarted " << tr.report.value("restarted", json()).dump() << "\n";
   ASSERT_EQ(rounds.size(), 6u);
-  EXPECT_GT(rounds[0]["fit"]["loss_end"].get<double>(), kFarOutLoss);
-  EXPECT_GT(rounds[1]["fit"]["loss_end"].get<double>(), kFarOutLoss);
+  EXPECT_GT(rounds[0]["fit"]["loss_end"].get<double>(), TransportRules().far_out_loss);
+  EXPECT_GT(rounds[1]["fit"]["loss_end"].get<double>(), TransportRules().far_out_loss);
   EXPECT_TRUE(rounds[1].value("restarted_after", false));
   EXPECT_EQ(rounds[2]["iterations"].get<int64_t>(), kDefaultArrivalRound);
   for (size_t r = 2; r < rounds.size(); ++r) EXPECT_FALSE(rounds[r].contains("restarted_after")) << r;  // once

@@ -17,7 +17,7 @@
 // interaction regression at seed 1: the chains took about 130 iterations to arrive, and its
 // second to fifth rounds ran NUTS at step sizes of 6e-4 to 7e-3 in latent spaces fitted to
 // transient states, 1.7 x 10^5 gradients per chain): when a round's fit (not the last one's)
-// ends with a held-out loss above kTransientLoss per coordinate, its coupling layers are reset
+// ends with a held-out loss above rules.transient_loss per coordinate, its coupling layers are reset
 // to the identity, the base is estimated from that round's states alone, its states leave the
 // pool and the next fit estimates the base afresh (as after the first round). The summary's
 // rounds say `transient` where this happened. The states of round r live
@@ -74,18 +74,47 @@ NMCMC_ENUM_JSON(TransportKind)
 /// `nmcmc train`'s shorter warm-up keeps four (TrainTransport).
 constexpr int64_t kDefaultTransportRounds = 6;
 constexpr int64_t kDefaultTransportLayers = 8;
-/// Note [Transport warm-up]: a fit's held-out Fisher loss (per coordinate) above which its round
-/// counts as transient. A score error as large as N(0, I)'s own score (about 1 per coordinate)
-/// means the fit does not describe the states; where the chains had arrived, fits from the
-/// second round on ended at 0.54 or less on 13 posteriordb posteriors and 0.36 or less on
-/// Funnel-1 and Funnel-3 (three seeds), and kidiq's interaction's transient rounds at 2.6-8,300.
-constexpr double kTransientLoss = 1.0;
-/// The first round's fit (per coordinate) above which the chains had not arrived: where they had,
-/// it ended at 4.5 or less (Funnel-3 at six seeds 2.2-4.5; posteriordb 0.03-3.7 with NUTS's 4
-/// chains), where not at 14.7-10,000 (sblrc, earnings, kidiq's regressions; kilpisjarvi with 16).
-constexpr double kFarOutLoss = 10.0;
 /// Note [Far out twice]: the first round's length when the rounds start again.
 constexpr int64_t kDefaultArrivalRound = 200;
+
+/// The thresholds that decide the transport's path, each documented once, with its default; a
+/// run takes them from TransportOptions::rules. The defaults were set from measurements on
+/// posteriordb's posteriors and the funnels (the Notes named say which).
+struct TransportRules {
+  /// Note [Transport warm-up]: the first round's least length, in iterations. At 17 (train's
+  /// 500-iteration warm-up, four rounds) the base fitted to kilpisjarvi's first states (a
+  /// correlation near -1) put the next round at step sizes of 5e-4; at 50 it arrives.
+  int64_t first_round = 50;
+  /// Note [Transport warm-up]: a fit's held-out Fisher loss per coordinate above which its round
+  /// counts as transient. A score error as large as N(0, I)'s own score (about 1 per coordinate)
+  /// means the fit does not describe the states; where the chains had arrived, fits from the
+  /// second round on ended at 0.54 or less on 13 posteriordb posteriors and 0.36 or less on
+  /// Funnel-1 and Funnel-3 (three seeds), and kidiq's interaction's transient rounds at 2.6-8,300.
+  double transient_loss = 1.0;
+  /// Note [Far out twice]: the first round's fit (per coordinate) above which the chains had not
+  /// arrived: where they had, it ended at 4.5 or less (Funnel-3 at six seeds 2.2-4.5; posteriordb
+  /// 0.03-3.7 with NUTS's 4 chains), where not at 14.7-10,000 (sblrc, earnings, kidiq's
+  /// regressions; kilpisjarvi with 16 chains).
+  double far_out_loss = 10.0;
+  /// Note [Transient states in the pool]: the ratio of the whole pool's affine loss to the last
+  /// two rounds' above which the older rounds leave the pool.
+  double drift_ratio = 100.0;
+  /// Note [The flow or its affine base]: each trial's warm-up and draws, and the share of the
+  /// flow's cost below which the affine map is kept.
+  int64_t trial_warmup = 40;
+  int64_t trial_draws = 20;
+  double affine_if_below = 0.75;
+  /// Note [A linear residual in the latent space]: the ratio above which the final warm-up
+  /// through the flow adapts the low-rank Fisher metric. Funnel-3's last fits at six seeds:
+  /// 0.89-1.00; posteriordb's earnings 1.5-11.3 at 8 seeds of 20, kilpisjarvi 2.1-6.8 at 3 of 10.
+  double linear_residual_ratio = 1.5;
+  /// Note [Choosing the transport]: the Fisher divergence per dimension of the best affine map
+  /// above which the flow is chosen, the most rows it is measured on, and (sampling) the least
+  /// number of warm-up iterations watched before it decides.
+  double flow_fisher_per_dim = 0.15;
+  int64_t fisher_rows = 1024;
+  int64_t auto_watch_min = 100;
+};
 
 /// Note [A linear residual in the latent space] (services/transport.cpp): the last fit's points
 /// in the flow's latent space, their Fisher loss per coordinate against N(0, I) (flow_loss), and
@@ -98,10 +127,6 @@ struct LatentResidual {
 };
 LatentResidual latent_residual(const TransportedTarget& latent, const torch::Tensor& x, const torch::Tensor& g,
                                uint64_t seed);
-/// Note [A linear residual in the latent space]: the ratio above which the final warm-up through
-/// the flow adapts the low-rank Fisher metric. Funnel-3's last fits at six seeds: 0.89-1.00;
-/// posteriordb's earnings 1.5-11.3 at 8 seeds of 20, kilpisjarvi 2.1-6.8 at 3 of 10.
-constexpr double kLinearResidualRatio = 1.5;
 
 /// Note [Transport warm-up].
 struct TransportOptions {
@@ -118,7 +143,7 @@ struct TransportOptions {
   /// chains have not arrived; Note [The transported warm-up starts at the posterior],
   /// services/train.cpp). 0: it goes on.
   double far_out_loss = 0;
-  /// Above 0: when the first two rounds' fits both end above kFarOutLoss per coordinate, the
+  /// Above 0: when the first two rounds' fits both end above rules.far_out_loss per coordinate, the
   /// rounds start again once, from where the chains are, with a first round of this many
   /// iterations (Note [Far out twice], services/transport.cpp). 0: they go on.
   int64_t arrival_round = kDefaultArrivalRound;
@@ -126,6 +151,7 @@ struct TransportOptions {
   /// warm-up runs on the target itself (Note [Far out after the restart], services/transport.cpp).
   /// false: the rounds go on (training, which needs a map to train in, and has its own restart).
   bool give_up_far_out = true;
+  TransportRules rules;
 };
 
 /// A kernel on a transported target: runs `inner`; with global moves follows every step with an
@@ -175,13 +201,13 @@ class TransportKernel : public Kernel {
 /// `nmcmc train` without a config (and nmcmc.train(target)) has transport "auto": it runs the
 /// affine preconditioner's warm-up as before and then measures how far the best affine map could
 /// take the posterior from N(0, I): for the Gaussian N(m, L L^T) with the mean and covariance of
-/// the warm-up's last draws (up to kFisherRows), the Fisher divergence per dimension
+/// the warm-up's last draws (up to TransportRules::fisher_rows), the Fisher divergence per dimension
 /// E||L^T grad U(x) - L^-1 (x - m)||^2 / D; 0 for a Gaussian target (the whitened gradient is
 /// then the whitened point), and unchanged by any affine map of x, so a badly scaled or strongly
 /// correlated posterior is not mistaken for a curved one. (The warm-up's own metric is no
 /// yardstick: Stan's regularisation of a dense metric leaves kilpisjarvi's near-singular
 /// covariance unwhitened, a divergence of 400 where the draws' own covariance gives 0.04.) Above
-/// kFlowFisherPerDim no affine map whitens the posterior, and the learned proposal trains in a
+/// TransportRules::flow_fisher_per_dim no affine map whitens the posterior, and the learned proposal trains in a
 /// flow transport's latent space (its warm-up fitted next; the affine warm-up's gradients and
 /// seconds are counted in the record, "auto"); else it trains on the affine map, with nothing spent
 /// beyond one batched gradient. On posteriordb's reference draws the divergence is 0.007-0.6 per
@@ -199,10 +225,10 @@ class TransportKernel : public Kernel {
 ///
 /// `nmcmc sample` and `compare` with `--transport auto` (NUTS, HMC, MALA) make the same choice
 /// from their own warm-up (run_with_transport): the run starts as one without a transport would,
-/// with the same seed, and watches the first quarter of its warm-up (at least kAutoWatchMin
+/// with the same seed, and watches the first quarter of its warm-up (at least TransportRules::auto_watch_min
 /// iterations): the divergence of that stretch's second half (the positions and gradients the
-/// kernel carries: no extra gradient; the last kFisherRows rows) decides at its end. At or below
-/// kFlowFisherPerDim (or where it cannot be measured: fewer draws than D + 1, or draws spanning
+/// kernel carries: no extra gradient; the last TransportRules::fisher_rows rows) decides at its end. At or below
+/// TransportRules::flow_fisher_per_dim (or where it cannot be measured: fewer draws than D + 1, or draws spanning
 /// fewer than D directions) the run goes on: its draws are those of `--transport none`, bit for
 /// bit. Above it the run stops there and the whole `--transport flow` run follows, from the
 /// starting box with the same seed (its draws are those of `--transport flow`), and the watched
@@ -212,9 +238,6 @@ class TransportKernel : public Kernel {
 /// costs 1.5-20x the best NUTS's seconds to 10,000 effective draws (the fits), for a per-gradient gain of
 /// 0.89-1.6x; on the three above the threshold (eight schools, GARCH, the latent GP) it gains
 /// 2.5-80x per gradient (BENCHMARKS.md "The final metric through the flow").
-constexpr double kFlowFisherPerDim = 0.15;
-constexpr int64_t kFisherRows = 1024;
-constexpr int64_t kAutoWatchMin = 100;
 /// That divergence at draws x [N, D] for the affine map x = mean(x) + L z (NaN with < 2 finite rows).
 double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l);
 /// The same with L the Cholesky factor of the draws' covariance (NaN where it has none: fewer
