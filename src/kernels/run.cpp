@@ -233,259 +233,323 @@ void put_row(const torch::Tensor& dst, int64_t i, const torch::Tensor& src, bool
   dst[i].copy_(negate ? -src : src);
 }
 
-/// The run of this process's chains (all of them on one process).
-SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
-  if (o.chains < 1) throw UsageError("--chains must be at least 1");
-  if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
-  if (o.draws < 1) throw UsageError("--draws must be at least 1");
-  if (!(o.target_accept > 0 && o.target_accept < 1)) throw UsageError("--target-accept must be in (0, 1)");
-  check_footprint(o, target.dim(), static_cast<int64_t>(c10::elementSize(target.options().dtype().toScalarType())));
-  torch::NoGradGuard no_grad;
-  const auto device = target.options().device();
-  at::Generator gen = make_generator(seed, device);
-  Kernel& prop = kernel;
-  SampleResult res;
-  res.seed = seed;
-  res.names = parameter_labels(target);
-  res.draws_planned = o.draws;
-  auto stop = [&] { return o.should_stop && o.should_stop(); };
+// Note [Stuck chains in warm-up]
+// The chains share one step size (pooled adaptation). A chain whose random starting point lies
+// where the density is so steep that every transition at that step size diverges never moves,
+// and it spoils the metric's estimate for all (on posteriordb's kidiq regression, 3 of 16
+// uniform(-2, 2) starts stayed put through the whole warm-up and the pooled step size fell to
+// 0.008). Stan adapts each chain's step size on its own; here, until the first slow window
+// (the metric's estimate) begins, every 25 iterations a chain whose mean accept statistic over
+// them was below 0.001 (it could not move) while the median chain's was above 0.1 restarts from
+// the current position of a moving chain drawn at random, and the step-size search starts
+// dual averaging again from there (the stuck chains had pulled the pooled step size down).
+// (A fresh random point does not do: at the step size the moving chains have adapted to, such
+// a point is stuck too. Starting points that no step size can move are drawn again before
+// warm-up: Note [Starting points that cannot move].) Warm-up draws are discarded, so this
+// changes no draw's distribution; the price is that a restarted chain begins its remaining
+// warm-up (at least the slow and final windows) where another chain was, which weakens what
+// R-hat can tell about modes that chain never found. Given starting points are never replaced.
+//
+// Sampling time: the rows written while sampling goes on (about every 2 s) are not sampling time.
+// Without taking them off, a run longer than 2 s paid for writing its first rows and a shorter one
+// paid for none (the last rows are written after the clock stops), which made NUTS on Funnel-1
+// look 1.4x slower per gradient against HMC than it is.
 
-  torch::Tensor x0;
-  if (o.init_x.defined()) {
-    TORCH_CHECK(o.init_x.dim() == 2 && o.init_x.size(1) == target.dim() && o.init_x.size(0) > 0,
-                "init_x must be [n, ", target.dim(), "]");
-    x0 = o.init_x.to(target.options()).index_select(
-        0, torch::arange(o.chains, torch::TensorOptions().dtype(torch::kInt64).device(o.init_x.device())) % o.init_x.size(0));
-  } else {
-    x0 = initial_positions(target, o.init, o.chains, gen);
+/// The run of this process's chains (all of them on one process): the starting state, the
+/// warm-up (step size, metric windows, stuck chains), then sampling with the kernel frozen.
+class LocalRun {
+ public:
+  LocalRun(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress)
+      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress),
+        device_(target.options().device()), gen_(make_generator(seed, device_)) {
+    if (o.chains < 1) throw UsageError("--chains must be at least 1");
+    if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
+    if (o.draws < 1) throw UsageError("--draws must be at least 1");
+    if (!(o.target_accept > 0 && o.target_accept < 1)) throw UsageError("--target-accept must be in (0, 1)");
+    check_footprint(o, target.dim(), static_cast<int64_t>(c10::elementSize(target.options().dtype().toScalarType())));
+    res_.seed = seed;
+    res_.names = parameter_labels(target);
+    res_.draws_planned = o.draws;
   }
-  x0 = finite_starting_points(target, x0, o.init_x.defined() ? "" : o.init, gen);
-  const int64_t g_start = target.grad_evals(), e_start = target.energy_evals();
-  // Note [Starting points that cannot move]: random starting points only, before warm-up (given
-  // starting points are never replaced, here or by Note [Stuck chains in warm-up]).
-  const bool random_start = !o.init_x.defined() && (o.init == "uniform" || o.init == "exact");
-  if (random_start && o.warmup > 0) {
-    // on a stream of its own: where no chain is redrawn the run's draws are what they were without
-    at::Generator screen_gen = make_generator(seed ^ 0x5c3ee9a1u, device);
-    x0 = screen_starting_points(target, kernel, x0, o.init, screen_gen, res.chains_redrawn);
+
+  SampleResult run() {
+    torch::NoGradGuard no_grad;
+    start();
+    check_adaptation();
+    if (!warm_up()) return std::move(res_);
+    sample();
+    return std::move(res_);
   }
-  ChainState state = kernel.init(target, x0);
-  // Gradient calls outside the kernel's steps (screening, starting states, step-size searches):
-  // NUTS reports its steps' gradients per chain, these are added to them.
-  int64_t calls_outside_steps = target.grad_evals() - g_start;
-  auto outside_steps = [&](auto&& f) {
-    const int64_t before = target.grad_evals();
+
+ private:
+  bool stop() const { return o_.should_stop && o_.should_stop(); }
+
+  /// Gradient calls outside the kernel's steps (screening, starting states, step-size searches):
+  /// NUTS reports its steps' gradients per chain, these are added to them.
+  template <class F>
+  void outside_steps(F&& f) {
+    const int64_t before = target_.grad_evals();
     f();
-    calls_outside_steps += target.grad_evals() - before;
-  };
-  auto t0 = Clock::now();
-  auto last_report = t0;
-  // accept(): the phase's mean accept statistic so far, computed only when a report is made.
-  auto report = [&](const char* phase, int64_t i, int64_t total, const std::function<double()>& accept, bool force) {
-    if (!progress) return;
+    calls_outside_steps_ += target_.grad_evals() - before;
+  }
+
+  /// Progress; accept(): the phase's mean accept statistic so far, computed only when a report is made.
+  void report(const char* phase, int64_t i, int64_t total, const std::function<double()>& accept, bool force) {
+    if (!progress_) return;
     auto now = Clock::now();
-    if (!force && std::chrono::duration<double>(now - last_report).count() < 0.25) return;
-    last_report = now;
+    if (!force && std::chrono::duration<double>(now - last_report_).count() < 0.25) return;
+    last_report_ = now;
     Progress p;
     p.phase = phase;
     p.iteration = i;
     p.total = total;
     p.accept = accept();
-    p.step_size = prop.step_size();
-    p.elapsed = std::chrono::duration<double>(now - t0).count();
-    progress(p);
-  };
+    p.step_size = kernel_.step_size();
+    p.elapsed = std::chrono::duration<double>(now - t0_).count();
+    progress_(p);
+  }
 
-  // ---- warm-up: dual averaging of the step size, optional windowed diagonal metric ----
-  const bool tunable = prop.has_tunable_step_size();
-  if (o.adapt_step.value_or(false) && !tunable) {
-    throw UsageError("sampler '" + prop.name() + "' has no tunable step size: run it without step-size adaptation");
-  }
-  const bool adapt_metric = o.metric != MetricAdapt::kUnit;
-  if (adapt_metric && !prop.has_metric()) throw UsageError("sampler '" + prop.name() + "' has no mass matrix to adapt");
-  if (is_full_rank_metric(o.metric) && !prop.has_dense_metric()) {
-    throw UsageError("sampler '" + prop.name() + "' has no " + enum_name(o.metric) + " metric (diagonal only)");
-  }
-  std::optional<MetricEstimator> estimator;
-  if (adapt_metric) {
-    estimator.emplace(o.metric);
-    if (estimator->needs_gradients() && !state.grad.defined()) {
-      throw UsageError("metric " + enum_name(o.metric) + " is estimated from gradients, which sampler '" + prop.name() +
-                       "' does not compute (use diag or dense)");
+  /// The starting points (given, or drawn and screened: Note [Starting points that cannot move])
+  /// and the kernel's state there.
+  void start() {
+    torch::Tensor x0;
+    if (o_.init_x.defined()) {
+      TORCH_CHECK(o_.init_x.dim() == 2 && o_.init_x.size(1) == target_.dim() && o_.init_x.size(0) > 0,
+                  "init_x must be [n, ", target_.dim(), "]");
+      x0 = o_.init_x.to(target_.options()).index_select(
+          0, torch::arange(o_.chains, torch::TensorOptions().dtype(torch::kInt64).device(o_.init_x.device())) % o_.init_x.size(0));
+    } else {
+      x0 = initial_positions(target_, o_.init, o_.chains, gen_);
     }
+    x0 = finite_starting_points(target_, x0, o_.init_x.defined() ? "" : o_.init, gen_);
+    g_start_ = target_.grad_evals();
+    e_start_ = target_.energy_evals();
+    // Random starting points only, before warm-up (given starting points are never replaced, here
+    // or by Note [Stuck chains in warm-up]).
+    random_start_ = !o_.init_x.defined() && (o_.init == "uniform" || o_.init == "exact");
+    if (random_start_ && o_.warmup > 0) {
+      // on a stream of its own: where no chain is redrawn the run's draws are what they were without
+      at::Generator screen_gen = make_generator(seed_ ^ 0x5c3ee9a1u, device_);
+      x0 = screen_starting_points(target_, kernel_, x0, o_.init, screen_gen, res_.chains_redrawn);
+    }
+    state_ = kernel_.init(target_, x0);
+    calls_outside_steps_ = target_.grad_evals() - g_start_;
+    t0_ = last_report_ = Clock::now();
   }
-  const bool tune = o.adapt_step.value_or(tunable) && o.warmup > 0;
-  if (tune || (tunable && prop.step_size() <= 0)) {
-    outside_steps([&] { find_reasonable_step_size(target, kernel, state, gen, prop.step_size() > 0 ? prop.step_size() : 1.0); });
-  }
-  DualAveraging da(prop.step_size(), o.target_accept);
-  WarmupSchedule schedule(o.warmup);
-  torch::Tensor acc_sum = torch::zeros({}, state.energy.options());
-  torch::Tensor warmup_grads_chain;  // [C] when the kernel reports per-chain counts
-  // Note [Stuck chains in warm-up]
-  // The chains share one step size (pooled adaptation). A chain whose random starting point lies
-  // where the density is so steep that every transition at that step size diverges never moves,
-  // and it spoils the metric's estimate for all (on posteriordb's kidiq regression, 3 of 16
-  // uniform(-2, 2) starts stayed put through the whole warm-up and the pooled step size fell to
-  // 0.008). Stan adapts each chain's step size on its own; here, until the first slow window
-  // (the metric's estimate) begins, every 25 iterations a chain whose mean accept statistic over
-  // them was below 0.001 (it could not move) while the median chain's was above 0.1 restarts from
-  // the current position of a moving chain drawn at random, and the step-size search starts
-  // dual averaging again from there (the stuck chains had pulled the pooled step size down).
-  // (A fresh random point does not do: at the step size the moving chains have adapted to, such
-  // a point is stuck too. Starting points that no step size can move are drawn again before
-  // warm-up: Note [Starting points that cannot move].) Warm-up draws
-  // are discarded, so this changes no draw's distribution; the price is that a restarted chain
-  // begins its remaining warm-up (at least the slow and final windows) where another chain was,
-  // which weakens what R-hat can tell about modes that chain never found. Given starting points
-  // are never replaced. (Per-chain step sizes, as Stan's, belong to issue #34.)
-  const bool redraw_stuck = random_start && o.chains > 1;
-  int64_t first_slow = 0;
-  while (first_slow < o.warmup && !schedule.in_slow_window(first_slow)) ++first_slow;
-  torch::Tensor block_accept;  // [C]: each chain's accept statistics over the current 25 iterations
-  // The warm-up's figures (at its end, or where the caller's observer ends the run).
-  auto warmup_figures = [&] {
-    res.step_size = prop.step_size();
-    res.seconds_warmup = std::chrono::duration<double>(Clock::now() - t0).count();
-    res.grads_warmup = target.grad_evals() - g_start;
-    res.energies_warmup = target.energy_evals() - e_start;
-    if (warmup_grads_chain.defined()) {
-      res.grads_warmup = std::llround(warmup_grads_chain.to(torch::kFloat64).mean().item<double>()) + calls_outside_steps;
+
+  /// What the warm-up adapts, checked against what the kernel has.
+  void check_adaptation() {
+    tunable_ = kernel_.has_tunable_step_size();
+    if (o_.adapt_step.value_or(false) && !tunable_) {
+      throw UsageError("sampler '" + kernel_.name() + "' has no tunable step size: run it without step-size adaptation");
     }
-    res.max_tree_depth = kernel.max_tree_depth();
-  };
-  for (int64_t i = 0; i < o.warmup; ++i) {
-    if (stop()) {  // nothing drawn yet: nothing to keep
-      res.complete = false;
-      return res;
+    const bool adapt_metric = o_.metric != MetricAdapt::kUnit;
+    if (adapt_metric && !kernel_.has_metric()) throw UsageError("sampler '" + kernel_.name() + "' has no mass matrix to adapt");
+    if (is_full_rank_metric(o_.metric) && !kernel_.has_dense_metric()) {
+      throw UsageError("sampler '" + kernel_.name() + "' has no " + enum_name(o_.metric) + " metric (diagonal only)");
     }
-    auto [next, info] = kernel.step(target, state, gen);
-    state = std::move(next);
-    acc_sum += info.accept_prob.sum();
-    if (info.n_grad_chain.defined()) {
-      warmup_grads_chain = warmup_grads_chain.defined() ? warmup_grads_chain + info.n_grad_chain : info.n_grad_chain.clone();
-    }
-    if (tune) prop.set_step_size(da.update(info.accept_prob.mean().item<double>()));
-    if (redraw_stuck && i < first_slow) {
-      const torch::Tensor a = info.accept_prob.detach().to(torch::kFloat64).reshape({-1});
-      block_accept = i % 25 == 0 || !block_accept.defined() ? a.clone() : block_accept + a;
-      if ((i + 1) % 25 == 0 && i + 1 < first_slow && block_accept.size(0) == o.chains) {
-        // stuck: a mean accept statistic below 0.001 over the block, while the typical chain moves
-        const torch::Tensor mean = block_accept / 25.0;
-        const torch::Tensor stuck = (mean < 1e-3).to(state.x.device());
-        const int64_t n_stuck = stuck.sum().item<int64_t>();
-        if (n_stuck > 0 && n_stuck < o.chains && mean.median().item<double>() > 0.1) {
-          // each stuck chain takes the position of a moving chain drawn at random
-          const torch::Tensor moving = (~stuck).nonzero().reshape({-1});
-          const torch::Tensor pick =
-              moving.index_select(0, torch::randint(moving.size(0), {o.chains}, gen, moving.options()));
-          const torch::Tensor donors = state.x.index_select(0, pick);
-          outside_steps([&] {
-            state = kernel.init(target, torch::where(stuck.unsqueeze(1), donors, state.x));
-            // the step size the stuck chains dragged down starts again from the moving chains'
-            if (tune) da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size()));
-          });
-          res.chains_restarted += n_stuck;
-        }
+    if (adapt_metric) {
+      estimator_.emplace(o_.metric);
+      if (estimator_->needs_gradients() && !state_.grad.defined()) {
+        throw UsageError("metric " + enum_name(o_.metric) + " is estimated from gradients, which sampler '" +
+                         kernel_.name() + "' does not compute (use diag or dense)");
       }
     }
-    if (o.warmup_observer && !o.warmup_observer(i, state)) {  // the caller goes on otherwise: no draws
-      warmup_figures();
-      return res;
-    }
-    if (estimator && schedule.in_slow_window(i)) estimator->add(state.x, state.grad);
-    if (estimator && schedule.ends_window(i) && estimator->count() > 1) {
-      const Metric metric = estimator->estimate();
-      prop.set_metric(metric.to(target.options()));
-      res.inv_mass = metric.inv_mass();
-      res.metric = enum_name(metric.kind());
-      res.metric_rank = metric.kind() == MetricKind::kLowRank ? metric.basis().size(1) : 0;
-      estimator->reset();
-      if (tune) outside_steps([&] { da.restart(find_reasonable_step_size(target, kernel, state, gen, prop.step_size())); });
-    }
-    report("warmup", i + 1, o.warmup, [&] { return acc_sum.item<double>() / static_cast<double>((i + 1) * o.chains); },
-           i + 1 == o.warmup);
+    tune_ = o_.adapt_step.value_or(tunable_) && o_.warmup > 0;
   }
-  if (tune) prop.set_step_size(da.final_step());
-  warmup_figures();
 
-  // ---- sampling: the kernel is frozen ----
-  const int64_t s_count = o.draws, c = o.chains, d = target.dim();
-  if (o.keep_draws) {
-    const double bytes = 8.0 * static_cast<double>(s_count) * static_cast<double>(c) * static_cast<double>(d);
-    // On disk the layout is parameter-major ([D, S, C] seen as [S, C, D]): a step writes D short
-    // runs, and the summary's blocks of parameters read contiguous stretches of the file instead
-    // of every page of it once per block.
-    res.draws = o.draws_in_memory_limit > 0 && bytes > static_cast<double>(o.draws_in_memory_limit)
-                    ? disk_backed_tensor({d, s_count, c}, o.scratch_directory).permute({1, 2, 0})
-                    : torch::empty({s_count, c, d}, torch::kFloat64);
+  /// The warm-up's figures (at its end, or where the caller's observer ends the run).
+  void warmup_figures() {
+    res_.step_size = kernel_.step_size();
+    res_.seconds_warmup = std::chrono::duration<double>(Clock::now() - t0_).count();
+    res_.grads_warmup = target_.grad_evals() - g_start_;
+    res_.energies_warmup = target_.energy_evals() - e_start_;
+    if (warmup_grads_chain_.defined()) {
+      res_.grads_warmup = std::llround(warmup_grads_chain_.to(torch::kFloat64).mean().item<double>()) + calls_outside_steps_;
+    }
+    res_.max_tree_depth = kernel_.max_tree_depth();
   }
-  res.lp = torch::empty({s_count, c}, torch::kFloat64);
-  res.accept_stat = torch::empty({s_count, c}, torch::kFloat64);
-  res.divergent = torch::empty({s_count, c}, torch::kBool);
-  res.n_grad = torch::empty({s_count}, torch::kInt64);
-  auto n_grad = res.n_grad.accessor<int64_t, 1>();
-  const int64_t g_mid = target.grad_evals(), e_mid = target.energy_evals();
-  t0 = Clock::now();
-  int64_t done = 0, flushed = 0;
-  auto last_flush = Clock::now();
-  // The rows written while sampling go on (about every 2 s) are not sampling time: without this a
-  // run longer than 2 s paid for writing its first rows and a shorter one paid for none (the last
-  // rows are written after the clock stops), which made NUTS on Funnel-1 look 1.4x slower per
-  // gradient against HMC than it is. seconds_sampling is the kernel's time alone.
-  double writing = 0;
-  if (o.sink && !o.keep_draws) throw UsageError("a draw sink needs keep_draws");
-  // The kernel is fixed now: NUTS's chains may run ahead of each other (run_steps).
-  auto record = [&](const ChainState& now, const StepInfo& info) {
-    const int64_t i = done;
-    if (o.keep_draws) put_row(res.draws, i, now.x);
-    put_row(res.lp, i, now.energy, /*negate=*/true);
-    put_row(res.accept_stat, i, info.accept_prob);
-    put_row(res.divergent, i, info.divergent);
-    n_grad[i] = info.n_grad;
+
+  /// Note [Stuck chains in warm-up]: every 25 iterations before the first slow window, chains that
+  /// could not move restart from moving chains' positions.
+  void redraw_stuck(int64_t i, const StepInfo& info, DualAveraging& da) {
+    const torch::Tensor a = info.accept_prob.detach().to(torch::kFloat64).reshape({-1});
+    block_accept_ = i % 25 == 0 || !block_accept_.defined() ? a.clone() : block_accept_ + a;
+    if (!((i + 1) % 25 == 0 && i + 1 < first_slow_ && block_accept_.size(0) == o_.chains)) return;
+    // stuck: a mean accept statistic below 0.001 over the block, while the typical chain moves
+    const torch::Tensor mean = block_accept_ / 25.0;
+    const torch::Tensor stuck = (mean < 1e-3).to(state_.x.device());
+    const int64_t n_stuck = stuck.sum().item<int64_t>();
+    if (!(n_stuck > 0 && n_stuck < o_.chains && mean.median().item<double>() > 0.1)) return;
+    // each stuck chain takes the position of a moving chain drawn at random
+    const torch::Tensor moving = (~stuck).nonzero().reshape({-1});
+    const torch::Tensor pick = moving.index_select(0, torch::randint(moving.size(0), {o_.chains}, gen_, moving.options()));
+    const torch::Tensor donors = state_.x.index_select(0, pick);
+    outside_steps([&] {
+      state_ = kernel_.init(target_, torch::where(stuck.unsqueeze(1), donors, state_.x));
+      // the step size the stuck chains dragged down starts again from the moving chains'
+      if (tune_) da.restart(find_reasonable_step_size(target_, kernel_, state_, gen_, kernel_.step_size()));
+    });
+    res_.chains_restarted += n_stuck;
+  }
+
+  /// Warm-up: dual averaging of the step size, the metric over Stan's windows, stuck chains
+  /// restarted. False where the run ends in it (stopped, or the caller's observer ended it).
+  bool warm_up() {
+    if (tune_ || (tunable_ && kernel_.step_size() <= 0)) {
+      outside_steps([&] {
+        find_reasonable_step_size(target_, kernel_, state_, gen_, kernel_.step_size() > 0 ? kernel_.step_size() : 1.0);
+      });
+    }
+    DualAveraging da(kernel_.step_size(), o_.target_accept);
+    WarmupSchedule schedule(o_.warmup);
+    torch::Tensor acc_sum = torch::zeros({}, state_.energy.options());
+    const bool redraw = random_start_ && o_.chains > 1;
+    while (first_slow_ < o_.warmup && !schedule.in_slow_window(first_slow_)) ++first_slow_;
+    for (int64_t i = 0; i < o_.warmup; ++i) {
+      if (stop()) {  // nothing drawn yet: nothing to keep
+        res_.complete = false;
+        return false;
+      }
+      auto [next, info] = kernel_.step(target_, state_, gen_);
+      state_ = std::move(next);
+      acc_sum += info.accept_prob.sum();
+      if (info.n_grad_chain.defined()) {
+        warmup_grads_chain_ = warmup_grads_chain_.defined() ? warmup_grads_chain_ + info.n_grad_chain : info.n_grad_chain.clone();
+      }
+      if (tune_) kernel_.set_step_size(da.update(info.accept_prob.mean().item<double>()));
+      if (redraw && i < first_slow_) redraw_stuck(i, info, da);
+      if (o_.warmup_observer && !o_.warmup_observer(i, state_)) {  // the caller goes on otherwise: no draws
+        warmup_figures();
+        return false;
+      }
+      if (estimator_ && schedule.in_slow_window(i)) estimator_->add(state_.x, state_.grad);
+      if (estimator_ && schedule.ends_window(i) && estimator_->count() > 1) end_metric_window(da);
+      report("warmup", i + 1, o_.warmup, [&] { return acc_sum.item<double>() / static_cast<double>((i + 1) * o_.chains); },
+             i + 1 == o_.warmup);
+    }
+    if (tune_) kernel_.set_step_size(da.final_step());
+    warmup_figures();
+    return true;
+  }
+
+  /// A metric window's end: the kernel takes the estimate, and the step size is searched again.
+  void end_metric_window(DualAveraging& da) {
+    const Metric metric = estimator_->estimate();
+    kernel_.set_metric(metric.to(target_.options()));
+    res_.inv_mass = metric.inv_mass();
+    res_.metric = enum_name(metric.kind());
+    res_.metric_rank = metric.kind() == MetricKind::kLowRank ? metric.basis().size(1) : 0;
+    estimator_->reset();
+    if (tune_) outside_steps([&] { da.restart(find_reasonable_step_size(target_, kernel_, state_, gen_, kernel_.step_size())); });
+  }
+
+  /// The result's per-draw tensors, [S, C, ...].
+  void allocate() {
+    const int64_t s = o_.draws, c = o_.chains, d = target_.dim();
+    if (o_.keep_draws) {
+      const double bytes = 8.0 * static_cast<double>(s) * static_cast<double>(c) * static_cast<double>(d);
+      // On disk the layout is parameter-major ([D, S, C] seen as [S, C, D]): a step writes D short
+      // runs, and the summary's blocks of parameters read contiguous stretches of the file instead
+      // of every page of it once per block.
+      res_.draws = o_.draws_in_memory_limit > 0 && bytes > static_cast<double>(o_.draws_in_memory_limit)
+                       ? disk_backed_tensor({d, s, c}, o_.scratch_directory).permute({1, 2, 0})
+                       : torch::empty({s, c, d}, torch::kFloat64);
+    }
+    res_.lp = torch::empty({s, c}, torch::kFloat64);
+    res_.accept_stat = torch::empty({s, c}, torch::kFloat64);
+    res_.divergent = torch::empty({s, c}, torch::kBool);
+    res_.n_grad = torch::empty({s}, torch::kInt64);
+  }
+
+  /// One draw's row; false where the run is asked to stop. Rows go to the sink about every 2 s.
+  bool record(const ChainState& now, const StepInfo& info) {
+    const int64_t i = done_, s = o_.draws;
+    if (o_.keep_draws) put_row(res_.draws, i, now.x);
+    put_row(res_.lp, i, now.energy, /*negate=*/true);
+    put_row(res_.accept_stat, i, info.accept_prob);
+    put_row(res_.divergent, i, info.divergent);
+    res_.n_grad.data_ptr<int64_t>()[i] = info.n_grad;
     if (info.n_grad_chain.defined()) {
       if (i == 0) {
-        res.n_grad_chain = torch::empty({s_count, c}, torch::kInt64);
-        res.tree_depth = torch::empty({s_count, c}, torch::kInt64);
-        res.energy = torch::empty({s_count, c}, torch::kFloat64);
+        res_.n_grad_chain = torch::empty({s, o_.chains}, torch::kInt64);
+        res_.tree_depth = torch::empty({s, o_.chains}, torch::kInt64);
+        res_.energy = torch::empty({s, o_.chains}, torch::kFloat64);
       }
-      put_row(res.n_grad_chain, i, info.n_grad_chain);
-      if (info.tree_depth.defined()) put_row(res.tree_depth, i, info.tree_depth);
-      if (info.energy.defined()) put_row(res.energy, i, info.energy);
+      put_row(res_.n_grad_chain, i, info.n_grad_chain);
+      if (info.tree_depth.defined()) put_row(res_.tree_depth, i, info.tree_depth);
+      if (info.energy.defined()) put_row(res_.energy, i, info.energy);
     }
-    done = i + 1;
-    report("sampling", done, s_count,
-           [&] { return res.accept_stat.narrow(0, 0, done).sum().item<double>() / static_cast<double>(done * o.chains); },
-           done == s_count);
+    done_ = i + 1;
+    report("sampling", done_, s,
+           [&] { return res_.accept_stat.narrow(0, 0, done_).sum().item<double>() / static_cast<double>(done_ * o_.chains); },
+           done_ == s);
     if (stop()) return false;
-    if (o.sink && std::chrono::duration<double>(Clock::now() - last_flush).count() >= 2.0) {
+    if (o_.sink && std::chrono::duration<double>(Clock::now() - last_flush_).count() >= 2.0) {
       const auto write_start = Clock::now();
-      o.sink->append(res, flushed, done);  // rows as they are drawn, about every 2 s
-      flushed = done;
-      last_flush = Clock::now();
-      writing += std::chrono::duration<double>(last_flush - write_start).count();
+      o_.sink->append(res_, flushed_, done_);  // rows as they are drawn, about every 2 s
+      flushed_ = done_;
+      last_flush_ = Clock::now();
+      writing_ += std::chrono::duration<double>(last_flush_ - write_start).count();
     }
     return true;
-  };
-  if (!stop()) state = kernel.run_steps(target, std::move(state), s_count, gen, record);
-  if (done < s_count) {  // stopped: keep what was drawn
-    res.complete = false;
-    for (torch::Tensor* t : {&res.draws, &res.lp, &res.accept_stat, &res.divergent, &res.n_grad, &res.n_grad_chain,
-                             &res.tree_depth, &res.energy}) {
-      if (t->defined()) *t = t->narrow(0, 0, done);
+  }
+
+  /// Sampling: the kernel is frozen, and NUTS's chains may run ahead of each other (run_steps).
+  void sample() {
+    const int64_t s = o_.draws;
+    allocate();
+    const int64_t g_mid = target_.grad_evals(), e_mid = target_.energy_evals();
+    t0_ = Clock::now();
+    last_flush_ = Clock::now();
+    // The rows written while sampling goes on (about every 2 s) are not sampling time:
+    // seconds_sampling is the kernel's time alone (writing_ is taken off).
+    if (o_.sink && !o_.keep_draws) throw UsageError("a draw sink needs keep_draws");
+    if (!stop()) {
+      state_ = kernel_.run_steps(target_, std::move(state_), s, gen_,
+                                 [this](const ChainState& now, const StepInfo& info) { return record(now, info); });
     }
+    if (done_ < s) {  // stopped: keep what was drawn
+      res_.complete = false;
+      for (torch::Tensor* t : {&res_.draws, &res_.lp, &res_.accept_stat, &res_.divergent, &res_.n_grad,
+                               &res_.n_grad_chain, &res_.tree_depth, &res_.energy}) {
+        if (t->defined()) *t = t->narrow(0, 0, done_);
+      }
+    }
+    res_.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0_).count() - writing_;
+    if (o_.sink && done_ > flushed_) o_.sink->append(res_, flushed_, done_);
+    res_.grads_sampling = target_.grad_evals() - g_mid;
+    res_.batch_grads_sampling = res_.grads_sampling;
+    res_.energies_sampling = target_.energy_evals() - e_mid;
+    if (res_.n_grad_chain.defined()) {
+      // Each chain's own count (the target's counter sees the batch, i.e. the busiest chain).
+      res_.grads_sampling = std::llround(res_.n_grad_chain.to(torch::kFloat64).sum(0).mean().item<double>());
+    }
+    if (o_.sink) o_.sink->finish(res_);
   }
-  res.seconds_sampling = std::chrono::duration<double>(Clock::now() - t0).count() - writing;
-  if (o.sink && done > flushed) o.sink->append(res, flushed, done);
-  res.grads_sampling = target.grad_evals() - g_mid;
-  res.batch_grads_sampling = res.grads_sampling;
-  res.energies_sampling = target.energy_evals() - e_mid;
-  if (res.n_grad_chain.defined()) {
-    // Each chain's own count (the target's counter sees the batch, i.e. the busiest chain).
-    res.grads_sampling = std::llround(res.n_grad_chain.to(torch::kFloat64).sum(0).mean().item<double>());
-  }
-  if (o.sink) o.sink->finish(res);
-  return res;
+
+  Target& target_;
+  Kernel& kernel_;
+  const RunOptions& o_;
+  const uint64_t seed_;
+  const ProgressFn& progress_;
+  const torch::Device device_;
+  at::Generator gen_;
+  SampleResult res_;
+  ChainState state_;
+  int64_t g_start_ = 0, e_start_ = 0, calls_outside_steps_ = 0;
+  Clock::time_point t0_, last_report_, last_flush_;
+  bool random_start_ = false, tunable_ = false, tune_ = false;
+  std::optional<MetricEstimator> estimator_;
+  torch::Tensor warmup_grads_chain_;  // [C] when the kernel reports per-chain counts
+  int64_t first_slow_ = 0;
+  torch::Tensor block_accept_;  // [C]: each chain's accept statistics over the current 25 iterations
+  int64_t done_ = 0, flushed_ = 0;
+  double writing_ = 0;
+};
+
+SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
+  return LocalRun(target, kernel, o, seed, progress).run();
 }
 /// [S, c, ...] per rank -> [S, C, ...] over all ranks (chains in rank order).
 torch::Tensor gather_chains(parallel::Communicator& comm, const torch::Tensor& t) {

@@ -1,0 +1,390 @@
+// `nmcmc train` (services::train): the model and its target, resuming, the preconditioner's or the
+// transport's warm-up (Note [Choosing the transport]), the training steps under their budget (Note
+// [Training budget]) and the checks that training learned something. One TrainRun holds the
+// run's state; each step below is one of its methods, called in order by run().
+//
+// Note [A long warm-up shortens training]
+// `max_seconds` bounds the training steps; when the preconditioner's (or the transport's) warm-up
+// took more than kWarmupAllowance of it, the excess comes out of training's time, down to a quarter
+// of max_seconds. With the defaults (90 s) a posterior whose gradient is cheap trains as before,
+// and one whose warm-up is long (GARCH: 16 chains x 600 NUTS iterations of a 200-step recursion,
+// ~100 s) still hands over a sampler within about two minutes of `nmcmc train` instead of three.
+// The allowance, 25 s, leaves 5 s of the two minutes to loading the module and writing the
+// checkpoint: with 30 the latent GP, whose warm-up (the affine one, then the flow's) takes ~80 s,
+// took 121.5 s.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "nmcmc/core/errors.hpp"
+#include "nmcmc/flows/checkpoint.hpp"
+#include "nmcmc/services/train.hpp"
+#include "nmcmc/targets/targets.hpp"
+#include "train_parts.hpp"
+
+namespace nmcmc {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr double kWarmupAllowance = 25.0;  // Note [A long warm-up shortens training]
+
+class TrainRun {
+ public:
+  TrainRun(const TrainConfig& config, torch::Device device, const std::string& output, const std::string& log_path,
+           bool resume, const TrainProgressFn& progress, const std::function<bool()>& should_stop,
+           std::shared_ptr<parallel::Communicator> comm)
+      : config_(config), output_(output), log_path_(log_path), resume_(resume), progress_(progress),
+        should_stop_(should_stop), comm_(comm ? std::move(comm) : parallel::single_process()) {
+    auto options = torch::TensorOptions().dtype(config.dtype == "float64" ? torch::kFloat64 : torch::kFloat32).device(device);
+    target_ = make_target(config.target, options);
+    model_ = config.model;
+    model_.dim = target_->dim();
+    if (model_.hidden == 0) model_.hidden = default_hidden(model_.dim);  // Note [Training budget]
+    distributed_ = comm_->world_size() > 1;
+    auto_transport_ = config.transport.kind == TransportKind::kAuto;
+    with_transport_ = config.transport.kind == TransportKind::kFlow;
+    if (with_transport_ && distributed_) throw UsageError("training with a flow transport runs in one process");
+    asked_precondition_ = model_.precondition;
+    set_precondition();
+  }
+
+  TrainResult run() {
+    check_resume();
+    if (!choose_auto()) return interrupted();
+    if (!warm_up_flow()) return interrupted();
+    make_trainer();
+    if (!prepare_model()) return interrupted();
+    train_steps();
+    finish();
+    return std::move(result_);
+  }
+
+ private:
+  TrainResult interrupted() {
+    result_.interrupted = true;
+    result_.saved = false;
+    return std::move(result_);
+  }
+
+  /// With a transport the flow is the preconditioner; "auto" adds a learned diagonal one in its
+  /// latent space (Note [Learned proposal in a flow's latent space]).
+  void set_precondition() {
+    model_.precondition = with_transport_ && asked_precondition_ == Precondition::kAuto
+                              ? Precondition::kDiag
+                              : resolve_precondition(asked_precondition_, model_.dim);
+  }
+
+  /// Resume only when every rank sees the checkpoint (rank 0 writes it; other machines need the
+  /// same path on a shared directory); the checkpoint holds the transport's choice and the shards.
+  void check_resume() {
+    resuming_ = resume_ && std::filesystem::exists(output_);
+    const double seen = parallel::all_reduce_doubles(*comm_, {resuming_ ? 1.0 : 0.0})[0];
+    if (seen > 0 && seen < comm_->world_size()) {
+      throw UsageError(fmt::format("{}: checkpoint '{}' exists on {} of {} processes; to resume, every process needs it "
+                                   "(a directory all machines share)", comm_->where(), output_, seen, comm_->world_size()));
+    }
+    if (auto_transport_ && resuming_) {  // the checkpoint holds the choice
+      auto ar = open_learned_checkpoint(output_);
+      with_transport_ = read_learned_meta(ar, output_).contains("transport");
+      if (with_transport_ && distributed_) {
+        throw UsageError("checkpoint '" + output_ + "' was trained with a flow transport, which runs in one process");
+      }
+      set_precondition();
+    }
+    train_options_ = config_.train;
+    if (resuming_ && train_options_.shards == 0) {
+      // A checkpoint keeps its shard count (its random streams): resume on any divisor of it.
+      if (auto stored = checkpoint_shards(output_)) {
+        if (*stored % comm_->world_size() != 0) {
+          throw UsageError(fmt::format("checkpoint '{}' was trained with {} shard(s) per batch, each with its own random "
+                                       "stream and buffer rows; it resumes on a number of processes that divides {}, "
+                                       "not on {}", output_, *stored, *stored, comm_->world_size()));
+        }
+        train_options_.shards = *stored;
+      }
+    }
+  }
+
+  /// Every rank runs the same warm-up (same seed); rank 0's result is then broadcast. Distributed,
+  /// a stop during it waits for the first training step (so all ranks stop together).
+  json run_affine_warmup(LearnedSampler& s, Trainer& t, bool& stopped) {
+    json record = warm_up_preconditioner(*target_, s, t, config_.train, progress_, distributed_ ? nullptr : should_stop_,
+                                         &affine_end_);
+    stopped = parallel::all_reduce_doubles(*comm_, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
+    return record;
+  }
+
+  /// Note [Choosing the transport]: the affine warm-up first; its model and trainer are kept when
+  /// the affine map fits. False where it was interrupted.
+  bool choose_auto() {
+    if (!auto_transport_ || resuming_) return true;
+    affine_sampler_ = LearnedSampler(model_);
+    affine_trainer_ = std::make_unique<Trainer>(*target_, affine_sampler_.ptr(), train_options_, comm_);
+    if (!affine_sampler_->preconditioned()) return true;
+    bool stopped = false;
+    affine_record_ = run_affine_warmup(affine_sampler_, *affine_trainer_, stopped);
+    if (stopped) return false;
+    const json f = affine_record_.value("fisher_per_dim", json(nullptr));
+    const double threshold = TransportRules().flow_fisher_per_dim;
+    const bool misfit = f.is_number() && f.get<double>() > threshold;
+    auto_record_ = {{"fisher_per_dim", f},
+                    {"threshold", threshold},
+                    {"chose", misfit && !distributed_ ? "flow" : "affine"},
+                    {"affine_grads", affine_record_.value("grads", int64_t{0})},
+                    {"affine_seconds", affine_record_.value("seconds", 0.0)}};
+    if (misfit && distributed_) auto_record_["why"] = "a distributed run keeps the affine map";
+    affine_record_["auto"] = auto_record_;
+    if (misfit && !distributed_) {
+      with_transport_ = true;
+      set_precondition();
+      affine_trainer_.reset();
+      affine_sampler_ = nullptr;
+    }
+    return true;
+  }
+
+  /// Note [Learned proposal in a flow's latent space]: the flow comes from the checkpoint when
+  /// resuming, else from its warm-up (Note [The transported warm-up starts at the posterior]: where
+  /// it ends in the transient it runs again from where the affine warm-up, auto's if it ran, left
+  /// the chains). False where it was interrupted.
+  bool warm_up_flow() {
+    if (!with_transport_) return true;
+    if (resuming_) {
+      auto ar = open_learned_checkpoint(output_);
+      json meta = read_learned_meta(ar, output_);
+      flow_ = load_transport(ar, meta, output_);
+      if (!flow_) throw UsageError("checkpoint '" + output_ + "' was trained without a transport; resume it without one");
+      if (meta.contains("preconditioner")) transport_record_ = meta["preconditioner"];
+      return true;
+    }
+    TrainTransport tt = config_.transport;
+    tt.kind = TransportKind::kFlow;
+    transport_record_ = warm_up_transport(*target_, tt, config_.train, flow_, latent_draws_, progress_, should_stop_, affine_end_);
+    if (!auto_record_.is_null()) {  // all-in: the affine warm-up that chose the flow is paid too
+      transport_record_["auto"] = auto_record_;
+      transport_record_["grads"] = transport_record_.value("grads", int64_t{0}) + auto_record_["affine_grads"].get<int64_t>();
+      transport_record_["seconds"] = transport_record_.value("seconds", 0.0) + auto_record_["affine_seconds"].get<double>();
+    }
+    return !transport_record_.value("interrupted", false);
+  }
+
+  /// The proposal and its trainer, on the pulled-back target where there is a flow (the affine
+  /// warm-up's, where auto kept it).
+  void make_trainer() {
+    if (flow_) latent_ = std::make_unique<TransportedTarget>(*target_, flow_);
+    Target& train_target = latent_ ? static_cast<Target&>(*latent_) : *target_;
+    sampler_ = affine_trainer_ ? affine_sampler_ : LearnedSampler(model_);
+    trainer_ = affine_trainer_ ? std::move(affine_trainer_)
+                               : std::make_unique<Trainer>(train_target, sampler_.ptr(), train_options_, comm_);
+    extra_ = {{"name", config_.name}, {"config", config_.to_json()}};
+    if (flow_) extra_["transport"] = {{"kind", TransportKind::kFlow}, {"flow", flow_->options()}};
+  }
+
+  /// The model's starting point: the checkpoint's, the transport's latent draws, or the affine
+  /// warm-up's. False where the warm-up was interrupted.
+  bool prepare_model() {
+    if (resuming_) {
+      if (!with_transport_) {
+        auto ar = open_learned_checkpoint(output_);
+        if (read_learned_meta(ar, output_).contains("transport")) {
+          throw UsageError("checkpoint '" + output_ + "' was trained in a flow transport's latent space; resume it with "
+                           "the transport (--transport flow)");
+        }
+      }
+      json meta = trainer_->load(output_);
+      if (meta.contains("preconditioner")) extra_["preconditioner"] = result_.preconditioner = meta["preconditioner"];
+      return true;
+    }
+    if (with_transport_) {
+      set_from_latent_draws();
+    } else if (sampler_->preconditioned()) {
+      json record = affine_record_;
+      if (record.is_null()) {
+        bool stopped = false;
+        record = run_affine_warmup(sampler_, *trainer_, stopped);
+        if (stopped) return false;
+      }
+      extra_["preconditioner"] = result_.preconditioner = record;
+    }
+    trainer_->broadcast_from_root();
+    return true;
+  }
+
+  /// The latent draws set the affine preconditioner on top of the flow (near the identity when
+  /// the flow fits), the step size, the buffer and beta, as the affine warm-up's draws do.
+  void set_from_latent_draws() {
+    const int64_t d = target_->dim();
+    torch::Tensor flat = latent_draws_.reshape({-1, d});
+    if (model_.precondition == Precondition::kLowRank) {
+      LowRankFactors f = low_rank_factors(flat, model_.precondition_rank, latent_draws_.size(1));
+      sampler_->set_low_rank_preconditioner(flat.mean(0), f.variances, f.directions, f.eigenvalues);
+    } else if (model_.precondition == Precondition::kDense) {
+      torch::Tensor c = flat - flat.mean(0);
+      sampler_->set_preconditioner(flat.mean(0), c.t().matmul(c) / double(std::max<int64_t>(1, flat.size(0) - 1)));
+    } else if (model_.precondition == Precondition::kDiag) {
+      sampler_->set_preconditioner(flat.mean(0), flat.var(0));
+    }
+    if (config_.train.eps_from_warmup) sampler_->set_eps(transport_record_.value("step_size", 0.1));
+    seed_buffer_from(*trainer_, latent_draws_, target_->options());
+    if (config_.train.eps_from_warmup && config_.train.beta_from_warmup) {
+      transport_record_["beta"] = trainer_->warm_start_beta();
+    }
+    extra_["preconditioner"] = result_.preconditioner = transport_record_;
+  }
+
+  void checkpoint() {
+    if (flow_) {
+      trainer_->save(output_, extra_, [&](torch::serialize::OutputArchive& ar) { write_transport(ar, *flow_); });
+    } else {
+      trainer_->save(output_, extra_);  // collective: rank 0 writes
+    }
+    if (comm_->is_root()) write_training_log(log_path_, trainer_->log());
+  }
+
+  /// Note [A long warm-up shortens training]: the training steps' time limit (0: none).
+  double time_limit() {
+    const TrainOptions& budget = config_.train;
+    double limit = budget.max_seconds;
+    if (limit > 0 && result_.preconditioner.is_object()) {
+      const double warm = result_.preconditioner.value("seconds", 0.0);
+      if (warm > kWarmupAllowance) {
+        limit = std::max(0.25 * budget.max_seconds, budget.max_seconds - (warm - kWarmupAllowance));
+        // recorded with the warm-up that caused it (checkpoint meta "preconditioner")
+        result_.preconditioner["train_time_limit"] = limit;
+        extra_["preconditioner"]["train_time_limit"] = limit;
+      }
+    }
+    return limit;
+  }
+
+  /// The training steps until the last, a plateau of the proposal entropy, the time limit or a
+  /// stop (Note [Training budget]); checkpoints as configured.
+  void train_steps() {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto last = t0;
+    const int64_t total = config_.train.steps;
+    const TrainOptions& budget = config_.train;
+    const double min_gain = budget.min_gain * static_cast<double>(target_->dim());
+    double ema = 0, best = -INFINITY;
+    int64_t best_step = trainer_->current_step(), entropies = 0;
+    double trained = 0;
+    const double limit = time_limit();
+    auto elapsed = [&t0](std::chrono::steady_clock::time_point now) {
+      return std::chrono::duration<double>(now - t0).count();
+    };
+    while (trainer_->current_step() < total) {
+      const bool stop = should_stop_ && should_stop_();
+      if (stop && !distributed_) {
+        checkpoint();
+        result_.interrupted = true;
+        result_.stopped = "interrupted";
+        break;
+      }
+      TrainStats s = trainer_->step(stop);
+      if (trainer_->stop_agreed()) {  // some rank was asked to stop: all save this step and end
+        checkpoint();
+        result_.interrupted = true;
+        result_.stopped = "interrupted";
+        break;
+      }
+      trained += s.seconds;
+      if (std::isfinite(s.entropy)) {
+        ema = entropies++ == 0 ? s.entropy : 0.98 * ema + 0.02 * s.entropy;
+        if (ema > best + min_gain) {
+          best = ema;
+          best_step = s.step;
+        }
+      }
+      // Every rank decides alike: the entropy and the step are the all-reduced ones; the time is rank 0's.
+      std::string why;
+      if (budget.patience > 0 && s.step - best_step >= budget.patience && s.step < total) why = "plateau";
+      if (limit > 0 && s.step < total &&
+          parallel::all_reduce_doubles(*comm_, {comm_->is_root() && trained > limit ? 1.0 : 0.0})[0] > 0) {
+        why = "time";
+      }
+      if (!why.empty()) {
+        checkpoint();
+        result_.stopped = why;
+        if (progress_) progress_({"train", s, total, elapsed(std::chrono::steady_clock::now())});
+        break;
+      }
+      if (s.step % config_.train.checkpoint_every == 0 || s.step == total) checkpoint();
+      auto now = std::chrono::steady_clock::now();
+      if (progress_ && (std::chrono::duration<double>(now - last).count() > 0.5 || s.step == total)) {
+        last = now;
+        progress_({"train", s, total, elapsed(now)});
+      }
+    }
+    const bool written = comm_->is_root() ? std::filesystem::exists(output_) : true;
+    const bool need = total == 0 || (trainer_->current_step() == total &&
+                                     parallel::all_reduce_doubles(*comm_, {written ? 0.0 : 1.0})[0] > 0);
+    if (need) checkpoint();
+    result_.seconds = elapsed(std::chrono::steady_clock::now());
+  }
+
+  /// The result, and an error where training learned nothing.
+  void finish() {
+    result_.steps = trainer_->current_step();
+    result_.log = trainer_->log();
+    result_.grads = result_.log.empty() ? 0 : result_.log.back().grads;
+    result_.comm = comm_->stats();
+    result_.shards = trainer_->shards();
+    result_.skipped = trainer_->skipped_steps();
+    result_.bad_rows = trainer_->bad_rows();
+    if (result_.steps > 0 && result_.skipped == result_.steps) {
+      throw DataError(fmt::format("training learned nothing: all {} steps were skipped because the gradient was not "
+                                  "finite (the density overflows or fails where the proposals go?); the checkpoint {} "
+                                  "holds the untrained proposal",
+                                  result_.steps, output_));
+    }
+    // Every proposal of every step met a non-finite energy or gradient (rejected, not trained on):
+    // the steps ran but there was nothing to learn from (posteriordb's kilpisjarvi through a flow
+    // fitted to a warm-up whose chains had not arrived: 19,264 of 19,264, and `train` had exited 0).
+    const int64_t rows = result_.steps * trainer_->options().batch;
+    if (result_.steps > 0 && result_.bad_rows >= rows) {
+      throw DataError(fmt::format("training learned nothing: all {} proposals of its {} steps met a non-finite energy or "
+                                  "gradient and were rejected (the density overflows or fails where the proposals go, "
+                                  "or the warm-up ended far from the posterior?); the checkpoint {} holds the untrained "
+                                  "proposal",
+                                  rows, result_.steps, output_));
+    }
+  }
+
+  const TrainConfig& config_;
+  const std::string output_, log_path_;
+  const bool resume_;
+  const TrainProgressFn& progress_;
+  const std::function<bool()>& should_stop_;
+  std::shared_ptr<parallel::Communicator> comm_;
+  std::shared_ptr<Target> target_;
+  LearnedOptions model_;
+  bool distributed_ = false, auto_transport_ = false, with_transport_ = false, resuming_ = false;
+  Precondition asked_precondition_ = Precondition::kAuto;
+  TrainOptions train_options_;
+  TrainResult result_;
+  torch::Tensor affine_end_;  // where the affine warm-up left the chains [C, D] float64
+  LearnedSampler affine_sampler_{nullptr};
+  std::unique_ptr<Trainer> affine_trainer_;
+  json affine_record_, auto_record_;
+  FlowTransport flow_{nullptr};
+  torch::Tensor latent_draws_;  // [S, C, D] float64, the transport warm-up's draws in z
+  json transport_record_;
+  std::unique_ptr<TransportedTarget> latent_;
+  LearnedSampler sampler_{nullptr};
+  std::unique_ptr<Trainer> trainer_;
+  json extra_;
+};
+
+}  // namespace
+
+TrainResult train(const TrainConfig& config, torch::Device device, const std::string& output,
+                  const std::string& log_path, bool resume, const TrainProgressFn& progress,
+                  const std::function<bool()>& should_stop, std::shared_ptr<parallel::Communicator> comm) {
+  return TrainRun(config, device, output, log_path, resume, progress, should_stop, std::move(comm)).run();
+}
+
+}  // namespace nmcmc
