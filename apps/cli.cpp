@@ -130,7 +130,7 @@ void ComputeArgs::add(CLI::App* cmd, const char* dtype_help) {
   cmd->add_option("--device", device, "cpu | cuda | cuda:N")->capture_default_str();
   cmd->add_option("--dtype", dtype, dtype_help);
   cmd->add_option("--threads", threads,
-                  "intra-op threads (0: LibTorch's default; 1 is fastest on 2 vCPUs, see BENCHMARKS.md)")
+                  "intra-op threads (0: LibTorch's default; 1 is fastest on 2 vCPUs)")
       ->capture_default_str();
 }
 

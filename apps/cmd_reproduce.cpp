@@ -45,7 +45,7 @@ int run(ReproduceArgs a) {
 Command add_reproduce_command(CLI::App& app) {
   auto a = std::make_shared<ReproduceArgs>();
   auto* cmd = app.add_subcommand("reproduce", "the paper's experiments with one command, beside the paper's numbers");
-  cmd->add_option("--profile", a->options.profile, "smoke (~1-2 min) | cpu (reduced, see BENCHMARKS.md) | paper")->capture_default_str();
+  cmd->add_option("--profile", a->options.profile, "smoke (~1-2 min) | cpu (reduced: docs/commands.md) | paper")->capture_default_str();
   cmd->add_option("--only", a->only, "comma-separated: icg,scg,funnel1,funnel3,german,australian,heart,moon,ablation");
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--configs", a->options.configs, "directory of the experiment configs (default: the shipped configs/)");

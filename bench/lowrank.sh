@@ -3,7 +3,7 @@
 # ill-conditioned Gaussian (rotated_icg: Gamma(0.5, 1) precision eigenvalues, random rotation) at
 # DIM dimensions, whose spectrum spreads over orders of magnitude in every direction (measured: no
 # 16-factor fit helps there), or (TARGET=spiked) a Gaussian with a few wide directions over unit
-# variance, the case a low-rank factor is built for (BENCHMARKS.md, "The low-rank preconditioner").
+# variance, the case a low-rank factor is built for.
 # Trains the learned sampler (Langevin variant, learned L) with precondition = lowrank (what
 # `auto` picks above 1000 dimensions), diag and dense for the same steps and batch, samples 64
 # chains x 1000 draws from exact draws, and prints one JSON line per run with the training time,

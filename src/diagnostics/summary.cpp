@@ -206,7 +206,7 @@ std::string format_summary(const json& j, int64_t rows) {
     // As Stan warns: a divergent trajectory met curvature its step size could not follow, and the
     // chains under-visit such regions. Funnel-3 through the flow, 20,000 draws per chain: at 0.8
     // 4.2 % diverged and x1's sd came out 2.4 % low, at 0.95 0.68 % and 1.4 % low (-3.1 MCSE), at
-    // 0.99 0.28 % and right (BENCHMARKS.md "Funnel-3 through the flow: ten seeds, and its tails").
+    // 0.99 0.28 % and right.
     line(fmt::format("warning: {} of {:.0f} transitions diverged ({:.2g} %): the draws may miss where the density "
                      "curves sharply (a funnel's neck); a higher --target-accept (0.9 to 0.99) takes smaller steps there",
                      j["divergences"].get<int64_t>(), steps, 100.0 * j["divergences"].get<double>() / steps));

@@ -57,7 +57,7 @@ StepMLPImpl::StepMLPImpl(int64_t substeps, int64_t in, int64_t hidden, int64_t o
 torch::Tensor StepMLPImpl::activate(torch::Tensor h, bool last) const {
   // h is a fresh layer output that nothing else holds: elu, relu and tanh run in place, whose
   // backward formulas use the result (elu: grad * (out + 1) below zero, no exp; out-of-place elu's
-  // backward recomputes exp(input), a measurable share of a Funnel-1 training step: BENCHMARKS.md).
+  // backward recomputes exp(input), a measurable share of a Funnel-1 training step).
   // elu and tanh: nmcmc's vectorised kernels for float32 (Note [Fast activations]).
   return nmcmc::activate(h, last && tanh_last_ ? Activation::kTanh : activation_);
 }

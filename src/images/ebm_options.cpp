@@ -14,13 +14,13 @@ json EbmOptions::to_json() const { return json(*this); }
 json EbmOptions::profile(const std::string& name) {
   if (name.empty() || name == "paper") return json::object();
   if (name == "cpu") {
-    // Sized for 2 vCPUs (see BENCHMARKS.md, #5): smaller networks (energy 32 filters; sampler 3
+    // Sized for 2 vCPUs: smaller networks (energy 32 filters; sampler 3
     // layers of 16 filters, N = 1), half the batches and MCMC steps, 1000 iterations, a buffer of
     // 1000 so that every buffer image is visited ~64 times, and an energy learning rate 10x the
     // paper's (1e-3; the sampler keeps 1e-4) so that the energy keeps up with the sampler's growing
     // steps in 1000 rather than 100000 iterations. The support wall (weight 1) keeps chains inside
     // the data's logit range: without it, runs at this budget filled the buffer with saturated
-    // noise (measured; BENCHMARKS.md).
+    // noise (measured).
     return {{"ebm_filters", 32}, {"conv", {{"filters", 16}, {"layers", 3}, {"steps", 1}}},
             {"iterations", 1000}, {"buffer", 1000}, {"sampler_batch", 32}, {"neg_batch", 64}, {"mcmc_steps", 20},
             {"lr", 1e-3}, {"sampler_lr", 1e-4}, {"wall", 1.0}, {"longrun_steps", 2000}, {"checkpoint_every", 50}};

@@ -157,7 +157,7 @@ bool row_nonzero(const T* r, int64_t n) {
 /// The rows of a [M, N] output gradient with a nonzero entry, when they are at most 7/8 of them
 /// in a layer with `in` inputs of at least `min_layer` weights (the policy's zero_rows_min_layer:
 /// below it the scan, gathers and scatter cost about what the rows save: German's 128 x 128
-/// layers trained slower when they compacted, Funnel-1's 512 x 512 layers faster, BENCHMARKS.md),
+/// layers trained slower when they compacted, Funnel-1's 512 x 512 layers faster),
 /// leaving out at least 64 x min_layer multiply-adds;
 /// empty otherwise (Note [Zero-gradient rows]).
 bool rows_with_gradient(const torch::Tensor& g, int64_t in, int64_t min_layer, std::vector<int64_t>& rows) {

@@ -36,7 +36,7 @@ int blas_threads() {
 
 // One thread only: with OpenBLAS's pool on the other core, oneDNN on OpenMP threads contended with
 // its spinning workers, and oneDNN on two threads with OpenBLAS on one was no faster than OpenBLAS
-// on two (measured: BENCHMARKS.md, Note [oneDNN GEMM]).
+// on two (measured: Note [oneDNN GEMM]).
 bool onednn_gemm_enabled(GemmBackend backend) {
   switch (backend) {
     case GemmBackend::kOneDnn: return true;

@@ -507,8 +507,7 @@ void write_results(const ReproduceOptions& o, const json& results) {
   write_atomically((fs::path(o.output) / "results.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
 }
 
-/// What a unit of `reproduce --jobs` costs, in minutes of the cpu profile on one core (run C of
-/// BENCHMARKS.md): the longest start first, so that the last to finish is a short one.
+/// What a unit of `reproduce --jobs` costs, in minutes of the cpu profile on one core (measured): the longest start first, so that the last to finish is a short one.
 double unit_cost(const std::string& unit) {
   static const std::map<std::string, double> cost = {
       {"funnel3", 18.2}, {"funnel1", 13.4}, {"ablation:full", 9.6}, {"ablation:langevin", 5.7}, {"ablation:no-grad", 4.4},

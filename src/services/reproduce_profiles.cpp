@@ -47,7 +47,7 @@ json profile_settings(const std::string& profile, const std::string& e) {
     // keep the paper's 5000 steps where we can and cut the batch instead (the objective is an
     // average over the batch, so a smaller batch only adds gradient noise). Funnel-3 runs 6000
     // of its 20000 steps at width 512 instead of 1024 (12000 steps were measured too and gave a
-    // lower ESS: 0.022 against 0.055, BENCHMARKS.md). The appendix ablation keeps the paper's
+    // lower ESS: 0.022 against 0.055). The appendix ablation keeps the paper's
     // 5000 steps (at Funnel-1's cpu batch).
     json train = {{"steps", 5000}, {"batch", 256}, {"checkpoint_every", 500}};
     json model = json::object();

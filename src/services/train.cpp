@@ -141,7 +141,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   ro.chains = o.precondition_chains;
   ro.warmup = o.precondition_warmup;
   // 0: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
-  // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients, BENCHMARKS.md).
+  // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients).
   ro.draws = o.precondition_draws > 0 ? o.precondition_draws : kind == Precondition::kLowRank ? 400 : 100;
   ro.metric = kind == Precondition::kDense ? MetricAdapt::kDense : MetricAdapt::kDiag;
   ro.target_accept = default_target_accept(o.precondition_sampler);
@@ -245,7 +245,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   t.hidden = tt.hidden;
   t.rounds = tt.rounds;
   // The learned sampler trains in the transport's latent space: an identity there leaves it the raw
-  // posterior (kidiq's momiq regression trained so at 7ea8f7d: R-hat 1.15). Where the rounds do not
+  // posterior (kidiq's momiq regression trained so: R-hat 1.15). Where the rounds do not
   // arrive, Note [The transported warm-up starts at the posterior] below runs them again instead.
   t.give_up_far_out = false;
   ProgressFn adapter;
@@ -276,7 +276,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   // from the box or from where the chains were, did no better) and every later round stayed
   // there; from the box the last fits of earnings, kidiq's two regressions and sblrc ended at
   // 496-10,000 per coordinate, and training failed or did not converge on five of 13 posteriors
-  // (959710e; BENCHMARKS.md "The learned proposal through the flow from the posterior"). One
+  // (959710e). One
   // 500-iteration run brings 16 chains there on all of them. Starting there always was tried:
   // on Funnel-3 the learned proposal then mixed x1 3.5x worse (0.046 bulk-ESS per sampling
   // gradient against 0.163 from the box, 4 x 4000 draws): NUTS's warm-up alone leaves the chains

@@ -309,8 +309,7 @@ TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& opt
   // place of the flow's first round (its states setting the affine base, round 2 starting where the
   // chains were) saved gradients (Funnel-1 all-in 0.039 -> 0.045-0.050) but failed Funnel-3 at 4
   // seeds of 10 where this passes all 10: a base from NUTS's states in x under the run's diagonal
-  // metric starts the rounds worse than the first round's own (BENCHMARKS.md, "Handing the watched
-  // quarter over"). Not kept.
+  // metric starts the rounds worse than the first round's own. Not kept.
   if (kernel.has_tunable_step_size()) kernel.set_step_size(step_size_given);
   if (kernel.has_metric()) kernel.set_metric(Metric());
   out = run_flow_transport(target, kernel, options, flow_options, seed, progress);

@@ -98,7 +98,7 @@ LogisticTarget::LogisticTarget(const LabelledData& data, nlohmann::json spec, do
   torch::Tensor design = torch::cat({torch::ones({x.size(0), 1}, torch::kFloat64), standardised}, 1);
   // Stored negated: t = y_n (b0 + x_n . b) enters only as softplus(-t) and sigmoid(-t), and
   // x (-A)^T = -(x A^T) exactly (negation is exact), so the products give -t with no separate
-  // negation pass over the [C, N] matrix (two per gradient, a measurable share of a German training step: BENCHMARKS.md).
+  // negation pass over the [C, N] matrix (two per gradient, a measurable share of a German training step).
   neg_design_ = (-(design * data.labels.unsqueeze(1))).to(options).contiguous();  // [N, D]: -y_n (1, x_n)
   dim_ = neg_design_.size(1);
   if (reference_) {

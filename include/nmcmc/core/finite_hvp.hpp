@@ -22,7 +22,7 @@ namespace nmcmc {
 /// abs) the difference averages the two sides' gradients. The node's backward is not itself
 /// differentiable (third derivatives: none needed). Accounting: the difference's two gradients
 /// are part of the backward pass, not counted as target gradient evaluations, as LibTorch's
-/// double backward never was (BENCHMARKS' training gradients count forward calls).
+/// double backward never was (training's gradient counts count forward calls).
 ///
 /// `energy_grad(points [2N, D] float64)` returns {energy [2N], grad [2N, D]}. x, v: [N, D]; the result
 /// is [N, D] float64.

@@ -42,7 +42,7 @@
 // fitted to the warm-up's draws by factor analysis (low_rank_factors: exp(2s) the unique variances
 // psi, exp(2t) the factors' eigenvalues in psi-whitened units). The first design (exp(2s) the
 // total variances, Q the correlation's top-k, the other directions at 1) left directions unscaled
-// whenever the wide ones dominate the variances, and the chains could not move (BENCHMARKS.md).
+// whenever the wide ones dominate the variances, and the chains could not move.
 // Its inverse is the same form with t -> -t, log|det L| = sum s + sum t, and every product costs
 // O(D k); s and t are learned when learn_precondition (Q stays fixed).
 #include <torch/torch.h>

@@ -9,7 +9,7 @@
 // 0.4 ms a step, where the posterior's own gradient on the native engine costs tens of
 // microseconds (targets/script_program.hpp) and NUTS with a dense metric draws 3-5x more
 // effective draws per second than the learned sampler although it needs 2-3x more gradients per
-// effective draw (BENCHMARKS.md). Once trained the networks are fixed, so a sampling step copies
+// effective draw. Once trained the networks are fixed, so a sampling step copies
 // them (float64, each layer by input row so that a row's product is a running sum over contiguous
 // memory) and writes the proposal out by hand, row by row, exactly as propose_from does
 // (Note [Learned proposal], Note [Affine preconditioner]):

@@ -33,7 +33,7 @@
 // fisher_low_rank, as `--metric fisher-lowrank`), diagonal (sqrt(Var x / Var g)) above
 // kMaxDenseBase: gradients locate a strongly correlated posterior's shape even from points that
 // are still far from it, where the diagonal start left the first fits to rediscover it (the
-// correlated regressions of posteriordb did not converge with it; BENCHMARKS.md).
+// correlated regressions of posteriordb did not converge with it).
 //
 // Once fitted, T is fixed: TransportedTarget is the exact density of z = T^-1(x) and any kernel
 // run on it is exact for p after mapping its draws x = T(z) (services/transport.hpp). The flow
@@ -148,7 +148,7 @@ struct FitOptions {
   bool init_base = true;      // set (mu, s) from the points first (else keep the current ones)
   /// The loss's gradient by FlowTransportImpl::fisher_terms (Note [The fit's own gradient]); false:
   /// by LibTorch's double back-propagation (the reference; the same values, 1.4-3.1x the time per step
-  /// at D = 5-100: `nmcmc_bench fit`, BENCHMARKS.md "The fit's own gradient").
+  /// at D = 5-100: `nmcmc_bench fit`).
   bool own_gradient = true;
   uint64_t seed = 0;
   /// Called at every held-out check: (step, steps at most, held-out loss).

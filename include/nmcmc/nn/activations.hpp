@@ -3,7 +3,7 @@
 //
 // Note [Fast activations]
 // With bfloat16 GEMMs (Note [Bfloat16 matmul]) the networks' activations cost about as much as
-// their products (timings in BENCHMARKS.md: this LibTorch build dispatches its elementwise kernels
+// their products (measured: this LibTorch build dispatches its elementwise kernels
 // at AVX2 and computes tanh in full precision). For contiguous float32 CPU tensors activate() runs nmcmc's
 // own kernels instead: expm1 by range reduction and a degree-7 polynomial (about 1.3 ulp; elu(x)
 // = expm1(x) below zero, tanh(x) = expm1(2|x|) / (expm1(2|x|) + 2) with the sign of x, about

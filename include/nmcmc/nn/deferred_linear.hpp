@@ -6,7 +6,7 @@
 // sub-step of the forward and of the reverse pass), and each sub-step's own layers twice. Autograd
 // computes one weight gradient grad_out^T input per use into a new tensor and then adds the 4N
 // results one by one, a full pass over the weight matrix each (a tenth of a training step on
-// Funnel-1 at batch 128, as measured in BENCHMARKS.md). Inside a DeferredWeightGrads scope, nmcmc::linear()'s backward
+// Funnel-1 at batch 128, measured). Inside a DeferredWeightGrads scope, nmcmc::linear()'s backward
 // pass accumulates each use's weight gradient into one buffer per weight with a GEMM that adds
 // to its output (beta = 1: no separate add, no new tensor) and each bias's into one vector;
 // flush() hands the sums to the parameters' .grad. (Concatenating all uses into one GEMM with a
@@ -26,18 +26,18 @@
 // The training objective clamps log a(x'|x) at 0: a batch row whose proposal is accepted with
 // probability one adds nothing through its acceptance term, so every quantity of its reverse pass
 // (which enters the loss only there) gets an output gradient that is exactly zero; in Funnel-1
-// trainings at batch 128 these were a large share of the rows (BENCHMARKS.md). linear()'s backward pass therefore
+// trainings at batch 128 these were a large share of the rows. linear()'s backward pass therefore
 // looks at its output gradient's rows (a scan that stops at each row's first nonzero entry) and,
 // in a layer of at least 2^16 weights (below that, the scan, gathers and scatter cost what the rows
-// save: German's 128 x 128 layers trained slower, BENCHMARKS.md) when at most 7/8 of the rows have a
+// save: German's 128 x 128 layers trained slower) when at most 7/8 of the rows have a
 // nonzero entry (NaN counts as nonzero), multiplies only those:
 // the input gradient's other rows are zeros, and they add nothing to the weight and bias
-// gradients. The same gradients, less work (BENCHMARKS.md); only the order of the weight
+// gradients. The same gradients, less work; only the order of the weight
 // gradient's sums over rows changes. (A row made non-finite upstream carries NaN gradients,
 // 0 * inf, which count as nonzero; the objective zeroes such rows first: Note [Non-finite rows in
 // training], training/objective.cpp.) Inside a DeferredWeightGrads scope only, i.e. in training steps, and not
 // with bfloat16 GEMMs (LibTorch's bfloat16 matmul makes a new oneDNN primitive, JIT-compiled AMX
-// kernels, for every new row count, which cost more than the rows saved: BENCHMARKS.md);
+// kernels, for every new row count, which cost more than the rows saved);
 // a policy with skip_zero_gradient_rows = false turns it off (tests, A/B).
 //
 // Note [Bfloat16 matmul]
@@ -45,11 +45,11 @@
 // accumulated in float32 by the GEMM, the result rounded to bfloat16) and adds the bias in its own
 // dtype (the layer's, float32), which the result keeps; its backward pass multiplies the same way.
 // On a CPU with AMX-BF16 (Intel Sapphire Rapids and later), reached through LibTorch's oneDNN,
-// such a GEMM runs several times faster than float32 (BENCHMARKS.md); without AMX it is slower, which
+// such a GEMM runs several times faster than float32; without AMX it is slower, which
 // is why the models' default `matmul = auto` asks cpu_has_fast_bf16_matmul(). `auto` uses
 // bfloat16 only where no gradient is recorded (sampling, and the no-grad passes of training):
 // sampling stays exact in either precision, but a model trained with bfloat16 gradients may be a
-// worse sampler (Funnel-3 measured in BENCHMARKS.md), so training in bfloat16 is the explicit
+// worse sampler (measured on Funnel-3), so training in bfloat16 is the explicit
 // `matmul = bfloat16`. The weights' bfloat16 copies are cached while
 // the weights are unchanged (their version counter and storage; the layer's WeightCache), so a sampling run casts each
 // weight once and a training step once per weight. The network is then a slightly different

@@ -3,16 +3,16 @@
 //
 // Note [oneDNN GEMM]
 // A training step of Funnel-1 spends most of its time in OpenBLAS, a good part of it packing
-// operands (profiles in BENCHMARKS.md, "Float32 at equal precision"): OpenBLAS copies both matrices into its panel layout on every call, and
+// operands (measured with perf): OpenBLAS copies both matrices into its panel layout on every call, and
 // each weight matrix is multiplied 36 times per step (12 uses, each forward, input gradient and
 // weight gradient) while it does not change. oneDNN's matmul primitive (brgemm kernels for
 // AVX-512), called directly, takes a weight already reordered into its blocked layout, and on one
-// core is faster than OpenBLAS for these shapes (BENCHMARKS.md, same section). linear() multiplies
+// core is faster than OpenBLAS for these shapes. linear() multiplies
 // float32 CPU tensors through oneDNN when this build has it and one thread runs (gemm = auto):
 // forward products and input gradients against reordered weights kept in the layer's WeightCache
 // (re-made when the weight's version counter moves, i.e. once per optimiser step). The weight gradients stay with
 // LibTorch's accumulating addmm_ (Note [Deferred weight gradients]): their left operand is
-// transposed, and there oneDNN was not faster (measured: BENCHMARKS.md). Same float32
+// transposed, and there oneDNN was not faster (measured). Same float32
 // arithmetic, another summation order: results differ from OpenBLAS's in the last bits, and a row's result does not depend on the other rows'
 // values (Note [Bfloat16 matmul] says why that is what exactness needs).
 // Needs oneDNN's headers at build time (Debian's libdnnl-dev: the oneDNN that Debian's LibTorch

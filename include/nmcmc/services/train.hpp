@@ -49,10 +49,10 @@ TrainConfig parse_train_config(const nlohmann::json& j);
 /// 2.5x the effective draws per second (the networks' GEMMs are most of a step's time). Batch 64
 /// rather than 256: over posteriordb's 16 the same plateau in a median 2.2x less time (a step's
 /// gradients cost 4x less where the target's gradient is dear: the mixture 95 s -> 30 s), the
-/// sampler a median 0.95x per gradient (BENCHMARKS.md). Patience 200 rather than 300: on eight
+/// sampler a median 0.95x per gradient. Patience 200 rather than 300: on eight
 /// posteriordb posteriors at two seeds the same sampler (bulk-ESS per sampling gradient 0.99x by
 /// the geometric mean, 0.73-1.42x pair by pair) after 0.75x the training time; 150 cost 0.90x
-/// (down to 0.56x on nes) for 0.65x (BENCHMARKS.md, "The learned step's native pass").
+/// (down to 0.56x on nes) for 0.65x.
 nlohmann::json default_train_config();
 /// The networks' width for a D-dimensional posterior when a config gives model.hidden = 0.
 int64_t default_hidden(int64_t dim);

@@ -35,8 +35,7 @@
 // the current flow put its mass and the next fit saw only those states - on posteriordb's
 // low-dimensional Gaussian mixture without its ordering (two labellings of equal weight) all 8
 // chains ended in one labelling and stayed (R-hat 1.001, the other half of the posterior never
-// drawn), where the rounds without them fitted a flow joining both (BENCHMARKS.md "`--transport
-// auto` for NUTS").
+// drawn), where the rounds without them fitted a flow joining both.
 //
 // Progress: the rounds report phase "warmup" (iterations of the whole warm-up); each fit reports
 // phase "fit" with iteration = its Adam step, total = its most steps, and `accept` holding the
@@ -70,7 +69,7 @@ NMCMC_ENUM_JSON(TransportKind)
 /// Six since the native pass made the rounds cheap: on Funnel-3 (x1's mean and sd within 3 MCSE,
 /// R-hat < 1.01) six passed 3 seeds of 3 at f8db9f9 and 2 of 3 at f9ef74b, four 1 of 3 at both;
 /// on 13 posteriordb posteriors six gave a median 1.09x the best NUTS's bulk-ESS per gradient
-/// (ahead on 10) where four gave 1.04x (ahead on 8) (BENCHMARKS.md, "The flow's native pass").
+/// (ahead on 10) where four gave 1.04x (ahead on 8).
 /// `nmcmc train`'s shorter warm-up keeps four (TrainTransport).
 constexpr int64_t kDefaultTransportRounds = 6;
 constexpr int64_t kDefaultTransportLayers = 8;
@@ -215,13 +214,11 @@ class TransportKernel : public Kernel {
 /// Gaussian process, the one the affine learned sampler fails; from the warm-up's draws (seeds 1
 /// and 2) GARCH 0.52-0.74, eight schools 0.20-0.24, mesquite's logvash 0.08-0.09 (the next below),
 /// kilpisjarvi 0.04-0.05 and the latent GP 5.3-7.9. The threshold was 2 until the flow's fits
-/// became cheap (Note [The flow's native pass], Note [The fit's own gradient]); at 0.15 (since
-/// 2026-11-28) eight schools and GARCH train in the flow's latent space too, where the affine
+/// became cheap (Note [The flow's native pass], Note [The fit's own gradient]); at 0.15 eight schools and GARCH train in the flow's latent space too, where the affine
 /// learned sampler was at its weakest: eight schools failed the moment checks at 3 of 8 seeds
 /// (R-hat 1.011-1.015, 0.09-0.12 bulk-ESS per gradient) and passes through the flow (0.33-0.63),
 /// GARCH 0.14-0.24 -> 0.49-0.64 per gradient and less all-in time; on logvash and logvolume
-/// (0.05-0.09) the flow cost more than it gave (BENCHMARKS.md, "OpenBLAS's kernels; the transport
-/// threshold"). A distributed run keeps the affine map (the flow trains in one process).
+/// (0.05-0.09) the flow cost more than it gave. A distributed run keeps the affine map (the flow trains in one process).
 ///
 /// `nmcmc sample` and `compare` with `--transport auto` (NUTS, HMC, MALA) make the same choice
 /// from their own warm-up (run_with_transport): the run starts as one without a transport would,
@@ -237,7 +234,7 @@ class TransportKernel : public Kernel {
 /// Why not the flow everywhere: on the 13 small posteriordb posteriors NUTS through the flow
 /// costs 1.5-20x the best NUTS's seconds to 10,000 effective draws (the fits), for a per-gradient gain of
 /// 0.89-1.6x; on the three above the threshold (eight schools, GARCH, the latent GP) it gains
-/// 2.5-80x per gradient (BENCHMARKS.md "The final metric through the flow").
+/// 2.5-80x per gradient.
 /// That divergence at draws x [N, D] for the affine map x = mean(x) + L z (NaN with < 2 finite rows).
 double affine_fisher_per_dim(Target& target, const torch::Tensor& x, const torch::Tensor& l);
 /// The same with L the Cholesky factor of the draws' covariance (NaN where it has none: fewer

@@ -5,7 +5,7 @@
 // torch::optim::Adam updates a parameter in eight element-wise passes (two moment updates, the
 // square root, the bias-corrected denominator in a new tensor, the parameter step): on the learned
 // sampler's 3 million weights (Funnel-1, width 512) that was a measurable share of a training step
-// (BENCHMARKS.md).
+// (measured).
 // FusedAdam computes the same update, in the same order of operations per element, in one loop
 // over CPU tensors (float or double, contiguous, no amsgrad, no weight decay; anything else takes
 // torch's Adam::step), and keeps its state in torch's AdamParamState, so that optimiser

@@ -45,7 +45,7 @@ struct TrainOptions {
   SamplerKind precondition_sampler = SamplerKind::kNuts;  // nuts | hmc | mala
   int64_t precondition_warmup = 500;          // adaptation iterations
   int64_t precondition_draws = 0;             // draws after it (for m, L and the buffer); 0: auto, 100
-                                              // (400 for lowrank, whose factors need them: BENCHMARKS.md)
+                                              // (400 for lowrank, whose factors need them)
   int64_t precondition_chains = 16;
   // lowrank: a second stage that samples with the first fit as the metric and refits from its draws
   bool precondition_refit = true;
@@ -120,7 +120,7 @@ class Trainer {
   /// initialisation), beta = -dE[min(0, log a)]/d(log eps) / D, by a central difference (+-0.1,
   /// common random numbers), clamped to [beta_min, beta_max]. Only before the first step. A
   /// beta of 1e-3 that grows by at most rho (a - a*) per step otherwise takes thousands of steps
-  /// to reach the scale the entropy needs (BENCHMARKS.md, issue #16). Returns the new beta.
+  /// to reach the scale the entropy needs. Returns the new beta.
   double warm_start_beta();
   /// Replaces the bootstrap buffer's starting points with rows of `x` [n, D] (cycled), e.g. the
   /// draws of a warm-up. Only before the first step; ignored when training on exact samples.

@@ -9,8 +9,7 @@
 // (~3500 page faults per step, each followed by the kernel zeroing the page; the first touch
 // happens inside whichever kernel writes the new tensor, so the profiler charged it to
 // elu_backward, mm and copy_). tune_allocator() fixes both thresholds, so the freed memory
-// stays in the heap and is reused, a few per cent off a Funnel-1 training step (bench/nmcmc_bench,
-// BENCHMARKS.md "Float32 at equal precision").
+// stays in the heap and is reused, a few per cent off a Funnel-1 training step (bench/nmcmc_bench).
 // Blocks above 32 MB are still mapped and unmapped on their own, and up to 512 MB of free heap
 // top is kept; the peak memory of a run is unchanged. Called once at the start of the `nmcmc`
 // program, the benchmarks and the Python module; NMCMC_MALLOC=default leaves glibc's policy

@@ -4,8 +4,7 @@
 /// the CPU's family and model. A model newer than the library falls back to its most generic
 /// kernels: OpenBLAS 0.3.21 (Debian 12) runs Intel's Emerald Rapids (family 6, model 207, with
 /// AVX-512 and AVX512-BF16) on "Prescott", SSE3 kernels, and every GEMM runs ~3x slower than it
-/// should (Funnel-1's training step at batch 1024: 1.58 s, 0.52 s with the AVX-512 kernels;
-/// BENCHMARKS.md, "OpenBLAS's kernels"). The choice is made before main() and only the
+/// should (Funnel-1's training step at batch 1024: 1.58 s, 0.52 s with the AVX-512 kernels). The choice is made before main() and only the
 /// environment (OPENBLAS_CORETYPE, read when the library loads) overrides it. So where OpenBLAS
 /// took one of its SSE-only cores on a CPU that runs AVX or wider, the program executes itself
 /// again, once, with OPENBLAS_CORETYPE set to the best core the CPU's instructions run; the new
