@@ -109,6 +109,49 @@ int64_t worst_parameter(const SampleResult& r, Target& target) {
   return worst;
 }
 
+/// The learned sampler compare runs: a given model, or one trained now from a config (resumable),
+/// with what its training cost (Note [All-in accounting]).
+struct LearnedInput {
+  std::optional<std::string> model;
+  std::optional<LearnedRun> run;
+  json training;
+  json target_spec;
+};
+LearnedInput learned_input(const CompareOptions& o, const torch::TensorOptions& options,
+                           const std::function<void(const std::string&)>& tell, const TrainProgressFn& train_progress,
+                           const std::function<bool()>& should_stop, const std::shared_ptr<parallel::Communicator>& comm) {
+  LearnedInput li;
+  li.model = o.model;
+  li.target_spec = o.target;
+  if (o.config) {
+    json cfg = read_train_config_file(*o.config);
+    if (!li.target_spec.is_null()) cfg["target"] = li.target_spec;
+    TrainConfig config = parse_train_config(cfg);
+    li.model = (fs::path(o.output) / "model.pt").string();
+    tell(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.steps, config.train.batch, *li.model));
+    TrainResult t = train(config, torch::kCPU, *li.model, (fs::path(o.output) / "training_log.csv").string(), /*resume=*/true,
+                          comm->is_root() ? train_progress : nullptr, should_stop, comm);
+    if (t.interrupted) throw UsageError("compare: interrupted while training (run again to continue)");
+    li.target_spec = config.target;
+  }
+  if (!li.model) return li;
+  li.run = load_learned_run(*li.model, li.target_spec.is_null() ? std::nullopt : std::optional<json>(li.target_spec), options,
+                            /*dtype_given=*/true);
+  li.target_spec = li.run->target_spec;
+  const json& meta = li.run->meta;
+  const int64_t batch = meta.at("train").at("batch");
+  const int64_t per_row = meta.value("grads", int64_t{0});
+  li.training = {{"model", *li.model},
+                 {"steps", meta.value("step", int64_t{0})},
+                 {"grads_per_row", per_row},
+                 {"batch", batch},
+                 {"grads_total", static_cast<double>(per_row) * static_cast<double>(batch)},
+                 {"seconds", meta.value("elapsed", 0.0)},
+                 {"preconditioner_grads", meta.contains("preconditioner") ? meta["preconditioner"].value("grads", 0.0) : 0.0},
+                 {"preconditioner_seconds", meta.contains("preconditioner") ? meta["preconditioner"].value("seconds", 0.0) : 0.0}};
+  return li;
+}
+
 }  // namespace
 
 json compare(const CompareOptions& o, const std::function<void(const std::string&)>& say,
@@ -127,37 +170,11 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   json results = {{"chains", o.chains}, {"warmup", o.warmup}, {"draws", o.draws}, {"seed", o.seed}, {"samplers", json::object()}};
 
   // The learned sampler: a given model, or trained now from a config (resumable).
-  std::optional<std::string> model = o.model;
-  json target_spec = o.target;
-  json training;
-  if (o.config) {
-    json cfg = read_train_config_file(*o.config);
-    if (!target_spec.is_null()) cfg["target"] = target_spec;
-    TrainConfig config = parse_train_config(cfg);
-    model = (fs::path(o.output) / "model.pt").string();
-    tell(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.steps, config.train.batch, *model));
-    TrainResult t = train(config, torch::kCPU, *model, (fs::path(o.output) / "training_log.csv").string(), /*resume=*/true,
-                          root ? train_progress : nullptr, should_stop, comm);
-    if (t.interrupted) throw UsageError("compare: interrupted while training (run again to continue)");
-    target_spec = config.target;
-  }
-  std::optional<LearnedRun> learned;
-  if (model) {
-    learned = load_learned_run(*model, target_spec.is_null() ? std::nullopt : std::optional<json>(target_spec), options,
-                               /*dtype_given=*/true);
-    target_spec = learned->target_spec;
-    const json& meta = learned->meta;
-    const int64_t batch = meta.at("train").at("batch");
-    const int64_t per_row = meta.value("grads", int64_t{0});
-    training = {{"model", *model},
-                {"steps", meta.value("step", int64_t{0})},
-                {"grads_per_row", per_row},
-                {"batch", batch},
-                {"grads_total", static_cast<double>(per_row) * static_cast<double>(batch)},
-                {"seconds", meta.value("elapsed", 0.0)},
-                {"preconditioner_grads", meta.contains("preconditioner") ? meta["preconditioner"].value("grads", 0.0) : 0.0},
-                {"preconditioner_seconds", meta.contains("preconditioner") ? meta["preconditioner"].value("seconds", 0.0) : 0.0}};
-  }
+  LearnedInput li = learned_input(o, options, tell, train_progress, should_stop, comm);
+  std::optional<std::string> model = li.model;
+  std::optional<LearnedRun>& learned = li.run;
+  json target_spec = li.target_spec;
+  const json training = li.training;
   for (MetricAdapt m : o.nuts_metrics) {  // before anything runs
     if (m == MetricAdapt::kUnit) throw UsageError("compare: NUTS's metrics are diag, dense, fisher-diag or fisher-lowrank");
   }
