@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "nmcmc/process/environment.hpp"
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/blas_check.hpp"
@@ -161,7 +162,7 @@ void DistArgs::add(CLI::App* cmd) {
 }
 
 parallel::DistOptions DistArgs::resolve() const {
-  parallel::DistOptions o = parallel::DistOptions::from_env();
+  parallel::DistOptions o = dist_options_from_environment();
   if (world_size) o.world_size = *world_size;
   if (rank) o.rank = *rank;
   if (local_rank) o.local_rank = *local_rank;

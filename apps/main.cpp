@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
+#include "nmcmc/process/environment.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/process/figures.hpp"
 #include "nmcmc/process/gemm.hpp"
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   // an older stamp; a spec written within the second before is drawn again (harmless).
   const auto start = std::filesystem::file_time_type::clock::now() - std::chrono::seconds(1);
   nmcmc::tune_allocator();  // Note [Allocator policy]
+  nmcmc::apply_environment();  // NMCMC_DATA_DIR, NMCMC_FASHION_MNIST: the library reads no variable
   nmcmc::warn_gemm_environment();
   set_command_line(argc, argv);
   // Note [Stan programs]: --stan programs are compiled on first use and cached.

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
+#include "nmcmc/process/environment.hpp"
 #include "nmcmc/process/gemm.hpp"
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <sys/resource.h>
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
   }
 
   if (*dist) {
-    auto comm = nmcmc::parallel::connect(nmcmc::parallel::DistOptions::from_env());
+    auto comm = nmcmc::parallel::connect(nmcmc::dist_options_from_environment());
     LearnedSetup setup(config, batch, matmul, gemm, keep_zero_rows);
     auto& [cfg, target, sampler] = setup;
     nmcmc::Trainer trainer(*target, sampler.ptr(), cfg.train, comm);

@@ -3,53 +3,17 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 
 namespace nmcmc {
 
 namespace {
-/// Whether `name` is one of OpenBLAS's x86 cores whose kernels use SSE only (its fallback for a CPU
-/// it does not know is Prescott); case-insensitive.
-bool sse_only_core(std::string name) {
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  static const std::set<std::string> sse_only = {"prescott", "core2",     "penryn",     "dunnington", "nehalem",
-                                                 "atom",     "katmai",    "coppermine", "northwood",  "banias",
-                                                 "athlon",   "opteron",   "opteron_sse3", "barcelona", "bobcat",
-                                                 "nano"};
-  return sse_only.count(name) > 0;
-}
-
 template <typename Fn>
 Fn blas_symbol(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
 }
 }  // namespace
-
-CpuVectorSupport cpu_vector_support() {
-  CpuVectorSupport s;
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  s.avx = __builtin_cpu_supports("avx");
-  s.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  s.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  s.avx512_bf16 = s.avx512 && __builtin_cpu_supports("avx512bf16");
-#endif
-  return s;
-}
-
-std::string better_blas_core(const std::string& loaded, const CpuVectorSupport& cpu) {
-  // Only OpenBLAS's SSE-only fallback is replaced: a CPU it recognised (Haswell, Zen, ...) keeps
-  // the kernels it chose for it, even where wider ones would run (an AMD Zen 4 with AVX-512).
-  if (!sse_only_core(loaded)) return "";
-  if (cpu.avx512) return cpu.avx512_bf16 ? "Cooperlake" : "SkylakeX";
-  if (cpu.avx2_fma) return "Haswell";
-  if (cpu.avx) return "SandyBridge";
-  return "";
-}
 
 BlasKernels blas_kernels() {
   BlasKernels k;

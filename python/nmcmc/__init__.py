@@ -37,41 +37,23 @@ def _choose_blas_kernels() -> None:
     """Note [OpenBLAS's kernels] (apps/process/nmcmc/process/blas_kernels.hpp): a DYNAMIC_ARCH
     OpenBLAS picks its kernels when it loads, and falls back to SSE3 ones ("Prescott") on a CPU
     model newer than itself, running every GEMM ~3x slower. Only OPENBLAS_CORETYPE, read when the
-    library loads, overrides that: so before LibTorch (and its OpenBLAS) loads here, a child
-    process reports the kernels OpenBLAS would take and, where they are its SSE-only fallback and
-    this CPU runs AVX or wider, the variable is set for this process. Nothing is done where torch is already imported (too late:
-    `nmcmc.blas_kernels()` says so) or where the user set OPENBLAS_CORETYPE."""
+    library loads, overrides that: so before LibTorch (and its OpenBLAS) loads here, the program's
+    own rule (the small library _blas_choice, no LibTorch in it) probes the kernels OpenBLAS would
+    take and, where they are its SSE-only fallback and this CPU runs AVX or wider, the variable is
+    set for this process (it is how OpenBLAS is told). No child process. Nothing is done where
+    torch is already imported (too late: `nmcmc.blas_kernels()` says so) or where the user set
+    OPENBLAS_CORETYPE."""
     if "torch" in _sys.modules or _os.environ.get("OPENBLAS_CORETYPE"):
         return
     try:
-        flags = set()
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-            best = "Cooperlake" if "avx512_bf16" in flags else "SkylakeX"
-        elif {"avx2", "fma"} <= flags:
-            best = "Haswell"
-        elif "avx" in flags:
-            best = "SandyBridge"
-        else:
-            return
-        import subprocess
-        probe = ("import ctypes\n"
-                 "b = ctypes.CDLL('libblas.so.3')\n"
-                 "n = getattr(b, 'openblas_get_corename', None); c = getattr(b, 'openblas_get_config', None)\n"
-                 "if n and c:\n"
-                 "    n.restype = c.restype = ctypes.c_char_p\n"
-                 "    print(n().decode() if b'DYNAMIC_ARCH' in c() else '')\n")
-        loaded = subprocess.run([_sys.executable, "-c", probe], capture_output=True, text=True,
-                                timeout=30).stdout.strip()
-    except Exception:  # no /proc, no libblas.so.3, a probe that failed: leave OpenBLAS as it is
+        import ctypes
+        rule = ctypes.CDLL(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "_blas_choice.so"))
+        rule.nmcmc_blas_choice.restype = ctypes.c_char_p
+        choice = rule.nmcmc_blas_choice().decode()
+    except (OSError, AttributeError):  # no rule library beside the package: leave OpenBLAS as it is
         return
-    sse_only = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai", "coppermine",
-                "northwood", "banias", "athlon", "opteron", "opteron_sse3", "barcelona", "bobcat", "nano"}
-    if loaded.lower() in sse_only:  # OpenBLAS's fallback for a CPU it does not know; a core it chose stays
+    if choice:
+        best, loaded = choice.split("\t")
         _os.environ["OPENBLAS_CORETYPE"] = best
         _os.environ["NMCMC_BLAS_CORE_FROM"] = loaded
 

@@ -14,6 +14,7 @@
 #include "nmcmc/services/compare.hpp"
 #include "nmcmc/process/allocator.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
+#include "nmcmc/process/environment.hpp"
 #include "nmcmc/process/figures.hpp"
 #include "nmcmc/process/stan_build.hpp"
 #include "nmcmc/targets/stan.hpp"
@@ -185,6 +186,7 @@ std::string report(const std::string& run_dir, std::optional<std::string> output
 
 PYBIND11_MODULE(_nmcmc, m) {
   m.doc() = "nmcmc's C++ core (use the nmcmc package, not this module)";
+  nmcmc::apply_environment();  // NMCMC_DATA_DIR, NMCMC_FASHION_MNIST: the library reads no variable
   // Importing nmcmc leaves the process's malloc alone (nmcmc.tune_allocator() opts in).
   py::register_exception<nmcmc::UsageError>(m, "UsageError", PyExc_ValueError);
   py::register_exception<nmcmc::DataError>(m, "DataError", PyExc_ValueError);

@@ -316,3 +316,19 @@ def test_stan_model_samples_in_stans_names_and_says_what_is_missing():
     del data["y"]
     with pytest.raises(ValueError, match="variable name=y"):
         nmcmc.stan_model(program, data=data)
+
+
+def test_import_starts_no_process():
+    # Note [OpenBLAS's kernels]: `import nmcmc` decides the BLAS kernels in-process (no child
+    # Python); a fresh interpreter whose subprocess and fork end it with status 3 still imports it.
+    code = ("import os, subprocess\n"
+            "def refuse(*a, **k): os._exit(3)  # even where the caller would catch an exception\n"
+            "subprocess.Popen.__init__ = refuse; os.fork = refuse; os.posix_spawn = refuse\n"
+            "import nmcmc\n"
+            "print(nmcmc.blas_kernels())\n")
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("NMCMC_BLAS_CORE_FROM", None)
+    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "this CPU runs" not in r.stdout, r.stdout  # the kernels the CPU runs best, or OpenBLAS's own pick

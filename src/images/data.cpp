@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <vector>
 
 #include "nmcmc/core/errors.hpp"
@@ -118,9 +119,25 @@ torch::Tensor read_image_folder(const std::string& dir, int64_t size, int64_t ch
   return torch::cat(images, 0);
 }
 
+namespace {
+std::mutex& fashion_mnist_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::string& fashion_mnist_given() {
+  static std::string d;
+  return d;
+}
+}  // namespace
+
+void set_fashion_mnist_directory(const std::string& directory) {
+  std::lock_guard<std::mutex> lock(fashion_mnist_mutex());
+  fashion_mnist_given() = directory;
+}
+
 std::string fashion_mnist_directory() {
-  if (const char* env = std::getenv("NMCMC_FASHION_MNIST")) return env;
-  return "/usr/share/datasets/fashion-mnist";
+  std::lock_guard<std::mutex> lock(fashion_mnist_mutex());
+  return fashion_mnist_given().empty() ? std::string("/usr/share/datasets/fashion-mnist") : fashion_mnist_given();
 }
 
 torch::Tensor load_image_dataset(const std::string& source, int64_t size, int64_t channels, int64_t limit) {

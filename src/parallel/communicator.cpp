@@ -25,38 +25,6 @@
 
 namespace nmcmc::parallel {
 
-namespace {
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
-}
-int64_t env_int(const char* name, int64_t fallback) {
-  auto v = env(name);
-  if (!v) return fallback;
-  try {
-    size_t used = 0;
-    const long long x = std::stoll(*v, &used);
-    if (used != v->size()) throw std::invalid_argument(*v);
-    return x;
-  } catch (const std::exception&) {
-    throw UsageError(fmt::format("environment variable {}='{}' is not an integer", name, *v));
-  }
-}
-}  // namespace
-
-DistOptions DistOptions::from_env() {
-  DistOptions o;
-  o.world_size = static_cast<int>(env_int("WORLD_SIZE", 1));
-  o.rank = static_cast<int>(env_int("RANK", 0));
-  o.local_rank = static_cast<int>(env_int("LOCAL_RANK", o.rank));
-  o.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
-  o.master_port = static_cast<int>(env_int("MASTER_PORT", 29500));
-  const int64_t t = env_int("NMCMC_DIST_TIMEOUT", 300);
-  o.timeout = std::chrono::seconds(t);
-  o.validate();
-  return o;
-}
 
 void DistOptions::validate() const {
   if (world_size < 1) throw UsageError(fmt::format("world size must be at least 1, got {}", world_size));
@@ -280,8 +248,8 @@ std::shared_ptr<Communicator> connect(const DistOptions& options, const torch::D
 #endif
     if (!comm) {
       auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
-      if (auto ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
-        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      if (!options.gloo_interface.empty()) {
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(options.gloo_interface));
       } else if (options.master_addr == "127.0.0.1" || options.master_addr == "localhost") {
         o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       } else {

@@ -26,8 +26,27 @@ namespace nmcmc {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+std::mutex& data_directory_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::string& data_directory_given() {
+  static std::string d;
+  return d;
+}
+}  // namespace
+
+void set_data_directory(const std::string& directory) {
+  std::lock_guard<std::mutex> lock(data_directory_mutex());
+  data_directory_given() = directory;
+}
+
 std::string data_directory() {
-  if (const char* env = std::getenv("NMCMC_DATA_DIR"); env && *env) return env;
+  {
+    std::lock_guard<std::mutex> lock(data_directory_mutex());
+    if (!data_directory_given().empty()) return data_directory_given();
+  }
   for (const char* dir : {NMCMC_SOURCE_DATA_DIR, NMCMC_INSTALL_DATA_DIR}) {
     if (*dir && fs::exists(fs::path(dir) / "uci")) return dir;
   }

@@ -14,6 +14,7 @@
 
 #include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
+#include "nmcmc/process/environment.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace fs = std::filesystem;
@@ -83,6 +84,32 @@ TEST(BlasKernels, ABetterCoreOnlyInPlaceOfTheSseFallback) {
   EXPECT_EQ(nmcmc::better_blas_core("Prescott", sse), "");
   EXPECT_EQ(nmcmc::better_blas_core("NeoverseN1", bf16), "");  // a name it does not know
   EXPECT_EQ(nmcmc::better_blas_core("", bf16), "");
+}
+
+// The library reads no environment variable: NMCMC_DATA_DIR reaches it only through the process's
+// apply_environment() (apps/process/environment.hpp), as `nmcmc` and the Python package call it.
+TEST(Environment, TheLibraryTakesTheDataDirectoryFromTheProcess) {
+  const std::string before = nmcmc::data_directory();
+  ::setenv("NMCMC_DATA_DIR", "/nonexistent/nmcmc-data", 1);
+  EXPECT_EQ(nmcmc::data_directory(), before);
+  nmcmc::apply_environment();
+  EXPECT_EQ(nmcmc::data_directory(), "/nonexistent/nmcmc-data");
+  ::unsetenv("NMCMC_DATA_DIR");
+  nmcmc::set_data_directory("");
+  EXPECT_EQ(nmcmc::data_directory(), before);
+}
+
+// The probe `import nmcmc` decides with (no child process): a copy of the BLAS in a namespace of its
+// own reports the kernels OpenBLAS picks, which are what this process loaded where nothing overrode
+// them, and leaves the process's own BLAS as it is.
+TEST(BlasKernels, TheProbeSeesOpenBlasOwnPickWithoutChangingThisProcess) {
+  const nmcmc::BlasKernels here = nmcmc::blas_kernels();
+  if (here.loaded.empty()) GTEST_SKIP() << "not a DYNAMIC_ARCH OpenBLAS";
+  const std::string probed = nmcmc::probe_blas_core();
+  ASSERT_FALSE(probed.empty());
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (set == nullptr || *set == '\0') EXPECT_EQ(probed, here.loaded);
+  EXPECT_EQ(nmcmc::blas_kernels().loaded, here.loaded);
 }
 
 // The program runs with kernels as good as the CPU's (it chose them itself where OpenBLAS did not),

@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "nmcmc/process/environment.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/images/ebm_trainer.hpp"
@@ -132,9 +133,9 @@ TEST(DataParallel, OptionsFromTheEnvironmentAreChecked) {
   o.master_port = 1234;
   EXPECT_NO_THROW(o.validate());
   ::setenv("WORLD_SIZE", "two", 1);
-  EXPECT_THROW(parallel::DistOptions::from_env(), UsageError);
+  EXPECT_THROW(dist_options_from_environment(), UsageError);
   ::unsetenv("WORLD_SIZE");
-  EXPECT_EQ(parallel::DistOptions::from_env().world_size, 1);
+  EXPECT_EQ(dist_options_from_environment().world_size, 1);
 }
 
 TEST(DataParallel, CollectivesOverTwoRanks) {

@@ -25,6 +25,9 @@ torch::Tensor read_image_folder(const std::string& dir, int64_t size, int64_t ch
 
 /// Where Debian's dataset-fashion-mnist package puts its files.
 std::string fashion_mnist_directory();
+/// Sets the directory fashion_mnist_directory() returns (empty: /usr/share/datasets/fashion-mnist);
+/// `nmcmc` and the Python package pass $NMCMC_FASHION_MNIST here.
+void set_fashion_mnist_directory(const std::string& directory);
 
 /// Loads a data set by name: "fashion-mnist" (training split, from the Debian package), the path
 /// of an IDX file, or a folder of images (then resized to `size` with `channels`).

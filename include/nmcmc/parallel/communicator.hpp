@@ -39,9 +39,10 @@ struct DistOptions {
   int master_port = 29500;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // rendezvous and every collective
   std::string backend = "auto";  // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
-  /// From the torchrun variables (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK) and
-  /// NMCMC_DIST_TIMEOUT (seconds); absent WORLD_SIZE: one process. UsageError for malformed ones.
-  static DistOptions from_env();
+  /// Gloo's network interface (empty: the loopback for a local master, else Gloo's default).
+  /// The program fills these from the torchrun variables (apps/process/environment.hpp); the
+  /// library reads no environment variable.
+  std::string gloo_interface;
   /// UsageError unless 0 <= rank < world_size, 1 <= port <= 65535, timeout > 0.
   void validate() const;
 };

@@ -153,5 +153,9 @@ std::unique_ptr<Target> make_target(const nlohmann::json& spec, torch::TensorOpt
 
 /// Where shipped data live: $NMCMC_DATA_DIR, else the source tree's data/, else the installed share/nmcmc/data.
 std::string data_directory();
+/// Sets the directory data_directory() returns (empty: its own search, as above). `nmcmc` and the
+/// Python package pass $NMCMC_DATA_DIR here (apps/process/environment.hpp): the library reads no
+/// environment variable.
+void set_data_directory(const std::string& directory);
 
 }  // namespace nmcmc

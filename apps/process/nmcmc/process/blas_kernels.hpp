@@ -10,7 +10,9 @@
 /// again, once, with OPENBLAS_CORETYPE set to the best core the CPU's instructions run; the new
 /// process keeps NMCMC_BLAS_CORE_FROM (what OpenBLAS had picked) for `nmcmc --version` to report.
 /// A user's own OPENBLAS_CORETYPE is always left as it is (set it to keep OpenBLAS's choice).
-/// The Python package does the same before it loads LibTorch (python/nmcmc/__init__.py).
+/// The Python package decides with the same rule before it loads LibTorch (blas_choice.cpp, called
+/// through ctypes by python/nmcmc/__init__.py), probing OpenBLAS's pick in a link-map namespace of
+/// its own instead of a second start.
 #include <string>
 
 namespace nmcmc {
@@ -27,6 +29,10 @@ CpuVectorSupport cpu_vector_support();
 /// SSE-only cores (its fallback for a CPU it does not know) and the CPU runs AVX or wider; "" for
 /// a core OpenBLAS chose for a CPU it recognised, and for a name this function does not know.
 std::string better_blas_core(const std::string& loaded, const CpuVectorSupport& cpu);
+
+/// The core a DYNAMIC_ARCH OpenBLAS (libblas.so.3) picks on this CPU when it loads, probed in a
+/// link-map namespace of its own (dlmopen) so that nothing stays loaded; "" where there is none.
+std::string probe_blas_core();
 
 struct BlasKernels {
   std::string loaded;      // OpenBLAS's kernels now ("" when the BLAS is not a DYNAMIC_ARCH OpenBLAS)
