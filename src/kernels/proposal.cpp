@@ -34,9 +34,9 @@ ChainState Kernel::run_steps(Target& target, ChainState state, int64_t n, at::Ge
   return state;
 }
 
-void Kernel::set_step_size(double /*eps*/) { TORCH_CHECK(false, "kernel '", name(), "' has no tunable step size"); }
+void Tunable::set_step_size(double /*eps*/) { TORCH_CHECK(false, "sampler '", name(), "' has no tunable step size"); }
 
-void Kernel::set_metric(const Metric& /*metric*/) { TORCH_CHECK(false, "kernel '", name(), "' has no metric to adapt"); }
+void Tunable::set_metric(const Metric& /*metric*/) { TORCH_CHECK(false, "sampler '", name(), "' has no metric to adapt"); }
 
 torch::Tensor Kernel::probe_accept(Target&, const ChainState&, at::Generator&) {
   TORCH_CHECK(false, "kernel '", name(), "' has no trial move for step-size search");
@@ -47,13 +47,6 @@ torch::Tensor MetropolisHastings::probe_accept(Target& target, const ChainState&
   return mh_accept(state, r, gen).second.accept_prob;
 }
 
-void Proposal::set_step_size(double /*eps*/) {
-  TORCH_CHECK(false, "proposal '", name(), "' has no tunable step size");
-}
-
-void Proposal::set_metric(const Metric& /*metric*/) {
-  TORCH_CHECK(false, "proposal '", name(), "' has no mass matrix to adapt");
-}
 
 torch::Tensor log_acceptance(const torch::Tensor& energy, const torch::Tensor& energy_new,
                              const torch::Tensor& log_q_ratio) {

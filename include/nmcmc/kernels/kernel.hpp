@@ -9,6 +9,7 @@
 
 #include "nmcmc/core/target.hpp"
 #include "nmcmc/kernels/metric.hpp"
+#include "nmcmc/kernels/tunable.hpp"
 
 namespace nmcmc {
 
@@ -38,10 +39,9 @@ struct StepInfo {
 using StepCallback = std::function<bool(const ChainState& state, const StepInfo& info)>;
 
 /// A Markov kernel over a batch of chains: MetropolisHastings (any proposal) or Nuts.
-class Kernel {
+/// Its step size and metric: Tunable.
+class Kernel : public Tunable {
  public:
-  virtual ~Kernel() = default;
-  virtual std::string name() const = 0;
   /// Evaluates U (and dU if needed) at x [C, D] to start chains there.
   virtual ChainState init(Target& target, const torch::Tensor& x) const = 0;
   /// One transition of every chain. The returned state never contains NaN.
@@ -53,20 +53,6 @@ class Kernel {
   virtual ChainState run_steps(Target& target, ChainState state, int64_t n, at::Generator& gen,
                                const StepCallback& on_step);
 
-  /// The step size, for reports (0 when there is none).
-  virtual double step_size() const { return 0.0; }
-  /// Whether warm-up may tune the step size (never a silent no-op: see set_step_size).
-  virtual bool has_tunable_step_size() const { return false; }
-  /// Throws for kernels without a tunable step size.
-  virtual void set_step_size(double eps);
-  /// Whether warm-up may adapt the metric.
-  virtual bool has_metric() const { return false; }
-  /// Whether the metric may be other than diagonal (dense [D, D], low-rank plus diagonal).
-  virtual bool has_dense_metric() const { return false; }
-  /// Sets the metric (in the target's dtype and device); throws if unsupported.
-  virtual void set_metric(const Metric& metric);
-  /// set_metric(Metric(inv_mass)): [D] (diagonal) or [D, D] (dense); undefined: the unit metric.
-  void set_inv_mass(const torch::Tensor& inv_mass) { set_metric(inv_mass.defined() ? Metric(inv_mass) : Metric()); }
   /// The tree-depth limit of tree-building kernels (NUTS); 0 for the others.
   virtual int64_t max_tree_depth() const { return 0; }
   /// Accept probability [C] of one trial move from `state` at the current step size, without

@@ -157,7 +157,7 @@ struct TransportOptions {
 /// independence MH step from N(0, I) (Note [Transport warm-up]); when recording, keeps the chains'
 /// states (positions and energy gradients, float64) after every step. Everything else is the
 /// inner kernel's.
-class TransportKernel : public Kernel {
+class TransportKernel : public TuningFrom<Kernel> {
  public:
   TransportKernel(Kernel& inner, bool global_moves) : inner_(&inner), global_(global_moves) {}
   /// Global moves on or off from the next step.
@@ -165,12 +165,6 @@ class TransportKernel : public Kernel {
   std::string name() const override { return inner_->name(); }
   ChainState init(Target& target, const torch::Tensor& x) const override { return inner_->init(target, x); }
   std::pair<ChainState, StepInfo> step(Target& target, const ChainState& state, at::Generator& gen) override;
-  double step_size() const override { return inner_->step_size(); }
-  bool has_tunable_step_size() const override { return inner_->has_tunable_step_size(); }
-  void set_step_size(double eps) override { inner_->set_step_size(eps); }
-  bool has_metric() const override { return inner_->has_metric(); }
-  bool has_dense_metric() const override { return inner_->has_dense_metric(); }
-  void set_metric(const Metric& metric) override { inner_->set_metric(metric); }
   int64_t max_tree_depth() const override { return inner_->max_tree_depth(); }
   torch::Tensor probe_accept(Target& target, const ChainState& state, at::Generator& gen) override {
     return inner_->probe_accept(target, state, gen);
@@ -184,6 +178,7 @@ class TransportKernel : public Kernel {
   void reset_global() { global_tries_ = global_accepts_ = 0; }
 
  protected:
+  Tunable& tuned() const override { return *inner_; }
   /// log of the independence step's acceptance ratio [C] float64 (tests replace it with broken ones).
   virtual torch::Tensor global_log_ratio(const torch::Tensor& u_old, const torch::Tensor& u_new,
                                          const torch::Tensor& z_old, const torch::Tensor& z_new) const;
