@@ -198,6 +198,20 @@ def target(name: str, dtype="float32", device="cpu", **options) -> Target:
     return Target(dict(name=name, **options), dtype=dtype, device=device)
 
 
+class _KeptModule:
+    """A module kept in this process's table under its key ("memory:N"); its bytes are dropped when
+    no Target or Model made from it holds this object any more."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __del__(self):
+        try:
+            _C.release_module(self.key)
+        except Exception:  # the interpreter is shutting down
+            pass
+
+
 def from_module(module, dim: _Optional[int] = None, output: str = "energy", dtype="float32",
                 device="cpu", engine: str = "auto") -> Target:
     """Your density as a TorchScript module: forward(x [C, D]) -> U(x) [C] (output="energy") or
@@ -225,8 +239,9 @@ def from_module(module, dim: _Optional[int] = None, output: str = "energy", dtyp
                 raise ValueError(f"nmcmc.from_module: TorchScript cannot compile this module:\n{e}") from None
         buf = _io.BytesIO()
         torch.jit.save(module, buf)
-        spec["module"] = _C.register_module(buf.getvalue())
-        keep = module
+        kept = _KeptModule(_C.register_module(buf.getvalue()))
+        spec["module"] = kept.key
+        keep = (module, kept)
     t = Target(spec, dtype=dtype, device=device)
     t._keep = keep
     return t
@@ -437,6 +452,7 @@ class Model:
     def __init__(self, path: str):
         self.path = _os.fspath(path)
         self.meta: dict = _json.loads(_C.model_meta(self.path))  # ValueError if it is not a model
+        self._keep = None  # what must outlive the model (the module its target was scripted from)
 
     @classmethod
     def load(cls, path) -> "Model":
@@ -536,6 +552,7 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     log = _os.path.splitext(output)[0] + ".log.csv"
     result = _C.train(_to_json(cfg, "config value"), output, log, bool(resume), str(device), _Progress(progress))
     m = Model(output)
+    m._keep = target._keep if isinstance(target, Target) else None
     m.log_path = log
     m.training = result
     if result["interrupted"] and not result.get("saved", True):

@@ -231,6 +231,8 @@ PYBIND11_MODULE(_nmcmc, m) {
         return nmcmc::register_torchscript_module(bytes);
       },
       "keep a TorchScript module (torch.jit.save bytes) in this process; returns its key");
+  m.def("release_module", &nmcmc::release_torchscript_module, "drop a kept module's bytes (its key)");
+  m.def("registered_modules", &nmcmc::registered_torchscript_modules, "how many modules are kept");
 
   py::class_<nmcmc::Target, std::shared_ptr<nmcmc::Target>>(m, "Target")
       .def_property_readonly("name", &nmcmc::Target::name)

@@ -332,3 +332,27 @@ def test_import_starts_no_process():
     r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "this CPU runs" not in r.stdout, r.stdout  # the kernels the CPU runs best, or OpenBLAS's own pick
+
+
+class _Quadratic(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (x ** 2).sum(-1)
+
+
+def test_a_scripted_module_is_dropped_when_nothing_made_from_it_is_left():
+    import gc
+    before = nmcmc._C.registered_modules()
+    t = nmcmc.from_module(_Quadratic(), dim=2)
+    key = t.spec["module"]
+    assert key.startswith("memory:") and nmcmc._C.registered_modules() == before + 1
+    model = nmcmc.train(t, steps=3, batch=8, transport="none", progress=False)
+    del t
+    gc.collect()
+    assert nmcmc._C.registered_modules() == before + 1  # the model still needs it
+    run = nmcmc.sample(sampler="learned", model=model, chains=2, warmup=5, draws=5, progress=False)
+    assert tuple(run.draws.shape) == (5, 2, 2)
+    del model, run
+    gc.collect()
+    assert nmcmc._C.registered_modules() == before
+    with pytest.raises(ValueError, match="no module"):
+        nmcmc.Target({"name": "torchscript", "module": key})

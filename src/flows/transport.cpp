@@ -1,4 +1,6 @@
 // The flow transport, its Fisher-divergence fit and the pulled-back target (Note [Flow transport]).
+// Over 600 lines for one reason: the fit's hand-written gradient (fisher_terms, Note [The fit's own
+// gradient]) sits beside the passes it differentiates, so that a change to one is read with the other.
 #include "nmcmc/flows/transport.hpp"
 
 #include <algorithm>
@@ -240,7 +242,8 @@ std::shared_ptr<const NativeFlowPass> FlowTransportImpl::native() const {
 // (y_k - t) exp(-s), and through the conditioner's own forward pass. The base: v_K = L^T g gives
 // L's adjoint g^T v_bar; y_K = L^-1 (x - mu) gives q = L^-T y_bar, mu_bar = -sum q, L_bar -= q y_K^T.
 // Transport.OwnFisherGradientEqualsAutograd checks every parameter's gradient against LibTorch's
-// double back-propagation (dense and diagonal bases, clipped rows) to 1e-10.
+// double back-propagation (dense and diagonal bases, clipped rows) to 1e-10. One function of ~150
+// lines: each forward quantity's adjoint is computed next to where the forward pass stored it.
 torch::Tensor FlowTransportImpl::fisher_terms(const torch::Tensor& x_in, const torch::Tensor& g_in,
                                               bool accumulate_grad) const {
   torch::NoGradGuard no_grad;

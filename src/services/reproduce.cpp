@@ -1,6 +1,6 @@
 // `nmcmc reproduce`: the experiments themselves: training (or resuming), the evaluation of the learned
-// sampler and every baseline, the figures, and the --jobs plan. ~600 lines because they share one
-// Run state; the tables are in reproduce_table.cpp, the profiles in reproduce_profiles.cpp.
+// sampler and every baseline, the figures, and the --jobs plan. Over 600 lines because they share
+// one Run state and its helpers (evaluate, measures, stop_point); the tables are in reproduce_table.cpp, the profiles in reproduce_profiles.cpp.
 #include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/services/reproduce.hpp"
 
@@ -261,6 +261,61 @@ TrainConfig experiment_config(const ReproduceOptions& o, const std::string& name
   return parse_train_config(with_profile(paper_config(o, name), profile_settings(o.profile, name)));
 }
 
+/// NUTS on one experiment, as `reproduce` compares it: Stan's diagonal metric (not on rotated_icg),
+/// the dense metric (not on the funnels) and the two metrics from draws and gradients; each row
+/// saved as it comes (Note [The best NUTS]).
+void run_nuts_baselines(Run& run, const std::string& name, const json& settings, Target& target_ref, int64_t chains,
+                        json& entry, const std::function<void()>& save_so_far) {
+  const ReproduceOptions& o = run.o;
+  const auto& say = run.say;
+  const json bl = settings["baseline"];
+  Target* target = &target_ref;
+  if (name == "rotated_icg") {
+    // A diagonal metric cannot undo a rotation: NUTS runs at its tree-depth limit (1023
+    // gradients per draw) and took over 15 minutes of the cpu profile; only the dense metric runs.
+    say("  nuts (diagonal metric): skipped on rotated_icg (tree-depth limit; see the dense metric below)");
+  } else {
+    // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
+    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    const int64_t nuts_chains = settings.value("nuts_chains", chains);
+    stop_point(o);
+    SampleResult r = evaluate(*target, nuts, nuts_chains, bl["warmup"], bl["draws"], true, 2);
+    entry["nuts"] = measures(r, *target, 0, 0);
+    entry["nuts"]["chains"] = nuts_chains;
+    save_so_far();
+    say(fmt::format("  nuts{}: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
+                    nuts_chains == chains ? std::string() : fmt::format(" ({} chains)", nuts_chains),
+                    entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
+                    entry["nuts"]["grads_per_step"].get<double>()));
+  }
+  if (name.rfind("funnel", 0) != 0) {
+    // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
+    // learned sampler, whose L comes from the same kind of estimate.
+    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    stop_point(o);
+    SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2, {}, MetricAdapt::kDense);
+    entry["nuts_dense"] = measures(r, *target, 0, 0);
+    save_so_far();
+    say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
+                    entry["nuts_dense"]["ess_per_step_min"].get<double>(),
+                    entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
+                    entry["nuts_dense"]["grads_per_step"].get<double>()));
+  }
+  // NUTS with the metrics adapted from draws and gradients (nutpie's; issue #34): with the two
+  // above, the best NUTS is the yardstick (Note [The best NUTS]).
+  for (const MetricAdapt m : {MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank}) {
+    const std::string key = m == MetricAdapt::kFisherDiag ? "nuts_fisher_diag" : "nuts_fisher_lowrank";
+    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
+    stop_point(o);
+    SampleResult r = evaluate(*target, nuts, settings.value("nuts_chains", chains), bl["warmup"], bl["draws"], true, 2, {}, m);
+    entry[key] = measures(r, *target, 0, 0);
+    save_so_far();
+    say(fmt::format("  nuts ({}): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw, max R-hat {:.3f}",
+                    enum_name(m), entry[key]["ess_per_step_min"].get<double>(), entry[key]["ess_per_grad_min"].get<double>(),
+                    entry[key]["grads_per_step"].get<double>(), entry[key]["max_rhat"].get<double>()));
+  }
+}
+
 /// Trains (or resumes) one experiment, evaluates the learned sampler and the baselines, draws its
 /// figures; returns its results entry (also written to <output>/<name>/entry.json).
 json run_experiment(Run& run, const std::string& name) {
@@ -346,50 +401,7 @@ json run_experiment(Run& run, const std::string& name) {
     say(fmt::format("  {}: ESS/MH min {:.4f}, ESS/grad min {:.4g}", b, entry[b]["ess_per_step_min"].get<double>(),
                     entry[b]["ess_per_grad_min"].get<double>()));
   }
-  if (name == "rotated_icg") {
-    // A diagonal metric cannot undo a rotation: NUTS runs at its tree-depth limit (1023
-    // gradients per draw) and took over 15 minutes of the cpu profile; only the dense metric runs.
-    say("  nuts (diagonal metric): skipped on rotated_icg (tree-depth limit; see the dense metric below)");
-  } else {
-    // NUTS as Stan runs it (diagonal metric, target accept 0.8), on the same evaluation.
-    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
-    const int64_t nuts_chains = settings.value("nuts_chains", chains);
-    stop_point(o);
-    SampleResult r = evaluate(*target, nuts, nuts_chains, bl["warmup"], bl["draws"], true, 2);
-    entry["nuts"] = measures(r, *target, 0, 0);
-    entry["nuts"]["chains"] = nuts_chains;
-    save_so_far();
-    say(fmt::format("  nuts{}: ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
-                    nuts_chains == chains ? std::string() : fmt::format(" ({} chains)", nuts_chains),
-                    entry["nuts"]["ess_per_step_min"].get<double>(), entry["nuts"]["ess_per_grad_min"].get<double>(),
-                    entry["nuts"]["grads_per_step"].get<double>()));
-  }
-  if (name.rfind("funnel", 0) != 0) {
-    // NUTS with a dense metric (Stan's metric=dense_e): the yardstick for a preconditioned
-    // learned sampler, whose L comes from the same kind of estimate.
-    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
-    stop_point(o);
-    SampleResult r = evaluate(*target, nuts, chains, bl["warmup"], bl["draws"], true, 2, {}, MetricAdapt::kDense);
-    entry["nuts_dense"] = measures(r, *target, 0, 0);
-    save_so_far();
-    say(fmt::format("  nuts (dense metric): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw",
-                    entry["nuts_dense"]["ess_per_step_min"].get<double>(),
-                    entry["nuts_dense"]["ess_per_grad_min"].get<double>(),
-                    entry["nuts_dense"]["grads_per_step"].get<double>()));
-  }
-  // NUTS with the metrics adapted from draws and gradients (nutpie's; issue #34): with the two
-  // above, the best NUTS is the yardstick (Note [The best NUTS]).
-  for (const MetricAdapt m : {MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank}) {
-    const std::string key = m == MetricAdapt::kFisherDiag ? "nuts_fisher_diag" : "nuts_fisher_lowrank";
-    Nuts nuts(NutsOptions().set_max_depth(settings.value("nuts_max_depth", int64_t{10})));
-    stop_point(o);
-    SampleResult r = evaluate(*target, nuts, settings.value("nuts_chains", chains), bl["warmup"], bl["draws"], true, 2, {}, m);
-    entry[key] = measures(r, *target, 0, 0);
-    save_so_far();
-    say(fmt::format("  nuts ({}): ESS/MH min {:.4f}, ESS/grad min {:.4g}, {:.1f} gradients per draw, max R-hat {:.3f}",
-                    enum_name(m), entry[key]["ess_per_step_min"].get<double>(), entry[key]["ess_per_grad_min"].get<double>(),
-                    entry[key]["grads_per_step"].get<double>(), entry[key]["max_rhat"].get<double>()));
-  }
+  run_nuts_baselines(run, name, settings, *target, chains, entry, save_so_far);
   say(fmt::format("  learned: accept {:.3f}, ESS/MH min {:.4f} (x1 {:.4f}), ESS/grad min {:.4g}, max R-hat {:.3f}, "
                   "x1 mean squared jump {:.3g} (MALA {:.3g}, HMC {:.3g})",
                   entry["learned"]["accept"].get<double>(), entry["learned"]["ess_per_step_min"].get<double>(),

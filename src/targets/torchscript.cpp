@@ -206,6 +206,18 @@ std::string register_torchscript_module(const std::string& bytes) {
   return key;
 }
 
+void release_torchscript_module(const std::string& key) {
+  ModuleTable& t = module_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.bytes.erase(key);
+}
+
+int64_t registered_torchscript_modules() {
+  ModuleTable& t = module_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  return static_cast<int64_t>(t.bytes.size());
+}
+
 TorchScriptTarget::TorchScriptTarget(std::shared_ptr<torch::jit::Module> module, json spec, int64_t dim, bool log_prob,
                                      std::vector<std::string> names, std::optional<Moments> reference,
                                      torch::TensorOptions options, const std::string& engine)

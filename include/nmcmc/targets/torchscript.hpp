@@ -80,5 +80,11 @@ std::unique_ptr<Target> make_torchscript_target(const nlohmann::json& spec, torc
 /// package) and returns the key that a spec's "module" may name instead of a path: "memory:N".
 /// The bytes are what torch.jit.save writes. UsageError if they are not a TorchScript module.
 std::string register_torchscript_module(const std::string& bytes);
+/// Drops a registered module's bytes (targets already made from it keep their own copy; a spec
+/// naming the key no longer makes one). The Python package calls it when no object made from the
+/// module is left. Unknown keys are ignored.
+void release_torchscript_module(const std::string& key);
+/// How many modules the table holds (for the tests).
+int64_t registered_torchscript_modules();
 
 }  // namespace nmcmc
