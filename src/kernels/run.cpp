@@ -154,13 +154,8 @@ void put_row(const torch::Tensor& dst, int64_t i, const torch::Tensor& src, bool
 class LocalRun {
  public:
   LocalRun(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress)
-      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress),
-        device_(target.options().device()), gen_(make_generator(seed, device_)) {
-    if (o.chains < 1) throw UsageError("--chains must be at least 1");
-    if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
-    if (o.draws < 1) throw UsageError("--draws must be at least 1");
-    if (!(o.target_accept > 0 && o.target_accept < 1)) throw UsageError("--target-accept must be in (0, 1)");
-    check_footprint(o, target.dim(), static_cast<int64_t>(c10::elementSize(target.options().dtype().toScalarType())));
+      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress), device_(checked_device(o, target)),
+        gen_(make_generator(seed, device_)) {
     res_.seed = seed;
     res_.names = parameter_labels(target);
     res_.draws_planned = o.draws;
@@ -176,6 +171,16 @@ class LocalRun {
   }
 
  private:
+  /// The options checked (before anything is drawn); the target's device.
+  static torch::Device checked_device(const RunOptions& o, const Target& target) {
+    if (o.chains < 1) throw UsageError("--chains must be at least 1");
+    if (o.warmup < 0) throw UsageError("--warmup must be non-negative");
+    if (o.draws < 1) throw UsageError("--draws must be at least 1");
+    if (!(o.target_accept > 0 && o.target_accept < 1)) throw UsageError("--target-accept must be in (0, 1)");
+    check_footprint(o, target.dim(), static_cast<int64_t>(c10::elementSize(target.options().dtype().toScalarType())));
+    return target.options().device();
+  }
+
   bool stop() const { return o_.should_stop && o_.should_stop(); }
 
   /// Gradient calls outside the kernel's steps (screening, starting states, step-size searches):

@@ -25,6 +25,7 @@ struct Prepared {
   std::unique_ptr<Kernel> kernel;
   std::shared_ptr<Target> target;
   RunOptions run;
+  OutputFormats formats;  // checked before the run
   json config, model_meta;
   bool learned = false;
   std::shared_ptr<TransportedTarget> latent;  // a learned model trained in a flow's latent space: runs on it
@@ -37,7 +38,6 @@ Prepared prepare(const SampleRequest& request) {
   const bool stan = request.target.is_object() && request.target.value("name", std::string()) == "stan";
   torch::TensorOptions options = parse_tensor_options(a.dtype.value_or(stan ? "float64" : "float32"), a.device);
   const OutputFormats formats = parse_formats(a.formats);  // checked before the run
-  (void)formats;
   std::unique_ptr<Kernel> kernel;
   // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
   const bool nuts = a.sampler == SamplerKind::kNuts;
@@ -86,6 +86,12 @@ Prepared prepare(const SampleRequest& request) {
   std::shared_ptr<Target> target = make_target(target_spec, options);
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
   RunOptions run;
+  run.set_metric(metric);
+  // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
+  if (!learned) run.set_adapt_step(!a.no_adapt);
+  run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
+  run.should_stop = request.should_stop;
+  if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
   // Starting points: "auto" is the learned sampler's own chains (the bootstrap buffer saved with
   // its checkpoint) when it has them - a trained flow has only seen points near the typical set,
   // and from far outside it may reject every proposal - else Stan's uniform(-2, 2).
@@ -119,12 +125,6 @@ Prepared prepare(const SampleRequest& request) {
       run.set_init_x(latent->to_latent(initial_positions(*target, init, a.chains, gen)));
     }
   }
-  run.set_metric(metric);
-  // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
-  if (!learned) run.set_adapt_step(!a.no_adapt);
-  run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
-  run.should_stop = request.should_stop;
-  if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
 
   Prepared prep;
   json& config = prep.config;
@@ -163,6 +163,7 @@ Prepared prepare(const SampleRequest& request) {
   prep.model_meta = model_meta;
   prep.learned = learned;
   prep.latent = latent;
+  prep.formats = formats;
   return prep;
 }
 }  // namespace
@@ -171,10 +172,10 @@ SampleOptions sample_options_from_json(const json& j) { return options_from_json
 
 SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, std::shared_ptr<parallel::Communicator> comm) {
   const SampleOptions& a = request.options;
-  const OutputFormats formats = parse_formats(a.formats);
   if (!comm) comm = parallel::single_process();
   const int world = comm->world_size(), rank = comm->rank();
   Prepared prep = prepare(request);
+  const OutputFormats& formats = prep.formats;
   if (world > 1 && dynamic_cast<const StanTarget*>(prep.target.get())) {
     // Note [Draws in the model's own parameters]: each draw is mapped where it is drawn, and the
     // ranks' mapped draws are not gathered yet.
@@ -207,15 +208,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   std::unique_ptr<MappedSink> mapped;
   auto gq_failures = std::make_shared<std::pair<int64_t, std::string>>(0, "");
   if (const auto* stan = dynamic_cast<const StanTarget*>(prep.target.get())) {
-    DrawMap map{stan->constrained_names(true, true), nullptr};
-    const uint64_t seed = a.seed;
-    map.map = [stan, seed, gq_failures](const torch::Tensor& x, int64_t first_draw) {
-      const int64_t n = x.size(0), c = x.size(1);
-      return stan->constrain(x.reshape({n * c, x.size(2)}), true, true, seed, first_draw * c, &gq_failures->first,
-                             &gq_failures->second)
-          .reshape({n, c, -1});
-    };
-    mapped = std::make_unique<MappedSink>(run.sink, std::move(map));
+    mapped = std::make_unique<MappedSink>(run.sink, DrawMap{stan->constrained_names(true, true), stan->draw_mapper(a.seed, gq_failures)});
     run.sink = mapped.get();
   }
   json transport_report;

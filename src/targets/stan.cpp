@@ -291,6 +291,15 @@ torch::Tensor StanTarget::constrain(const torch::Tensor& x, bool transformed, bo
   return out;
 }
 
+std::function<torch::Tensor(const torch::Tensor&, int64_t)> StanTarget::draw_mapper(
+    uint64_t seed, std::shared_ptr<std::pair<int64_t, std::string>> failures) const {
+  return [this, seed, failures](const torch::Tensor& x, int64_t first_draw) {
+    const int64_t n = x.size(0), c = x.size(1);
+    return constrain(x.reshape({n * c, x.size(2)}), true, true, seed, first_draw * c, &failures->first, &failures->second)
+        .reshape({n, c, -1});
+  };
+}
+
 torch::Tensor StanTarget::unconstrain(const torch::Tensor& constrained) const {
   const torch::Tensor c = constrained.detach().to(torch::kCPU, torch::kFloat64).contiguous();
   const auto* m = static_cast<const nmcmc_stan_model*>(model_);

@@ -62,6 +62,12 @@ class StanTarget : public Target {
   /// whose transformed parameters or generated quantities raise is NaN, and counted in failures.
   torch::Tensor constrain(const torch::Tensor& x, bool transformed, bool generated, uint64_t seed, int64_t first_row = 0,
                           int64_t* failures = nullptr, std::string* first_failure = nullptr) const;
+  /// Note [Draws in the model's own parameters]: maps a run's draws [n, C, D], the first of them
+  /// draw `first_draw`, to [n, C, K] as constrain() does (all outputs), the generated quantities of
+  /// draw i, chain c seeded by the row's index i C + c; failures counted in `failures` (how many,
+  /// the first message).
+  std::function<torch::Tensor(const torch::Tensor&, int64_t)> draw_mapper(
+      uint64_t seed, std::shared_ptr<std::pair<int64_t, std::string>> failures) const;
   /// The unconstrained points [N, D] of constrained parameter values [N, P] (P = the names without
   /// transformed parameters and generated quantities). DataError for values outside the support.
   torch::Tensor unconstrain(const torch::Tensor& constrained) const;
