@@ -1,5 +1,7 @@
 #include "nmcmc/images/data.hpp"
 
+#include "nmcmc/core/setting.hpp"
+
 #include "nmcmc/io/plot.hpp"
 
 #include <stb/stb_image.h>
@@ -120,25 +122,15 @@ torch::Tensor read_image_folder(const std::string& dir, int64_t size, int64_t ch
 }
 
 namespace {
-std::mutex& fashion_mnist_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::string& fashion_mnist_given() {
-  static std::string d;
-  return d;
+Setting& fashion_mnist_setting() {
+  static Setting s;
+  return s;
 }
 }  // namespace
 
-void set_fashion_mnist_directory(const std::string& directory) {
-  std::lock_guard<std::mutex> lock(fashion_mnist_mutex());
-  fashion_mnist_given() = directory;
-}
+void set_fashion_mnist_directory(const std::string& directory) { fashion_mnist_setting().set(directory); }
 
-std::string fashion_mnist_directory() {
-  std::lock_guard<std::mutex> lock(fashion_mnist_mutex());
-  return fashion_mnist_given().empty() ? std::string("/usr/share/datasets/fashion-mnist") : fashion_mnist_given();
-}
+std::string fashion_mnist_directory() { return fashion_mnist_setting().get_or("/usr/share/datasets/fashion-mnist"); }
 
 torch::Tensor load_image_dataset(const std::string& source, int64_t size, int64_t channels, int64_t limit) {
   if (source == "fashion-mnist") {

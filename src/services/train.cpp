@@ -275,9 +275,8 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   // loss at the clip (chains far out on a flat ridge; a first round restarted twice as long,
   // from the box or from where the chains were, did no better) and every later round stayed
   // there; from the box the last fits of earnings, kidiq's two regressions and sblrc ended at
-  // 496-10,000 per coordinate, and training failed or did not converge on five of 13 posteriors
-  // (959710e). One
-  // 500-iteration run brings 16 chains there on all of them. Starting there always was tried:
+  // 496-10,000 per coordinate, and training failed or did not converge on five of 13 posteriors.
+  // One 500-iteration run brings 16 chains there on all of them. Starting there always was tried:
   // on Funnel-3 the learned proposal then mixed x1 3.5x worse (0.046 bulk-ESS per sampling
   // gradient against 0.163 from the box, 4 x 4000 draws): NUTS's warm-up alone leaves the chains
   // away from the funnel's neck, and the flow fitted from there covers it worse.

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/core/setting.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/targets/stan.hpp"
@@ -27,26 +28,16 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-std::mutex& data_directory_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::string& data_directory_given() {
-  static std::string d;
-  return d;
+Setting& data_directory_setting() {
+  static Setting s;
+  return s;
 }
 }  // namespace
 
-void set_data_directory(const std::string& directory) {
-  std::lock_guard<std::mutex> lock(data_directory_mutex());
-  data_directory_given() = directory;
-}
+void set_data_directory(const std::string& directory) { data_directory_setting().set(directory); }
 
 std::string data_directory() {
-  {
-    std::lock_guard<std::mutex> lock(data_directory_mutex());
-    if (!data_directory_given().empty()) return data_directory_given();
-  }
+  if (std::string given = data_directory_setting().get_or(""); !given.empty()) return given;
   for (const char* dir : {NMCMC_SOURCE_DATA_DIR, NMCMC_INSTALL_DATA_DIR}) {
     if (*dir && fs::exists(fs::path(dir) / "uci")) return dir;
   }
