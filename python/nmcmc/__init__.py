@@ -45,7 +45,7 @@ from . import _nmcmc as _C
 
 __version__ = _C.version()
 __all__ = ["Target", "target", "from_module", "from_function", "stan_model", "targets", "sample", "Run", "train", "Model", "report",
-           "compare", "blas_kernels", "UsageError", "DataError"]
+           "compare", "compare_defaults", "blas_kernels", "UsageError", "DataError"]
 
 UsageError = _C.UsageError
 DataError = _C.DataError
@@ -543,9 +543,16 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     return m
 
 
-def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: int = 1000, draws: int = 1000,
-            seed: int = 1, dtype: str = "float32", hmc_leapfrog: int = 10, output: _Optional[str] = None,
-            nuts_metrics=None, transport: str = "none", progress: bool = True) -> dict:
+def compare_defaults() -> dict:
+    """compare()'s options as nmcmc's C++ definition (CompareOptions) sets them: what an argument
+    left unset takes."""
+    return _json.loads(_C.compare_defaults())
+
+
+def compare(target=None, *, model=None, config=None, chains: _Optional[int] = None, warmup: _Optional[int] = None,
+            draws: _Optional[int] = None, seed: _Optional[int] = None, dtype: _Optional[str] = None,
+            hmc_leapfrog: _Optional[int] = None, output: _Optional[str] = None, nuts_metrics=None,
+            transport: _Optional[str] = None, progress: bool = True) -> dict:
     """Runs NUTS (with each metric in `nuts_metrics`: by default diag, dense, fisher-diag and
     fisher-lowrank), HMC, MALA and (with `model`, or `config` to train one first) the learned
     sampler on the same target with the same chains, warm-up and draws; returns what compare.json
@@ -566,13 +573,24 @@ def compare(target=None, *, model=None, config=None, chains: int = 4, warmup: in
         config = path
     if output is None:
         output = _tempfile.mkdtemp(prefix="nmcmc-compare-")
-    opts = {"target": None if target is None else _spec_of(target),
-            "model": None if model is None else _os.fspath(model),
-            "config": None if config is None else _os.fspath(config), "output": _os.fspath(output),
-            "chains": int(chains), "warmup": int(warmup), "draws": int(draws), "seed": int(seed),
-            "dtype": _dtype_name(dtype), "hmc_leapfrog": int(hmc_leapfrog),
-            "nuts_metrics": None if nuts_metrics is None else [str(m) for m in nuts_metrics],
-            "transport": str(transport)}
+    # Only what was given: the rest takes the C++ definition's defaults (compare_defaults()).
+    opts = {"output": _os.fspath(output)}
+    if target is not None:
+        opts["target"] = _spec_of(target)
+    if model is not None:
+        opts["model"] = _os.fspath(model)
+    if config is not None:
+        opts["config"] = _os.fspath(config)
+    for key, value in (("chains", chains), ("warmup", warmup), ("draws", draws), ("seed", seed),
+                       ("hmc_leapfrog", hmc_leapfrog)):
+        if value is not None:
+            opts[key] = int(value)
+    if dtype is not None:
+        opts["dtype"] = _dtype_name(dtype)
+    if nuts_metrics is not None:
+        opts["nuts_metrics"] = [str(m) for m in nuts_metrics]
+    if transport is not None:
+        opts["transport"] = str(transport)
     result = _json.loads(_C.compare(_json.dumps(opts), _Progress(progress)))
     result["table"] = _C.compare_table(_json.dumps(result))
     result["output"] = _os.fspath(output)

@@ -136,21 +136,7 @@ py::dict train(const std::string& config_json, const std::string& output, const 
 
 std::string compare(const std::string& options_json, py::object report) {
   json j = json::parse(options_json);
-  nmcmc::CompareOptions o;
-  o.target = j.value("target", json());
-  if (!j["model"].is_null()) o.model = j["model"].get<std::string>();
-  if (!j["config"].is_null()) o.config = j["config"].get<std::string>();
-  o.output = j.at("output").get<std::string>();
-  o.chains = j.at("chains").get<int64_t>();
-  o.warmup = j.at("warmup").get<int64_t>();
-  o.draws = j.at("draws").get<int64_t>();
-  o.seed = j.at("seed").get<uint64_t>();
-  o.dtype = j.at("dtype").get<std::string>();
-  o.hmc_leapfrog = j.at("hmc_leapfrog").get<int64_t>();
-  if (j.contains("nuts_metrics") && !j["nuts_metrics"].is_null()) {
-    o.nuts_metrics = j["nuts_metrics"].get<std::vector<nmcmc::MetricAdapt>>();
-  }
-  if (j.contains("transport")) o.transport = j["transport"].get<nmcmc::TransportKind>();
+  const nmcmc::CompareOptions o = nmcmc::compare_options_from_json(j);
   PythonHook hook{report};
   json result;
   {
@@ -231,6 +217,8 @@ PYBIND11_MODULE(_nmcmc, m) {
         return nmcmc::register_torchscript_module(bytes);
       },
       "keep a TorchScript module (torch.jit.save bytes) in this process; returns its key");
+  m.def("compare_defaults", [] { return json(nmcmc::CompareOptions()).dump(); },
+        "compare's options as the C++ definition sets them (JSON)");
   m.def("release_module", &nmcmc::release_torchscript_module, "drop a kept module's bytes (its key)");
   m.def("registered_modules", &nmcmc::registered_torchscript_modules, "how many modules are kept");
 

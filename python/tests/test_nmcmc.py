@@ -356,3 +356,11 @@ def test_a_scripted_module_is_dropped_when_nothing_made_from_it_is_left():
     assert nmcmc._C.registered_modules() == before
     with pytest.raises(ValueError, match="no module"):
         nmcmc.Target({"name": "torchscript", "module": key})
+
+
+def test_compare_takes_its_defaults_from_the_cpp_definition(tmp_path):
+    d = nmcmc.compare_defaults()
+    assert (d["chains"], d["warmup"], d["draws"], d["seed"], d["dtype"]) == (4, 1000, 1000, 1, "float32")
+    # what Python passes is read by the C++ definition: a misspelt key is named, not ignored
+    with pytest.raises(ValueError, match="'chians' is unknown"):
+        nmcmc._C.compare(json.dumps({"output": str(tmp_path), "chians": 4}), None)

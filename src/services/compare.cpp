@@ -154,6 +154,8 @@ LearnedInput learned_input(const CompareOptions& o, const torch::TensorOptions& 
 
 }  // namespace
 
+CompareOptions compare_options_from_json(const json& j) { return options_from_json<CompareOptions>(j, "compare options"); }
+
 json compare(const CompareOptions& o, const std::function<void(const std::string&)>& say,
              const TrainProgressFn& train_progress, const ProgressFn& sample_progress,
              const std::function<bool()>& should_stop, std::shared_ptr<parallel::Communicator> comm) {

@@ -40,6 +40,11 @@ struct CompareOptions {
   /// services/transport.hpp; one process), with the flow's fitting counted in its warm-up.
   TransportKind transport = TransportKind::kNone;
 };
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CompareOptions, target, model, config, output, chains, warmup, draws,
+                                                seed, dtype, hmc_leapfrog, nuts_metrics, transport)
+/// CompareOptions from JSON (what the Python package passes; unset keys keep the defaults above):
+/// UsageError naming an unknown key or a value of the wrong type.
+CompareOptions compare_options_from_json(const nlohmann::json& j);
 
 /// compare runs NUTS with a dense metric only up to this many parameters (its [D, D] estimate
 /// and O(D^2) steps).
