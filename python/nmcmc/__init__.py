@@ -45,7 +45,7 @@ from . import _nmcmc as _C
 
 __version__ = _C.version()
 __all__ = ["Target", "target", "from_module", "from_function", "stan_model", "targets", "sample", "Run", "train", "Model", "report",
-           "compare", "compare_defaults", "blas_kernels", "UsageError", "DataError"]
+           "compare", "compare_defaults", "sample_defaults", "blas_kernels", "UsageError", "DataError"]
 
 UsageError = _C.UsageError
 DataError = _C.DataError
@@ -346,15 +346,22 @@ def _spec_of(t) -> dict:
     raise ValueError("nmcmc: give a Target (nmcmc.target, from_module, from_function) or a spec dict")
 
 
-def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int = 1000, draws: int = 1000,
-           seed: int = 1, model=None, metric: _Optional[str] = None, step_size: _Optional[float] = None,
-           target_accept: _Optional[float] = None, adapt_step: bool = True, leapfrog: int = 10,
-           max_depth: int = 10, jitter: float = 0.0, init: str = "auto", init_x: _Optional[torch.Tensor] = None,
-           dtype=None, device="cpu", output: _Optional[str] = None, formats: str = "csv,netcdf",
-           matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: str = "none",
+def sample_defaults() -> dict:
+    """sample()'s options as nmcmc's C++ definition (SampleOptions, the same as `nmcmc sample`'s)
+    sets them: what an argument left unset takes."""
+    return _json.loads(_C.sample_defaults())
+
+
+def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int] = None,
+           warmup: _Optional[int] = None, draws: _Optional[int] = None, seed: _Optional[int] = None, model=None,
+           metric: _Optional[str] = None, step_size: _Optional[float] = None,
+           target_accept: _Optional[float] = None, adapt_step: _Optional[bool] = None,
+           leapfrog: _Optional[int] = None, max_depth: _Optional[int] = None, jitter: _Optional[float] = None,
+           init: _Optional[str] = None, init_x: _Optional[torch.Tensor] = None, dtype=None,
+           device: _Optional[str] = None, output: _Optional[str] = None, formats: _Optional[str] = None,
+           matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: _Optional[str] = None,
            transport_layers: _Optional[int] = None, transport_rounds: _Optional[int] = None,
-           global_moves: bool = False,
-           progress: bool = True) -> Run:
+           global_moves: _Optional[bool] = None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
@@ -373,7 +380,10 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
     fits it only where the warm-up's draws are far from any Gaussian, and samples as "none"
     elsewhere (the summary's transport record says which); global_moves adds an independence
     move from the flow after every step (exact; it can jump between modes).
+    Every argument left unset takes `nmcmc sample`'s default (sample_defaults()).
     Ctrl-C raises KeyboardInterrupt."""
+    if sampler is None:
+        sampler = sample_defaults()["sampler"]
     if matmul is not None and sampler != "learned":
         raise ValueError("nmcmc.sample: matmul= goes with sampler='learned'")
     if gemm is not None and sampler != "learned":
@@ -390,19 +400,20 @@ def sample(target=None, sampler: str = "nuts", *, chains: int = 4, warmup: int =
         raise ValueError("nmcmc.sample: give a target")
     if dtype is None and isinstance(target, Target) and sampler != "learned":
         dtype = target._dtype
-    options = {
-        "sampler": sampler, "model": model_path, "metric": metric, "step_size": step_size,
-        "target_accept": target_accept, "no_adapt": not adapt_step, "jitter": float(jitter), "leapfrog": int(leapfrog),
-        "max_depth": int(max_depth), "chains": int(chains), "warmup": int(warmup), "draws": int(draws),
-        "seed": int(seed), "init": init, "dtype": _dtype_name(dtype), "device": str(device),
-        "output": None if output is None else _os.fspath(output), "formats": formats, "matmul": matmul,
-        "gemm": gemm, "transport": transport, "global_moves": bool(global_moves),
-    }
-    # Left out when not given: the library's defaults (kDefaultTransportLayers, kDefaultTransportRounds).
-    if transport_layers is not None:
-        options["transport_layers"] = int(transport_layers)
-    if transport_rounds is not None:
-        options["transport_rounds"] = int(transport_rounds)
+    # Only what was given: the rest takes the C++ definition's defaults (sample_defaults()).
+    options = {"sampler": sampler, "model": model_path, "metric": metric, "step_size": step_size,
+               "target_accept": target_accept, "dtype": _dtype_name(dtype) if dtype is not None else None,
+               "output": None if output is None else _os.fspath(output), "matmul": matmul, "gemm": gemm}
+    given = {"jitter": (jitter, float), "leapfrog": (leapfrog, int), "max_depth": (max_depth, int),
+             "chains": (chains, int), "warmup": (warmup, int), "draws": (draws, int), "seed": (seed, int),
+             "init": (init, str), "device": (device, str), "formats": (formats, str), "transport": (transport, str),
+             "global_moves": (global_moves, bool), "transport_layers": (transport_layers, int),
+             "transport_rounds": (transport_rounds, int)}
+    for key, (value, kind) in given.items():
+        if value is not None:
+            options[key] = kind(value)
+    if adapt_step is not None:
+        options["no_adapt"] = not adapt_step
     request = {"target": None if target is None else _spec_of(target), "options": options}
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 

@@ -217,6 +217,8 @@ PYBIND11_MODULE(_nmcmc, m) {
         return nmcmc::register_torchscript_module(bytes);
       },
       "keep a TorchScript module (torch.jit.save bytes) in this process; returns its key");
+  m.def("sample_defaults", [] { return json(nmcmc::SampleOptions()).dump(); },
+        "sample's options as the C++ definition sets them (JSON)");
   m.def("compare_defaults", [] { return json(nmcmc::CompareOptions()).dump(); },
         "compare's options as the C++ definition sets them (JSON)");
   m.def("release_module", &nmcmc::release_torchscript_module, "drop a kept module's bytes (its key)");

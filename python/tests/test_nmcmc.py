@@ -358,7 +358,11 @@ def test_a_scripted_module_is_dropped_when_nothing_made_from_it_is_left():
         nmcmc.Target({"name": "torchscript", "module": key})
 
 
-def test_compare_takes_its_defaults_from_the_cpp_definition(tmp_path):
+def test_sample_and_compare_take_their_defaults_from_the_cpp_definition(tmp_path):
+    s = nmcmc.sample_defaults()
+    assert (s["sampler"], s["chains"], s["warmup"], s["draws"], s["seed"]) == ("nuts", 4, 1000, 1000, 1)
+    run = nmcmc.sample(nmcmc.target("icg", dim=2), warmup=50, draws=20, progress=False)
+    assert tuple(run.draws.shape) == (20, s["chains"], 2)
     d = nmcmc.compare_defaults()
     assert (d["chains"], d["warmup"], d["draws"], d["seed"], d["dtype"]) == (4, 1000, 1000, 1, "float32")
     # what Python passes is read by the C++ definition: a misspelt key is named, not ignored
