@@ -42,6 +42,7 @@ _choose_blas_kernels()
 import torch  # before _nmcmc: it loads the LibTorch both share
 
 from . import _nmcmc as _C
+from ._kept import KeptModule as _KeptModule
 
 __version__ = _C.version()
 __all__ = ["Target", "target", "from_module", "from_function", "stan_model", "targets", "sample", "Run", "train", "Model", "report",
@@ -173,20 +174,6 @@ def target(name: str, dtype="float32", device="cpu", **options) -> Target:
     """A built-in target by name, e.g. target("funnel", dim=100, sigma=1.0),
     target("logistic", dataset="german"); see targets() for the options."""
     return Target(dict(name=name, **options), dtype=dtype, device=device)
-
-
-class _KeptModule:
-    """A module kept in this process's table under its key ("memory:N"); its bytes are dropped when
-    no Target or Model made from it holds this object any more."""
-
-    def __init__(self, key: str):
-        self.key = key
-
-    def __del__(self):
-        try:
-            _C.release_module(self.key)
-        except Exception:  # the interpreter is shutting down
-            pass
 
 
 def from_module(module, dim: _Optional[int] = None, output: str = "energy", dtype="float32",
