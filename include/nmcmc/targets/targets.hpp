@@ -151,7 +151,8 @@ void resolve_target_paths(nlohmann::json& spec, const std::string& base_dir);
 /// Throws UsageError for unknown names or bad option values, DataError for bad data files.
 std::unique_ptr<Target> make_target(const nlohmann::json& spec, torch::TensorOptions options);
 
-/// Where shipped data live: $NMCMC_DATA_DIR, else the source tree's data/, else the installed share/nmcmc/data.
+/// Where shipped data live: the directory given to set_data_directory, else the source tree's
+/// data/, else the installed share/nmcmc/data.
 std::string data_directory();
 /// Sets the directory data_directory() returns (empty: its own search, as above). `nmcmc` and the
 /// Python package pass $NMCMC_DATA_DIR here (apps/process/environment.hpp): the library reads no
