@@ -31,8 +31,6 @@ import time as _time
 import warnings as _warnings
 from typing import List as _List, Optional as _Optional
 
-
-
 # A user's own OPENBLAS_CORETYPE (not one nmcmc set in a parent process) is their choice: no warning.
 _user_coretype = bool(_os.environ.get("OPENBLAS_CORETYPE")) and not _os.environ.get("NMCMC_BLAS_CORE_FROM")
 from ._blas import choose_kernels as _choose_blas_kernels  # noqa: E402 (before torch)
@@ -43,10 +41,11 @@ import torch  # before _nmcmc: it loads the LibTorch both share
 
 from . import _nmcmc as _C
 from ._kept import KeptModule as _KeptModule
+from ._summary import summarise
 
 __version__ = _C.version()
 __all__ = ["Target", "target", "from_module", "from_function", "stan_model", "targets", "sample", "Run", "train", "Model", "report",
-           "compare", "compare_defaults", "sample_defaults", "blas_kernels", "UsageError", "DataError"]
+           "compare", "compare_defaults", "sample_defaults", "summarise", "blas_kernels", "UsageError", "DataError"]
 
 UsageError = _C.UsageError
 DataError = _C.DataError

@@ -221,6 +221,27 @@ PYBIND11_MODULE(_nmcmc, m) {
         "sample's options as the C++ definition sets them (JSON)");
   m.def("compare_defaults", [] { return json(nmcmc::CompareOptions()).dump(); },
         "compare's options as the C++ definition sets them (JSON)");
+  m.def(
+      "stan_summary",
+      [](const torch::Tensor& draws) {
+        if (draws.dim() != 3 || draws.size(0) < 1 || draws.size(2) < 1)
+          throw nmcmc::UsageError("summarise: draws must be [draws, chains, parameters] with at least one draw, got " +
+                                  c10::str(draws.sizes()));
+        const nmcmc::StanSummary s = nmcmc::stan_summary(draws.to(torch::kFloat64).contiguous());
+        py::dict out;
+        out["mean"] = s.mean;
+        out["sd"] = s.sd;
+        out["mcse_mean"] = s.mcse_mean;
+        out["mcse_sd"] = s.mcse_sd;
+        out["q05"] = s.q05;
+        out["q50"] = s.q50;
+        out["q95"] = s.q95;
+        out["ess_bulk"] = s.ess_bulk;
+        out["ess_tail"] = s.ess_tail;
+        out["rhat"] = s.rhat;
+        return out;
+      },
+      "the Stan / posterior-package summary of draws [S, C, D]: fields [D]");
   m.def("release_module", &nmcmc::release_torchscript_module, "drop a kept module's bytes (its key)");
   m.def("registered_modules", &nmcmc::registered_torchscript_modules, "how many modules are kept");
 

@@ -81,9 +81,10 @@ class LaggedSums {
   std::vector<double> sums_;
 };
 
-/// Stan's multi-chain ESS from the chains' mean autocovariances (see ess_geyer below).
+/// The multi-chain ESS from the chains' mean autocovariances, step for step as R's posterior
+/// package (1.4, `.ess`) computes it (tests/outside/against_posterior.py holds it to that).
 /// mean_acov(t): mean over chains of the biased autocovariance at lag t; between: the variance of
-/// the chain means (0 for one chain).
+/// the chain means (0 for one chain). Fewer than 4 draws per chain: NaN.
 double geyer_ess(int64_t chains, int64_t n, const std::function<double(int64_t)>& mean_acov, double between) {
   if (n < 4) return kNaN;
   const double nd = static_cast<double>(n);
@@ -95,30 +96,31 @@ double geyer_ess(int64_t chains, int64_t n, const std::function<double(int64_t)>
   double rho_even = 1.0;
   double rho_odd = 1.0 - (mean_var - mean_acov(1)) / var_plus;
   rho[1] = rho_odd;
-  int64_t t = 1;
-  // Geyer's initial positive sequence (Geyer 1992, 3.3): sum pairs Gamma_k = rho_2k + rho_2k+1
-  // while they stay positive.
-  while (t < n - 3 && rho_even + rho_odd > 0.0) {
-    rho_even = 1.0 - (mean_var - mean_acov(t + 1)) / var_plus;
-    rho_odd = 1.0 - (mean_var - mean_acov(t + 2)) / var_plus;
+  // Geyer's initial positive sequence (Geyer 1992, 3.3): sum the pairs Gamma_k = rho_2k + rho_2k+1
+  // while they stay positive; `even` is the last even lag looked at.
+  int64_t even = 0;
+  while (even < n - 5 && rho_even + rho_odd > 0.0) {
+    even += 2;
+    rho_even = 1.0 - (mean_var - mean_acov(even)) / var_plus;
+    rho_odd = 1.0 - (mean_var - mean_acov(even + 1)) / var_plus;
     if (rho_even + rho_odd >= 0.0) {
-      rho[t + 1] = rho_even;
-      rho[t + 2] = rho_odd;
+      rho[even] = rho_even;
+      rho[even + 1] = rho_odd;
     }
-    t += 2;
   }
-  const int64_t max_t = t - 2;
-  if (rho_odd > 0.0 && max_t + 1 < n) rho[max_t + 1] = rho_odd;
+  // The last even lag stands in for the tail (it lowers the variance for antithetic chains).
+  if (rho_even > 0.0) rho[even] = rho_even;
   // Geyer's initial monotone sequence: Gamma_k <- min(Gamma_k, Gamma_k-1).
-  for (t = 1; t <= max_t - 2; t += 2) {
-    if (rho[t + 1] + rho[t + 2] > rho[t - 1] + rho[t]) {
-      rho[t + 1] = 0.5 * (rho[t - 1] + rho[t]);
-      rho[t + 2] = rho[t + 1];
+  for (int64_t t = 2; t <= even - 2; t += 2) {
+    if (rho[t] + rho[t + 1] > rho[t - 2] + rho[t - 1]) {
+      rho[t] = 0.5 * (rho[t - 2] + rho[t - 1]);
+      rho[t + 1] = rho[t];
     }
   }
+  // (Where no pair was looked at, posterior's sum over lags 1:max_t, R's 1:0, still takes lag 0.)
   double sum = 0.0;
-  for (int64_t k = 0; k <= max_t; ++k) sum += rho[k];
-  double tau = -1.0 + 2.0 * sum + (max_t + 1 < n ? rho[max_t + 1] : 0.0);
+  for (int64_t k = 0; k < std::max<int64_t>(even, 1); ++k) sum += rho[k];
+  double tau = -1.0 + 2.0 * sum + rho[even];
   const double total = static_cast<double>(chains) * nd;
   tau = std::max(tau, 1.0 / std::log10(total));
   return total / tau;
@@ -182,7 +184,7 @@ double sorted_quantile(const std::vector<std::pair<double, int64_t>>& sorted, do
 }
 
 struct ParameterSummary {
-  double mean, sd, mcse_mean, ess_bulk, ess_tail, rhat, q05, q50, q95;
+  double mean, sd, mcse_mean, mcse_sd, ess_bulk, ess_tail, rhat, q05, q50, q95;
 };
 
 double ess_of(const double* x, int64_t chains, int64_t n) {
@@ -216,7 +218,7 @@ ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s,
   out.sd = n > 1 ? std::sqrt(ss / static_cast<double>(n - 1)) : kNaN;
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(v[i])) {  // (the kernels reject non-finite states; never sort NaN)
-      out.mcse_mean = out.ess_bulk = out.ess_tail = out.rhat = out.q05 = out.q50 = out.q95 = kNaN;
+      out.mcse_mean = out.mcse_sd = out.ess_bulk = out.ess_tail = out.rhat = out.q05 = out.q50 = out.q95 = kNaN;
       return out;
     }
   // Split chains: the first and the last `half` draws of each chain; chain c's first half is split
@@ -248,6 +250,19 @@ ParameterSummary summarise_parameter(const double* v, int64_t chains, int64_t s,
   for (int64_t k = 0; k < split_n; ++k) indicator[k] = split_values[k] <= out.q95 ? 1.0 : 0.0;
   const double high = ess_of(indicator.data(), 2 * chains, half, w.centred);
   out.ess_tail = std::isnan(low) || std::isnan(high) ? kNaN : std::min(low, high);
+  // MCSE of the sd (posterior's mcse_sd): the split ESS of the squared centred draws, with the
+  // second and fourth central moments over all draws.
+  double m2 = 0, m4 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double c2 = (v[i] - mean) * (v[i] - mean);
+    m2 += c2;
+    m4 += c2 * c2;
+  }
+  m2 /= static_cast<double>(n);
+  m4 /= static_cast<double>(n);
+  for (int64_t k = 0; k < split_n; ++k) indicator[k] = (split_values[k] - mean) * (split_values[k] - mean);
+  const double ess_square = ess_of(indicator.data(), 2 * chains, half, w.centred);
+  out.mcse_sd = std::sqrt((m4 - m2 * m2) / ess_square / m2 / 4.0);
   if (half < 1) {
     out.ess_bulk = out.rhat = kNaN;
     return out;
@@ -367,8 +382,8 @@ StanSummary stan_summary(const torch::Tensor& draws, SummaryWorkspace* workspace
   const int64_t s = draws.size(0), chains = draws.size(1), dim = draws.size(2);
   TORCH_CHECK(s >= 1, "stan_summary needs at least one draw");
   StanSummary out;
-  for (auto* field : {&out.mean, &out.sd, &out.mcse_mean, &out.ess_bulk, &out.ess_tail, &out.rhat, &out.q05, &out.q50,
-                      &out.q95})
+  for (auto* field : {&out.mean, &out.sd, &out.mcse_mean, &out.mcse_sd, &out.ess_bulk, &out.ess_tail, &out.rhat,
+                      &out.q05, &out.q50, &out.q95})
     *field = torch::empty({dim}, torch::kFloat64);
   // (One parameter at a time: on two hardware threads a parallel loop over parameters measured no
   // faster, and it would double the temporaries.)
@@ -380,6 +395,7 @@ StanSummary stan_summary(const torch::Tensor& draws, SummaryWorkspace* workspace
     out.mean[j] = p.mean;
     out.sd[j] = p.sd;
     out.mcse_mean[j] = p.mcse_mean;
+    out.mcse_sd[j] = p.mcse_sd;
     out.ess_bulk[j] = p.ess_bulk;
     out.ess_tail[j] = p.ess_tail;
     out.rhat[j] = p.rhat;
@@ -448,7 +464,8 @@ StanSummary stan_summary(const torch::Tensor& draws) {
   out.q05 = q[0];
   out.q50 = q[1];
   out.q95 = q[2];
-  for (auto* field : {&out.mcse_mean, &out.ess_bulk, &out.ess_tail, &out.rhat}) *field = torch::empty({dim}, torch::kFloat64);
+  for (auto* field : {&out.mcse_mean, &out.mcse_sd, &out.ess_bulk, &out.ess_tail, &out.rhat})
+    *field = torch::empty({dim}, torch::kFloat64);
   for (int64_t j = 0; j < dim; ++j) {
     torch::Tensor v = d64.select(2, j).t().contiguous();  // [C, S]
     out.ess_bulk[j] = ess_fft(rank_normalise(split_chains(v)));  // split, then rank (as ArviZ / posterior)
@@ -460,6 +477,9 @@ StanSummary stan_summary(const torch::Tensor& draws) {
     const double tail = rhat_plain(rank_normalise(split_chains((v - out.q50[j].item<double>()).abs())));
     out.rhat[j] = std::isnan(bulk) || std::isnan(tail) ? kNaN : std::max(bulk, tail);
     out.mcse_mean[j] = out.sd[j].item<double>() / std::sqrt(ess_fft(split));
+    torch::Tensor centred2 = (v - v.mean()).pow(2);  // [C, S]
+    const double m2 = centred2.mean().item<double>(), m4 = centred2.pow(2).mean().item<double>();
+    out.mcse_sd[j] = std::sqrt((m4 - m2 * m2) / ess_fft(split_chains(centred2)) / m2 / 4.0);
   }
   return out;
 }

@@ -51,7 +51,7 @@ StanSummary blocked_stan_summary(const torch::Tensor& draws, int64_t block_bytes
     return torch::cat(v);
   };
   StanSummary st;
-  for (auto field : {&StanSummary::mean, &StanSummary::sd, &StanSummary::mcse_mean, &StanSummary::ess_bulk,
+  for (auto field : {&StanSummary::mean, &StanSummary::sd, &StanSummary::mcse_mean, &StanSummary::mcse_sd, &StanSummary::ess_bulk,
                      &StanSummary::ess_tail, &StanSummary::rhat, &StanSummary::q05, &StanSummary::q50, &StanSummary::q95}) {
     st.*field = cat(field);
   }
@@ -136,6 +136,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
                       {"mean", st.mean[k].item<double>()},
                       {"sd", st.sd[k].item<double>()},
                       {"mcse_mean", st.mcse_mean[k].item<double>()},
+                      {"mcse_sd", st.mcse_sd[k].item<double>()},
                       {"q05", st.q05[k].item<double>()},
                       {"q50", st.q50[k].item<double>()},
                       {"q95", st.q95[k].item<double>()},

@@ -11,8 +11,9 @@
 //   (a chain stuck near the mean shows no correlation at all).
 // - Stan / ArviZ (Vehtari, Gelman, Simpson, Carpenter, Buerkner 2021): rank-normalised split
 //   bulk-ESS, tail-ESS (min over the 5% and 95% quantile indicators), rank-normalised split
-//   R-hat (max of bulk and folded, folded about the median), and the MCSE of the mean from the
-//   plain split ESS.
+//   R-hat (max of bulk and folded, folded about the median), the MCSE of the mean from the
+//   plain split ESS, and the MCSE of the sd as R's posterior package computes it: from the split
+//   ESS of the squared centred draws and their fourth moment, sqrt((m4 - m2^2) / ESS / m2 / 4).
 // Both compute the autocovariances lazily: the first lags directly, all lags by FFT only when the
 // truncation rule needs more than ~100 of them; a parameter's quantiles, median and both rank
 // normalisations come from one sort. Long runs (millions of draws per parameter) summarise in
@@ -29,7 +30,7 @@ torch::Tensor paper_ess_ratio(const torch::Tensor& draws, const torch::Tensor& m
 
 /// Per-dimension Stan-convention summary. All fields [D] float64.
 struct StanSummary {
-  torch::Tensor mean, sd, mcse_mean, ess_bulk, ess_tail, rhat, q05, q50, q95;
+  torch::Tensor mean, sd, mcse_mean, mcse_sd, ess_bulk, ess_tail, rhat, q05, q50, q95;
 };
 /// Buffers stan_summary reuses across calls (a blocked summary of a long run calls it per block).
 class SummaryWorkspace {
