@@ -29,9 +29,10 @@ test: build
 	$(MAKE) --no-print-directory example
 
 # posteriordb's reference posteriors sampled by NUTS and by the learned sampler with its
-# defaults; every mean within 5 MCSE and every sd within 10 % (scripts/posteriordb.py check).
+# defaults; every mean and sd within 5 of its standard error (scripts/posteriordb.py check).
+# A build without the Python package has no long tests: that is an error, not a pass.
 test-long: build
-	cd $(BUILD) && ctest --output-on-failure -L long
+	cd $(BUILD) && ctest --output-on-failure --no-tests=error -L long
 
 # Installs the library into $(BUILD)/install, builds the examples against it and runs them:
 # custom_target (sample your own density) and train_custom_target (register it, train the
