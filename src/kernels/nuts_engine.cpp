@@ -276,7 +276,10 @@ void Engine::leaves_as(const std::vector<int64_t>& live) {
   for (int64_t i = 0; i < a; ++i) {
     Chain& ch = chains_[live[i]];
     const int z = ch.head();
-    if (!std::isfinite(ch.pool[z].h)) ch.pool[z].h = kInf;  // a NaN or infinite H: weight 0, divergent
+    // A NaN or infinite H, or a point off to infinity whose energy is still finite: weight 0, divergent.
+    const double* xz = ch.pool.x(z);
+    if (!std::isfinite(ch.pool[z].h) || !std::all_of(xz, xz + d, [](double v) { return std::isfinite(v); }))
+      ch.pool[z].h = kInf;
     leaf(ch, z);
   }
 }

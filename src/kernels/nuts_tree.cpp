@@ -8,7 +8,7 @@ namespace nuts_engine {
 void Engine::leaf(Chain& ch, int z) {
   Pool& pool = ch.pool;
   const double w = ch.h0 - pool[z].h;  // log weight
-  const bool div = -w > options_.max_delta_h;
+  const bool div = !(-w <= options_.max_delta_h);  // a NaN weight (H or H0 not finite) too
   ch.n_leapfrog += 1;
   ch.sum_metro += std::exp(std::min(w, 0.0));
   if (div) {

@@ -27,6 +27,13 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+// Note [Chains that run off]: on an improper density (flat, or growing along some direction) every
+// move is accepted, warm-up doubles the step size again and again and the chains run off until their
+// metric overflows and the draws become NaN. A proper target's adapted step size is about its
+// scale in the metric's units (O(1) once a metric is adapted; the target's own scale otherwise),
+// so a step size past 1e12 means the run met no curvature: it stops and says so, rather than write
+// draws that mean nothing (a user whose parameters truly have scales of 1e12 rescales them).
+constexpr double kRunawayStepSize = 1e12;
 constexpr double kStateCopiesPerChain = 32;  // [C, D] tensors a kernel keeps alive (NUTS: its trees' buffers, ~20)
 constexpr double kStatBytesPerDraw = 48;     // lp, accept, divergent, n_grad, tree depth, energy per chain
 
@@ -317,19 +324,46 @@ class LocalRun {
         warmup_grads_chain_ = warmup_grads_chain_.defined() ? warmup_grads_chain_ + info.n_grad_chain : info.n_grad_chain.clone();
       }
       if (tune_) kernel_.set_step_size(da.update(info.accept_prob.mean().item<double>()));
+      check_not_running_off(i, false);
       if (redraw && i < first_slow_) redraw_stuck(i, info, da);
       if (o_.warmup_observer && !o_.warmup_observer(i, state_)) {  // the caller goes on otherwise: no draws
         warmup_figures();
         return false;
       }
       if (estimator_ && schedule.in_slow_window(i)) estimator_->add(state_.x, state_.grad);
-      if (estimator_ && schedule.ends_window(i) && estimator_->count() > 1) end_metric_window(da);
+      if (estimator_ && schedule.ends_window(i) && estimator_->count() > 1) {
+        check_not_running_off(i, true);
+        end_metric_window(da);
+      }
       report("warmup", i + 1, o_.warmup, [&] { return acc_sum.item<double>() / static_cast<double>((i + 1) * o_.chains); },
              i + 1 == o_.warmup);
     }
     if (tune_) kernel_.set_step_size(da.final_step());
+    if (o_.warmup > 0) check_not_running_off(o_.warmup - 1, true);
     warmup_figures();
     return true;
+  }
+
+  /// Note [Chains that run off]: an adapted step size past kRunawayStepSize, or a chain at a
+  /// non-finite point, ends the run with a DataError (no draw is written). The states are looked at
+  /// (a host synchronisation) only where `look_at_states`: at metric windows' ends and warm-up's end.
+  void check_not_running_off(int64_t i, bool look_at_states) {
+    const double eps = kernel_.step_size();
+    const bool runaway_step = tune_ && !(eps <= kRunawayStepSize);
+    if (!runaway_step && !look_at_states) return;
+    const torch::Tensor x = state_.x.detach().to(torch::kFloat64);
+    const bool finite = torch::isfinite(x).all().item<bool>();
+    if (!runaway_step && finite) return;
+    const double far = finite ? x.abs().max().item<double>() : std::numeric_limits<double>::infinity();
+    throw DataError(fmt::format(
+        "the chains ran off to infinity while warming up: after {} of {} iterations {} and the chains reached "
+        "|x| = {:.3g}. The density is probably improper (flat, or not decaying along some direction: a missing "
+        "prior, a missing Jacobian term, an energy of the wrong sign); a target whose parameters truly have "
+        "scales beyond {:.0e} should be rescaled",
+        i + 1, o_.warmup,
+        runaway_step ? fmt::format("the step size had grown to {:.3g}, accepting nearly every move,", eps)
+                     : std::string("a chain's position was no longer finite,"),
+        far, kRunawayStepSize));
   }
 
   /// A metric window's end: the kernel takes the estimate, and the step size is searched again.

@@ -7,6 +7,7 @@
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/kernels/integrator.hpp"
+#include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -182,6 +183,48 @@ TEST(MetropolisHastings, NonFiniteProposalsAreRejectedAndCountedDivergent) {
     EXPECT_GE(s.x.select(1, 0).min().item<double>(), -1.5) << proposal->name();
     EXPECT_GT(divergent, 0) << proposal->name();
   }
+}
+
+namespace {
+/// An improper density: U = 0 everywhere (nothing to sample).
+class FlatTarget : public Target {
+ public:
+  FlatTarget() : Target(kF64) {}
+  std::string name() const override { return "flat"; }
+  int64_t dim() const override { return 2; }
+  json spec() const override { return {{"name", "flat"}}; }
+
+ protected:
+  torch::Tensor compute_energy(const torch::Tensor& x) const override { return 0.0 * x.sum(1); }
+};
+}  // namespace
+
+// Note [Chains that run off]: on a flat density every sampler with an adapted step size stops in
+// warm-up with a DataError that says so, and writes no draw (before, NUTS wrote NaN draws and
+// exited 0). A proper target as wide as 1e9 samples as before.
+TEST(Run, ChainsThatRunOffToInfinityEndTheRunWithAClearError) {
+  FlatTarget flat;
+  std::vector<std::pair<std::string, std::function<std::unique_ptr<Kernel>()>>> kernels = {
+      {"nuts", [] { return std::make_unique<Nuts>(); }},
+      {"hmc", [] { return std::make_unique<MetropolisHastings>(std::make_shared<Hmc>(0.0, 10)); }},
+      {"mala", [] { return std::make_unique<MetropolisHastings>(std::make_shared<Mala>(0.0)); }}};
+  for (auto& [name, make] : kernels) {
+    auto k = make();
+    RunOptions o;
+    o.set_chains(4).set_warmup(1000).set_draws(100).set_adapt_mass(name == "nuts");
+    try {
+      run_sampler(flat, *k, o, 1);
+      ADD_FAILURE() << name << ": a flat density sampled without an error";
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("ran off to infinity"), std::string::npos) << name << ": " << e.what();
+    }
+  }
+  auto wide = make_target({{"name", "gaussian"}, {"scales", {1e9, 1.0}}}, kF64);
+  Nuts nuts;
+  RunOptions o;
+  o.set_chains(4).set_warmup(300).set_draws(100).set_adapt_mass(true);
+  SampleResult r = run_sampler(*wide, nuts, o, 1);
+  EXPECT_TRUE(torch::isfinite(r.draws).all().item<bool>());
 }
 
 TEST(MetropolisHastings, ReportsExactEvaluationCounts) {
