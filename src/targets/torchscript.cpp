@@ -5,7 +5,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -132,6 +135,38 @@ std::optional<Moments> module_reference(const torch::jit::Module& m, const std::
   return r;
 }
 
+/// Every sampler evaluates many chains as one batch [C, D] and takes row i's energy as U(x_i): a
+/// module whose value for one row depends on the others (x.mean() over the batch, a batch norm,
+/// x.shape[0]) would be sampled silently from something else. The probe batch's energies are
+/// compared with each row's alone; they must agree to rounding (a batched matmul may sum in
+/// another order).
+void check_rows_apart(torch::jit::Module& m, const std::string& label, const torch::Tensor& batch,
+                      const torch::Tensor& u_batch) {
+  const bool single = batch.scalar_type() == torch::kFloat32 || batch.scalar_type() == torch::kFloat16 ||
+                      batch.scalar_type() == torch::kBFloat16;
+  const double tol = single ? 1e-3 : 1e-8;
+  torch::NoGradGuard no_grad;
+  for (int64_t i = 0; i < batch.size(0); ++i) {
+    torch::IValue one;
+    try {
+      one = m.forward({batch.narrow(0, i, 1).detach()});
+    } catch (const std::exception&) {
+      continue;  // a row it cannot take alone is a matter for the density (Note [A density may fail])
+    }
+    if (!one.isTensor() || one.toTensor().numel() != 1) continue;
+    const double alone = one.toTensor().to(torch::kFloat64).item<double>();
+    const double in_batch = u_batch.detach()[i].to(torch::kFloat64).item<double>();
+    if (!std::isfinite(alone) && !std::isfinite(in_batch)) continue;
+    if (!(std::abs(alone - in_batch) <= tol * std::max({1.0, std::abs(alone), std::abs(in_batch)}))) {
+      throw UsageError(label + ": the energy of a row depends on the other rows of the batch (row " + std::to_string(i) +
+                       " of a [" + std::to_string(batch.size(0)) + ", " + std::to_string(batch.size(1)) +
+                       "] batch: " + fmt::format("{:.9g}", in_batch) + " in the batch, " + fmt::format("{:.9g}", alone) +
+                       " alone). Every sampler runs chains as rows of one batch: reduce over the features only "
+                       "(.sum(-1), .mean(-1)), never over the batch (x.mean(), x.sum(), x.shape[0], batch norm)");
+    }
+  }
+}
+
 /// Runs the module on a small batch and turns every way it can be unusable into one message. A
 /// density may raise on part of the space (Note [A density may fail]): when the batch raises, single
 /// points (zero, then random ones in [-2, 2]^D) are tried, and only a module that raises at all of
@@ -143,7 +178,8 @@ void check_module(torch::jit::Module& m, const std::string& where, int64_t dim, 
   torch::Tensor x;
   torch::IValue out;
   std::string first_error;
-  for (int attempt = 0; attempt < 22; ++attempt) {
+  int attempt = 0;
+  for (; attempt < 22; ++attempt) {
     torch::Tensor probe = attempt == 0   ? torch::rand({3, dim}, gen, torch::kFloat64) * 4.0 - 2.0
                           : attempt == 1 ? torch::zeros({1, dim}, torch::kFloat64)
                                          : torch::rand({1, dim}, gen, torch::kFloat64) * 4.0 - 2.0;
@@ -180,6 +216,7 @@ void check_module(torch::jit::Module& m, const std::string& where, int64_t dim, 
     throw UsageError(label + ": forward returned " + std::string(c10::toString(u.scalar_type())) + " for a " + dtype +
                      " input; return x's dtype");
   }
+  if (attempt == 0) check_rows_apart(m, label, x, u);
   torch::Tensor g;
   if (u.requires_grad()) {
     torch::AutoGradMode grad(true);

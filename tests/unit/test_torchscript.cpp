@@ -130,6 +130,11 @@ TEST(TorchScript, EveryUnusableModuleGetsOneClearMessage) {
                      "forward returned Float for a Double input");
   expect_usage_error(with(save_module("tuple", "def forward(self, x):\n    return (x.sum(-1), x)\n")),
                      "must return a Tensor");
+  // Rows that depend on each other: each sampler takes row i's energy as U(x_i).
+  expect_usage_error(with(save_module("batchmean", "def forward(self, x):\n    return 0.5 * (x * x).sum(1) + x.mean()\n")),
+                     "the energy of a row depends on the other rows of the batch");
+  expect_usage_error(with(save_module("batchsize", "def forward(self, x):\n    return 0.5 * (x * x).sum(1) * x.shape[0]\n")),
+                     "the energy of a row depends on the other rows");
   expect_usage_error(with(save_module("badnames", "def forward(self, x):\n    return (x * x).sum(-1)\n",
                                       [](torch::jit::Module& m) {
                                         m.register_attribute("names", c10::ListType::ofStrings(),
