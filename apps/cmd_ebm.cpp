@@ -52,6 +52,10 @@ std::function<void(int64_t, int64_t)> longrun_progress(bool quiet) {
 int run_train(EbmArgs& a) {
   set_threads(a.threads);
   json cfg = a.config ? read_config_file(*a.config) : json::object();
+  if ((a.size || a.channels) && !fs::is_directory(a.data)) {
+    throw UsageError(std::string(a.size ? "--size" : "--channels") +
+                     " applies to image folders only: Fashion-MNIST and IDX files keep their own shape (" + a.data + ")");
+  }
   cfg["data"] = a.data;
   cfg["sampler"] = a.sampler;
   cfg["device"] = a.device;

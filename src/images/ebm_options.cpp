@@ -63,9 +63,12 @@ void EbmOptions::validate() const {
   if (!(sampler_lr >= 0)) throw UsageError("ebm: sampler_lr must be non-negative");
   if (!(lr > 0) || !(accept_target > 0 && accept_target < 1)) throw UsageError("ebm: need lr > 0 and accept_target in (0, 1)");
   if (!(beta_min > 0) || beta < beta_min || beta > beta_max) throw UsageError("ebm: need 0 < beta_min <= beta <= beta_max");
-  if (ebm_filters < 1 || checkpoint_every < 1 || log_every < 1 || limit < 0) {
+  if (ebm_filters < 1 || checkpoint_every < 1 || log_every < 1) {
     throw UsageError("ebm: ebm_filters, checkpoint_every and log_every must be positive");
   }
+  if (size < 4 || size > 1024) throw UsageError("ebm: size must be between 4 and 1024, got " + std::to_string(size));
+  if (channels != 1 && channels != 3) throw UsageError("ebm: channels must be 1 or 3, got " + std::to_string(channels));
+  if (limit < 0) throw UsageError("ebm: limit must be 0 (all images) or positive, got " + std::to_string(limit));
   if (conv.filters < 1 || conv.layers < 2 || conv.steps < 1 || !(conv.eps > 0)) {
     throw UsageError("ebm: conv needs filters >= 1, layers >= 2, steps >= 1, eps > 0");
   }

@@ -1,6 +1,7 @@
 #include "nmcmc/services/compare.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -131,7 +132,7 @@ LearnedInput learned_input(const CompareOptions& o, const torch::TensorOptions& 
     tell(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.steps, config.train.batch, *li.model));
     TrainResult t = train(config, torch::kCPU, *li.model, (fs::path(o.output) / "training_log.csv").string(), /*resume=*/true,
                           comm->is_root() ? train_progress : nullptr, should_stop, comm);
-    if (t.interrupted) throw UsageError("compare: interrupted while training (run again to continue)");
+    if (t.interrupted) throw ExitError("interrupted while training; the training is saved (run the same command again to continue)", 130);
     li.target_spec = config.target;
   }
   if (!li.model) return li;
@@ -188,14 +189,22 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
 
   RunOptions base;
   base.set_chains(o.chains).set_warmup(o.warmup).set_draws(o.draws);
+  base.should_stop = should_stop;
+  // Ctrl-C: the sampler running stops within a few draws, no later one starts, and what finished is
+  // written (compare.json, compare.md) before ExitError 130 says so.
+  std::vector<std::string> finished;
+  struct Stopped {};
   base.set_init(target->has_sampler() ? "exact" : "uniform");
   std::vector<std::pair<std::string, torch::Tensor>> traces;
   int64_t trace_dim = -1;
   torch::Tensor nuts_last;  // where NUTS's chains ended: draws from the target
   auto run = [&](const std::string& name, Kernel& kernel, RunOptions run_options, TransportedTarget* latent = nullptr) {
     tell(fmt::format("-- {}", name));
+    if (should_stop && should_stop()) throw Stopped{};
     SampleResult r = latent ? run_mapped(*latent, kernel, run_options, o.seed, sample_progress)
                             : run_sampler(*target, kernel, run_options, o.seed, sample_progress, comm.get());
+    if (!r.complete) throw Stopped{};  // a run cut short has no place in a comparison
+    finished.push_back(name);
     results["samplers"][name] = row(r, *target);
     if (trace_dim < 0) trace_dim = worst_parameter(r, *target);
     if (name.rfind("nuts", 0) == 0 && !nuts_last.defined() && r.draws.size(0) > 0) {
@@ -205,82 +214,99 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   };
   // NUTS with every metric that applies (Stan's diagonal first: its default); HMC and MALA with
   // Stan's adaptation (step size by dual averaging, diagonal metric over Stan's windows).
-  std::vector<MetricAdapt> metrics = o.nuts_metrics;
-  if (metrics.empty()) {
-    metrics = {MetricAdapt::kDiag, MetricAdapt::kDense, MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank};
-    if (target->dim() > kMaxDenseDim) {
-      metrics.erase(metrics.begin() + 1);
-      tell(fmt::format("   (NUTS with a dense metric left out: D = {} > {})", target->dim(), kMaxDenseDim));
+  bool interrupted = false;
+  try {
+    std::vector<MetricAdapt> metrics = o.nuts_metrics;
+    if (metrics.empty()) {
+      metrics = {MetricAdapt::kDiag, MetricAdapt::kDense, MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank};
+      if (target->dim() > kMaxDenseDim) {
+        metrics.erase(metrics.begin() + 1);
+        tell(fmt::format("   (NUTS with a dense metric left out: D = {} > {})", target->dim(), kMaxDenseDim));
+      }
     }
-  }
-  for (MetricAdapt m : metrics) {
-    Nuts nuts;
-    run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
-    results["samplers"][nuts_name(m)]["metric_adapt"] = m;
-  }
-  if (o.transport != TransportKind::kNone) {
-    if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
-    // NUTS through the flow (`nuts_flow`), or with auto (`nuts_auto`) where Note [Choosing the
-    // transport] takes it (its transport record says which ran).
-    const std::string name = o.transport == TransportKind::kAuto ? "nuts_auto" : "nuts_flow";
-    tell("-- " + name);
-    Nuts nuts;
-    TransportOptions t;
-    t.kind = o.transport;
-    TransportRun tr = run_with_transport(*target, nuts, RunOptions(base).set_metric(MetricAdapt::kDiag).set_target_accept(0.8),
-                                         t, o.seed, sample_progress);
-    if (!tr.result.complete) throw UsageError("compare: interrupted");
-    results["samplers"][name] = row(tr.result, *target);
-    results["samplers"][name]["transport"] = tr.report;
-    traces.emplace_back(name + ": chain 1", tr.result.draws);
-  }
-  MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
-  run("hmc", hmc, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
-  MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kMala)));
-  run("mala", mala, RunOptions(base).set_adapt_mass(true).set_target_accept(default_target_accept(SamplerKind::kMala)));
-  if (learned) {
-    MetropolisHastings kernel(learned->proposal);
-    // As a user runs it: from its own chains (the buffer saved with the model) when it has them,
-    // else from where NUTS's chains ended; never from a box its flow has not seen (a trained flow
-    // may reject every proposal from there). Its step size is learned: warm-up is burn-in only.
-    RunOptions lo(base);
-    torch::Tensor buffer = load_buffer(*model);
-    // Note [Learned proposal in a flow's latent space]: a model trained in a flow's latent space
-    // runs there (its buffer is in z) and its draws are mapped to x.
-    std::unique_ptr<TransportedTarget> latent;
-    if (learned->transport) {
-      if (comm->world_size() > 1) throw UsageError("compare: a model trained with a flow transport runs in one process");
-      latent = std::make_unique<TransportedTarget>(*target, learned->transport);
+    for (MetricAdapt m : metrics) {
+      Nuts nuts;
+      run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
+      results["samplers"][nuts_name(m)]["metric_adapt"] = m;
     }
-    std::string start = "NUTS's last draws";
-    if (buffer.defined() && buffer.size(0) > 0) {
-      lo.set_init_x(buffer.to(target->options()));
-      start = "its own chains (the buffer saved with the model)";
-    } else if (nuts_last.defined()) {
-      lo.set_init_x(latent ? latent->to_latent(nuts_last) : nuts_last);
+    if (o.transport != TransportKind::kNone) {
+      if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
+      // NUTS through the flow (`nuts_flow`), or with auto (`nuts_auto`) where Note [Choosing the
+      // transport] takes it (its transport record says which ran).
+      const std::string name = o.transport == TransportKind::kAuto ? "nuts_auto" : "nuts_flow";
+      tell("-- " + name);
+      Nuts nuts;
+      TransportOptions t;
+      t.kind = o.transport;
+      TransportRun tr = run_with_transport(*target, nuts, RunOptions(base).set_metric(MetricAdapt::kDiag).set_target_accept(0.8),
+                                           t, o.seed, sample_progress);
+      if (!tr.result.complete) throw Stopped{};
+      results["samplers"][name] = row(tr.result, *target);
+      results["samplers"][name]["transport"] = tr.report;
+      traces.emplace_back(name + ": chain 1", tr.result.draws);
     }
-    tell(fmt::format("   (the learned sampler starts from {}{})", start, latent ? ", in its flow's latent space" : ""));
-    run("learned", kernel, lo, latent.get());
-    json& l = results["samplers"]["learned"];
-    l["start"] = start;
-    l["training"] = training;
-    // Note [All-in accounting]: the preconditioner and the training are paid before its warm-up
-    json& cost = l["cost"];
-    cost["fixed_grads"] = cost["fixed_grads"].get<double>() + training["grads_total"].get<double>() +
-                          training["preconditioner_grads"].get<double>();
-    cost["fixed_seconds"] = cost["fixed_seconds"].get<double>() + training["seconds"].get<double>() +
-                            training["preconditioner_seconds"].get<double>();
-    l["all_in"] = all_in_json(cost_of(l));
-    l["vs_best_nuts"] = against_best_nuts(results["samplers"]);
+    MetropolisHastings hmc(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(o.hmc_leapfrog).set_jitter(0.2)));
+    run("hmc", hmc, RunOptions(base).set_adapt_mass(true).set_target_accept(0.8));
+    MetropolisHastings mala(make_baseline_proposal(ProposalOptions().set_sampler(SamplerKind::kMala)));
+    run("mala", mala, RunOptions(base).set_adapt_mass(true).set_target_accept(default_target_accept(SamplerKind::kMala)));
+    if (learned) {
+      MetropolisHastings kernel(learned->proposal);
+      // As a user runs it: from its own chains (the buffer saved with the model) when it has them,
+      // else from where NUTS's chains ended; never from a box its flow has not seen (a trained flow
+      // may reject every proposal from there). Its step size is learned: warm-up is burn-in only.
+      RunOptions lo(base);
+      torch::Tensor buffer = load_buffer(*model);
+      // Note [Learned proposal in a flow's latent space]: a model trained in a flow's latent space
+      // runs there (its buffer is in z) and its draws are mapped to x.
+      std::unique_ptr<TransportedTarget> latent;
+      if (learned->transport) {
+        if (comm->world_size() > 1) throw UsageError("compare: a model trained with a flow transport runs in one process");
+        latent = std::make_unique<TransportedTarget>(*target, learned->transport);
+      }
+      std::string start = "NUTS's last draws";
+      if (buffer.defined() && buffer.size(0) > 0) {
+        lo.set_init_x(buffer.to(target->options()));
+        start = "its own chains (the buffer saved with the model)";
+      } else if (nuts_last.defined()) {
+        lo.set_init_x(latent ? latent->to_latent(nuts_last) : nuts_last);
+      }
+      tell(fmt::format("   (the learned sampler starts from {}{})", start, latent ? ", in its flow's latent space" : ""));
+      run("learned", kernel, lo, latent.get());
+      json& l = results["samplers"]["learned"];
+      l["start"] = start;
+      l["training"] = training;
+      // Note [All-in accounting]: the preconditioner and the training are paid before its warm-up
+      json& cost = l["cost"];
+      cost["fixed_grads"] = cost["fixed_grads"].get<double>() + training["grads_total"].get<double>() +
+                            training["preconditioner_grads"].get<double>();
+      cost["fixed_seconds"] = cost["fixed_seconds"].get<double>() + training["seconds"].get<double>() +
+                              training["preconditioner_seconds"].get<double>();
+      l["all_in"] = all_in_json(cost_of(l));
+      l["vs_best_nuts"] = against_best_nuts(results["samplers"]);
+    }
+  } catch (const Stopped&) {
+    interrupted = true;
+    results["interrupted"] = true;
   }
   if (comm->world_size() > 1) results["world_size"] = comm->world_size();
-  if (!root) return results;
-  const std::string trace_name = parameter_labels(*target)[trace_dim];
-  plot_traces((fs::path(o.output) / "compare_traces.png").string(), traces, trace_dim, 1000, trace_name);
-  results["trace_parameter"] = trace_name;
+  if (!root) {
+    if (interrupted) throw ExitError("interrupted", 130);
+    return results;
+  }
+  if (!traces.empty()) {
+    const std::string trace_name = parameter_labels(*target)[trace_dim];
+    plot_traces((fs::path(o.output) / "compare_traces.png").string(), traces, trace_dim, 1000, trace_name);
+    results["trace_parameter"] = trace_name;
+  }
   write_atomically((fs::path(o.output) / "compare.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
   const std::string table = compare_table(results);
   write_atomically((fs::path(o.output) / "compare.md").string(), [&](std::ostream& os) { os << table; });
+  if (interrupted) {
+    throw ExitError(finished.empty() ? "interrupted before any sampler finished"
+                                     : fmt::format("interrupted; the {} sampler(s) that finished ({}) are in {}/compare.json",
+                                                   finished.size(), fmt::join(finished, ", "), o.output),
+                    130);
+  }
   return results;
 }
 

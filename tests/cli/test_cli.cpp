@@ -639,6 +639,9 @@ TEST(Cli, EbmTrainResumeSampleAndBadInput) {
            {"ebm train --profile smoke --set frob=1 --data " + dir + "tiny.idx --output " + dir + "x", 64, "frob"},
            {"ebm train --profile smoke --sampler gibbs --data " + dir + "tiny.idx --output " + dir + "x", 64, "sampler"},
            {"ebm train --profile smoke --resume --data " + dir + "tiny.idx --output " + dir + "corrupt", 65, "corrupt"},
+           {"ebm train --profile smoke --data " + dir + "tiny.idx --size 0 --output " + dir + "x", 64, "image folders only"},
+           {"ebm train --profile smoke --data fashion-mnist --size 0 --output " + dir + "x", 64, "image folders only"},
+           {"ebm train --profile smoke --data " + dir + "tiny.idx --set size=0 --output " + dir + "x", 64, "size must be"},
            {"ebm sample --model " + dir + "corrupt", 65, "corrupt"},
            {"ebm sample --model " + dir + "a --chains 0", 64, "chains"},
            {"ebm", 64, "subcommand"},
@@ -716,6 +719,23 @@ TEST(Cli, CtrlCInWarmUpWritesNothing) {
   EXPECT_NE(r.out.find("interrupted during warm-up; nothing was drawn or written"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir + "/summary.json"));
   EXPECT_FALSE(fs::exists(dir + "/chain_1.csv"));
+}
+
+// `nmcmc compare` stops on Ctrl-C like sample and train (before, every sampler ran to the end and
+// it exited 0): the sampler running stops, no later one starts, and compare.json says so.
+TEST(Cli, CtrlCStopsACompare) {
+  const std::string dir = ::testing::TempDir() + "cli_int_compare";
+  fs::remove_all(dir);
+  const std::string command = std::string(NMCMC_CLI_PATH) +
+                              " compare --target icg --dim 4 --chains 2 --warmup 100000000 --draws 10 -q -o " + dir;
+  CliRun r = run_with_prefix(signal_when(command, dir, "-INT"), "");
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("interrupted before any sampler finished"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(dir + "/compare.json")) << r.out;
+  std::ifstream in(dir + "/compare.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_TRUE(j.value("interrupted", false));
+  EXPECT_TRUE(j["samplers"].empty()) << j["samplers"].dump();
 }
 
 TEST(Cli, SigtermStopsASampleRunLikeCtrlC) {
