@@ -8,7 +8,8 @@
         names and the reference posterior's mean and sd as attributes (names, ref_mean, ref_sd),
         for `nmcmc sample --module DIR/POSTERIOR.pt`, `nmcmc train --module ...` and Python
     scripts/posteriordb.py gradients [POSTERIOR ...]
-        E[grad U] = 0 on the reference draws (checks each port, Jacobians included)
+        E[grad U] = 0 and E[(x - m) grad U^T] = I on the reference draws (checks each port,
+        Jacobians included; the second sees a scaled or tempered energy)
     scripts/posteriordb.py ports-vs-stan [POSTERIOR ...]
         each port's energy and gradient against its Stan program's (Note [Stan programs]) at the
         1,000 reference draws: the energies equal up to one constant, the gradients equal
@@ -98,6 +99,18 @@ def gradient_z(posterior: str, module=None) -> torch.Tensor:
     x = torch.tensor(ports.reference(posterior)["draws"], dtype=torch.float64).requires_grad_(True)
     g, = torch.autograd.grad(m(x).sum(), x)
     return g.mean(0) / (g.std(0) / math.sqrt(x.shape[0]))
+
+
+def second_moment_z(posterior: str, module=None) -> torch.Tensor:
+    """z-scores [D, D] of E[(x - m) grad U^T] - I over the reference draws: integration by parts
+    gives E[(x - m) grad U^T] = I under the posterior, which sees what E[grad U] = 0 cannot: an
+    energy scaled or tempered by a constant (the diagonal), a wrong covariance term."""
+    m = module if module is not None else ports.module(posterior)
+    x = torch.tensor(ports.reference(posterior)["draws"], dtype=torch.float64).requires_grad_(True)
+    g, = torch.autograd.grad(m(x).sum(), x)
+    products = (x - x.mean(0)).detach().unsqueeze(2) * g.unsqueeze(1)  # [n, D, D]
+    eye = torch.eye(x.shape[1], dtype=torch.float64)
+    return (products.mean(0) - eye) / (products.std(0) / math.sqrt(x.shape[0]))
 
 
 def _reference_sd_se(ref: dict) -> list:
@@ -618,10 +631,11 @@ def main() -> int:
     elif a.cmd == "gradients":
         bad = 0
         for p in a.only or ports.PORTS:
-            z = gradient_z(p)
-            ok = bool(z.abs().max() < 5)
+            z, z2 = gradient_z(p), second_moment_z(p)
+            ok = bool(z.abs().max() < 5) and bool(z2.abs().max() < 5)
             bad += 0 if ok else 1
-            print(f"{'ok  ' if ok else 'FAIL'} {p:45s} max |z| of E[grad U] {z.abs().max().item():.2f}")
+            print(f"{'ok  ' if ok else 'FAIL'} {p:45s} max |z| of E[grad U] {z.abs().max().item():.2f}, "
+                  f"of E[(x - m) grad U^T] - I {z2.abs().max().item():.2f}")
         return 1 if bad else 0
     elif a.cmd == "check":
         return check(a)
