@@ -63,6 +63,26 @@ TEST(Invariance, Hmc) {
   }
 }
 
+// float32, the default dtype: the energies and gradients in float32, the acceptance in float64
+// (Numerical rules); the chain is exact for the float32 energy, which is the target to ~1e-7.
+TEST(Invariance, Float32MalaHmcAndLearned) {
+  for (auto [spec, eps] : {std::pair{kIcg, 0.12}, std::pair{kFunnel3, 0.25}}) {
+    auto r = invariance(spec, std::make_shared<Mala>(eps), 111, torch::kFloat32);
+    std::cout << "  float32 mala " << spec.dump() << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << "mala " << spec.dump() << ": " << r.describe();
+  }
+  for (auto [spec, eps] : {std::pair{kIcg, 0.12}, std::pair{kFunnel3, 0.15}}) {
+    auto r = invariance(spec, std::make_shared<Hmc>(eps, 8), 112, torch::kFloat32);
+    std::cout << "  float32 hmc " << spec.dump() << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << "hmc " << spec.dump() << ": " << r.describe();
+  }
+  auto s = test_support::perturbed_sampler(LearnedOptions().set_dim(20).set_hidden(32).set_steps(2).set_eps(0.2), 7);
+  s->to(torch::kFloat32);
+  auto r = invariance(kFunnel3, std::make_shared<LearnedProposal>(s), 113, torch::kFloat32);
+  std::cout << "  float32 learned (full): " << r.describe() << "\n";
+  EXPECT_TRUE(r.passes()) << "learned: " << r.describe();
+}
+
 TEST(Invariance, HmcWithMassMatrix) {
   auto hmc = std::make_shared<Hmc>(0.6, 5);
   hmc->set_inv_mass(torch::logspace(-2, 2, 50, 10.0, kF64));  // the icg variances

@@ -25,12 +25,13 @@ const json kGauss6 = {{"name", "gaussian"}, {"scales", {0.3, 0.5, 1.0, 1.0, 2.0,
 
 /// NUTS with the given step and metric, run from exact draws, whitened and tested.
 test_support::InvarianceReport nuts_invariance(const json& spec, double eps, const Metric& metric,
-                                               NutsRules rules, uint64_t seed, int64_t max_depth = 10) {
-  auto target = make_target(spec, test_support::device_options(torch::kFloat64));
+                                               NutsRules rules, uint64_t seed, int64_t max_depth = 10,
+                                               torch::Dtype dtype = torch::kFloat64) {
+  auto target = make_target(spec, test_support::device_options(dtype));
   Nuts nuts(NutsOptions().set_step_size(eps).set_max_depth(max_depth), std::move(rules));
   nuts.set_metric(metric);
   test_support::ExactRun run = test_support::run_from_exact_with_moves(*target, nuts, kChains, kSteps, seed);
-  torch::Tensor z = test_support::whiten_known(spec, *make_target(spec, kF64), run.x.cpu());
+  torch::Tensor z = test_support::whiten_known(spec, *make_target(spec, kF64), run.x.cpu().to(torch::kFloat64));
   test_support::InvarianceReport r = test_support::normal_tests(z, kProjections, seed + 1000);
   r.accept = run.accept;
   r.moved = run.moved;
@@ -69,6 +70,19 @@ TEST(Invariance, NutsUnitDiagDenseAndLowRankMetrics) {
     auto r = nuts_invariance(c.spec, c.eps, c.metric, NutsRules::stan(), 201, c.max_depth);
     std::cout << "  " << c.what << ": " << r.describe() << "\n";
     EXPECT_TRUE(r.passes()) << c.what << ": " << r.describe();
+  }
+}
+
+// float32, the default dtype: NUTS's engine keeps positions in float64 and takes the float32
+// energies and gradients as they are (Note [Batched NUTS]).
+TEST(Invariance, NutsInFloat32) {
+  for (const auto& [what, spec, eps, metric, depth] :
+       std::vector<std::tuple<const char*, json, double, Metric, int64_t>>{
+           {"diagonal metric, icg", kIcg, 0.9, Metric(icg_variances()), 10},
+           {"unit metric, Funnel-3, max depth 6", kFunnel3, 0.3, Metric(), 6}}) {
+    auto r = nuts_invariance(spec, eps, metric, NutsRules::stan(), 211, depth, torch::kFloat32);
+    std::cout << "  float32 " << what << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.passes()) << what << ": " << r.describe();
   }
 }
 
