@@ -56,7 +56,7 @@ bool Engine::merge_leaf(Chain& ch, Node& init, int z, double w) {
   const double take = inside_multinomial_ ? std::exp(w - log_w) : rules_.inside(w, init.log_w);
   if (ch.rng.uniform() < take) pool.set(init.sample, z);
   const double *p1 = pool.p(init.beg), *p2 = pool.p(z);
-  const bool persist = no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, z), p1, p2, d);
+  const bool persist = !rules_.check_inside || no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, z), p1, p2, d);
   init.rho.resize(d);
   for (size_t j = 0; j < d; ++j) init.rho[j] = p1[j] + p2[j];
   pool.set(init.end, z);
@@ -70,9 +70,12 @@ bool Engine::merge(Chain& ch, Node& init, Node& fin) {
   const double log_w = log_add_exp(init.log_w, fin.log_w);
   const double take = inside_multinomial_ ? std::exp(fin.log_w - log_w) : rules_.inside(fin.log_w, init.log_w);
   if (ch.rng.uniform() < take) std::swap(init.sample, fin.sample);
-  bool persist = no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, fin.end), init.rho.data(), fin.rho.data(), d);
-  persist = persist && no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, fin.beg), init.rho.data(), ch.pool.p(fin.beg), d);
-  persist = persist && no_u_turn_pass<true>(sharp(ch, init.end), sharp(ch, fin.end), fin.rho.data(), ch.pool.p(init.end), d);
+  bool persist = !rules_.check_inside ||
+                 no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, fin.end), init.rho.data(), fin.rho.data(), d);
+  persist = persist && (!rules_.check_inside ||
+                        no_u_turn_pass<true>(sharp(ch, init.beg), sharp(ch, fin.beg), init.rho.data(), ch.pool.p(fin.beg), d));
+  persist = persist && (!rules_.check_inside ||
+                        no_u_turn_pass<true>(sharp(ch, init.end), sharp(ch, fin.end), fin.rho.data(), ch.pool.p(init.end), d));
   for (size_t j = 0; j < d; ++j) init.rho[j] += fin.rho[j];
   std::swap(init.end, fin.end);
   init.log_w = log_w;

@@ -70,20 +70,43 @@ TEST(Cli, HelpOnEveryCommand) {
 TEST(BlasKernels, ABetterCoreOnlyInPlaceOfTheSseFallback) {
   nmcmc::CpuVectorSupport avx512{true, true, true, false}, bf16{true, true, true, true}, avx2{true, true, false, false},
       sse{};
-  EXPECT_EQ(nmcmc::better_blas_core("Prescott", bf16), "Cooperlake");
-  EXPECT_EQ(nmcmc::better_blas_core("Prescott", avx512), "SkylakeX");
-  EXPECT_EQ(nmcmc::better_blas_core("Nehalem", avx2), "Haswell");
-  EXPECT_EQ(nmcmc::better_blas_core("Core2", avx512), "SkylakeX");
-  EXPECT_EQ(nmcmc::better_blas_core("Sandybridge", avx2), "");  // chosen for a CPU OpenBLAS knew
-  EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx512), "");
-  EXPECT_EQ(nmcmc::better_blas_core("Zen", bf16), "");           // an AMD Zen 4: OpenBLAS's choice stays
-  EXPECT_EQ(nmcmc::better_blas_core("Haswell", avx2), "");
-  EXPECT_EQ(nmcmc::better_blas_core("SkylakeX", bf16), "");  // the same width: left as it is
-  EXPECT_EQ(nmcmc::better_blas_core("SapphireRapids", bf16), "");
-  EXPECT_EQ(nmcmc::better_blas_core("ZEN", avx2), "");
-  EXPECT_EQ(nmcmc::better_blas_core("Prescott", sse), "");
-  EXPECT_EQ(nmcmc::better_blas_core("NeoverseN1", bf16), "");  // a name it does not know
-  EXPECT_EQ(nmcmc::better_blas_core("", bf16), "");
+  struct Row {
+    const char* loaded;
+    nmcmc::CpuVectorSupport cpu;
+    const char* better;
+  };
+  const std::vector<Row> table = {
+      {"Prescott", bf16, "Cooperlake"}, {"Prescott", avx512, "SkylakeX"}, {"Nehalem", avx2, "Haswell"},
+      {"Core2", avx512, "SkylakeX"},
+      {"Sandybridge", avx2, ""},  // chosen for a CPU OpenBLAS knew
+      {"Haswell", avx512, ""},
+      {"Zen", bf16, ""},  // an AMD Zen 4: OpenBLAS's choice stays
+      {"Haswell", avx2, ""},
+      {"SkylakeX", bf16, ""},  // the same width: left as it is
+      {"SapphireRapids", bf16, ""}, {"ZEN", avx2, ""}, {"Prescott", sse, ""},
+      {"NeoverseN1", bf16, ""},  // a name it does not know
+      {"", bf16, ""}};
+  auto rows_failing = [&](const std::function<std::string(const std::string&, const nmcmc::CpuVectorSupport&)>& rule) {
+    int failing = 0;
+    for (const Row& r : table) {
+      const std::string got = rule(r.loaded, r.cpu);
+      if (got != r.better) {
+        ++failing;
+        std::cout << "  " << r.loaded << ": " << (got.empty() ? "(keep)" : got) << ", expected "
+                  << (*r.better ? r.better : "(keep)") << "\n";
+      }
+    }
+    return failing;
+  };
+  EXPECT_EQ(rows_failing(nmcmc::better_blas_core), 0);
+  // The broken variant: the widest kernels the CPU runs, whatever OpenBLAS chose (it would replace
+  // OpenBLAS's own pick for a Zen 4 or a Haswell, and names it cannot rank).
+  auto widest = [](const std::string& loaded, const nmcmc::CpuVectorSupport& cpu) -> std::string {
+    if (loaded.empty()) return "";
+    const std::string w = nmcmc::better_blas_core("Prescott", cpu);
+    return w == loaded ? "" : w;
+  };
+  EXPECT_GE(rows_failing(widest), 5);
 }
 
 // The library reads no environment variable: NMCMC_DATA_DIR reaches it only through the process's
@@ -839,6 +862,13 @@ TEST(Cli, LaunchRanksIgnoreSigpipe) {
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_EQ(r.out.find("signal 13"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("checkpoint saved"), std::string::npos) << r.out;
+  // The broken variant, a process that keeps SIGPIPE's default: one process alone (world size 1
+  // keeps it, so that `nmcmc ... | head` ends quietly) dies of the same signal (the shell's 141).
+  CliRun single = run_with_prefix(act_when(std::string(NMCMC_CLI_PATH) + " train" + small_german_training() +
+                                               " --steps 100000000 -o " + dir + "q.pt",
+                                           dir + "q.pt", "kill -PIPE $pid; "),
+                                  "");
+  EXPECT_EQ(single.code, 128 + 13) << single.out;
 }
 
 // `nmcmc launch`: 2 ranks train what 1 process training the same 2 shards trains; Ctrl-C on the

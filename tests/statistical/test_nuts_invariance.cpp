@@ -114,6 +114,12 @@ TEST(InvariancePower, NutsAlwaysTakingTheNewSubtreeFails) {
       EXPECT_FALSE(r.distribution_passes()) << r.describe();
 }
 
+TEST(InvariancePower, NutsWithoutTheChecksInsideSubtreesFails) {
+  auto r = nuts_invariance(kGauss6, 0.5, Metric(), test_support::nuts_without_subtree_checks(), 207);
+  std::cout << "  without the checks inside subtrees: " << r.describe() << "\n";
+  EXPECT_FALSE(r.passes()) << r.describe();
+}
+
 TEST(InvariancePower, NutsWithoutTheMergedTrajectoryCheckFails) {
   // Skipping the U-turn check over the merged trajectory (keeping the checks across the seam)
   // makes tree building asymmetric (measured p ~ 1e-35).

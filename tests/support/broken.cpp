@@ -66,6 +66,12 @@ NutsRules nuts_with_criterion_on_p() {
   return r;
 }
 
+NutsRules nuts_without_subtree_checks() {
+  NutsRules r = NutsRules::stan();
+  r.check_inside = false;
+  return r;
+}
+
 NutsRules nuts_without_merged_check() {
   NutsRules r = NutsRules::stan();
   r.check_merged = false;

@@ -65,5 +65,7 @@ NutsRules nuts_without_subtree_weights();
 NutsRules nuts_without_merged_check();
 /// The U-turn criterion on p instead of p# = M^{-1} p: wrong with any metric but the unit one.
 NutsRules nuts_with_criterion_on_p();
+/// No U-turn check inside subtrees, only over the whole trajectory: not reversible.
+NutsRules nuts_without_subtree_checks();
 
 }  // namespace nmcmc::test_support

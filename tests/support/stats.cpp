@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/diagnostics/ess.hpp"
 
 namespace nmcmc::test_support {
 
@@ -167,6 +168,19 @@ torch::Tensor finite_difference_grad(Target& target, const torch::Tensor& x, dou
     g.select(1, j).copy_((target.energy(x + e) - target.energy(x - e)) / (2 * h));
   }
   return g;
+}
+
+std::string moments_within(const torch::Tensor& draws, const torch::Tensor& mean, const torch::Tensor& sd, double z) {
+  const StanSummary s = stan_summary(draws.detach().to(torch::kCPU, torch::kFloat64).contiguous());
+  const torch::Tensor m = mean.to(torch::kFloat64).cpu(), v = sd.to(torch::kFloat64).cpu();
+  std::ostringstream why;
+  for (int64_t k = 0; k < draws.size(2); ++k) {
+    const double zm = std::abs(s.mean[k].item<double>() - m[k].item<double>()) / s.mcse_mean[k].item<double>();
+    const double zs = std::abs(s.sd[k].item<double>() - v[k].item<double>()) / s.mcse_sd[k].item<double>();
+    if (!(zm <= z)) why << " x" << k << " mean " << s.mean[k].item<double>() << " vs " << m[k].item<double>() << " (" << zm << " MCSE);";
+    if (!(zs <= z)) why << " x" << k << " sd " << s.sd[k].item<double>() << " vs " << v[k].item<double>() << " (" << zs << " MCSE);";
+  }
+  return why.str();
 }
 
 }  // namespace nmcmc::test_support

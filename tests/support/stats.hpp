@@ -29,6 +29,13 @@ constexpr double kFamilyAlpha = 1e-6;
 /// baseline and NUTS invariance tests and their power checks take it (docs/tests.md).
 torch::TensorOptions device_options(torch::Dtype dtype);
 
+/// A run's moments against known ones, each judged by its own standard error: every parameter's
+/// mean within z MCSEs of the true mean and its sd within z MCSEs of the sd (R's posterior
+/// package's mcse_mean and mcse_sd; diagnostics/ess.hpp). About 6e-7 false fails per check at
+/// z = 5 (normal approximation). draws [S, C, D], mean and sd [D]. Returns "" when every check
+/// passes, else what failed.
+std::string moments_within(const torch::Tensor& draws, const torch::Tensor& mean, const torch::Tensor& sd, double z = 5.0);
+
 /// Asymptotic Kolmogorov-Smirnov p-value of sorted-or-not uniform values u [n] against U(0, 1).
 double ks_uniform_pvalue(const torch::Tensor& u);
 

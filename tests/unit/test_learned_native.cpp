@@ -78,6 +78,13 @@ TEST(NativeStep, AgreesWithTheLibTorchPass) {
     }
   }
   EXPECT_EQ(checked, 2 * 7 * 5);
+  // The broken variant the 1e-12 comparison must see: a native copy one weight behind by 1e-6 (a
+  // copy not refreshed after an optimiser's step).
+  auto s = sampler_for(7, Variant::kLangevin, Precondition::kDense, Activation::kElu, true, 20);
+  auto stale = sampler_for(7, Variant::kLangevin, Precondition::kDense, Activation::kElu, true, 20);
+  torch::NoGradGuard no_grad;
+  stale->named_parameters()["net_drift.w_in0"].add_(1e-6);
+  EXPECT_GT(proposal_diff(stale->propose_native(*t, x, grad, z0), s->propose_from(*t, x, grad, z0, false)), 1e-10);
 }
 
 TEST(NativeStep, AFloat32ModelAgreesToItsPrecision) {

@@ -209,23 +209,27 @@ TEST(Adaptation, DenseMetricLearnsACovariance) {
 //  - the other way: the subtree {0.595, -0.292} has rho 0.303 against an end at -0.292: invalid,
 //    the depth stays 1.
 // Either way 3 leapfrog steps (3 gradients), and the depth is 2 exactly when both extensions went
-// the same way (half the chains).
+// the same way (half the chains). NUTS without the U-turn checks inside subtrees (the broken
+// variant, tests/support) goes on past the invalid subtree in the other chains: not as derived.
 TEST(Nuts, HandDerivedTransitionOnAOneDimensionalNormal) {
   auto t = make_target({{"name", "gaussian"}, {"dim", 1}}, kF64);
-  Nuts nuts(NutsOptions().set_step_size(0.9).set_max_depth(10));
-  const int64_t c = 400;
-  ChainState s = nuts.init(*t, torch::zeros({c, 1}, kF64));
-  at::Generator gen = make_generator(31);
-  auto [next, info] = nuts.transition(*t, s, torch::ones({c, 1}, kF64), gen);
-  EXPECT_TRUE(torch::equal(info.n_grad_chain, torch::full({c}, int64_t{3}))) << info.n_grad_chain;
-  const int64_t deep = (info.tree_depth == 2).sum().item<int64_t>(), shallow = (info.tree_depth == 1).sum().item<int64_t>();
-  EXPECT_EQ(deep + shallow, c);
-  EXPECT_GT(deep, 140);  // Binomial(400, 1/2): outside (140, 260) with probability < 1e-9
-  EXPECT_LT(deep, 260);
-  // A chain of depth 1 draws from its first two points only: x in {0, +-0.9}.
-  torch::Tensor x = next.x.squeeze(1).abs();
-  torch::Tensor first_two = (x < 1e-12) | ((x - 0.9).abs() < 1e-12);
-  EXPECT_TRUE(first_two.masked_select(info.tree_depth == 1).all().item<bool>());
+  for (bool exact : {true, false}) {
+    SCOPED_TRACE(exact ? "Stan's rules" : "without the checks inside subtrees");
+    Nuts nuts(NutsOptions().set_step_size(0.9).set_max_depth(10),
+              exact ? NutsRules::stan() : test_support::nuts_without_subtree_checks());
+    const int64_t c = 400;
+    ChainState s = nuts.init(*t, torch::zeros({c, 1}, kF64));
+    at::Generator gen = make_generator(31);
+    auto [next, info] = nuts.transition(*t, s, torch::ones({c, 1}, kF64), gen);
+    const int64_t deep = (info.tree_depth == 2).sum().item<int64_t>(), shallow = (info.tree_depth == 1).sum().item<int64_t>();
+    // A chain of depth 1 draws from its first two points only: x in {0, +-0.9}.
+    torch::Tensor x = next.x.squeeze(1).abs();
+    torch::Tensor first_two = (x < 1e-12) | ((x - 0.9).abs() < 1e-12);
+    // Binomial(400, 1/2): outside (140, 260) with probability < 1e-9
+    const bool as_derived = torch::equal(info.n_grad_chain, torch::full({c}, int64_t{3})) && deep + shallow == c &&
+                            deep > 140 && deep < 260 && first_two.masked_select(info.tree_depth == 1).all().item<bool>();
+    EXPECT_EQ(as_derived, exact) << "depths " << info.tree_depth.bincount() << " gradients " << info.n_grad_chain.bincount();
+  }
 }
 
 // The dense metric: N(0, Sigma) with Sigma = [[4, 1.9], [1.9, 1]] and the metric M^{-1} = Sigma is,

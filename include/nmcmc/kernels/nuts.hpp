@@ -61,6 +61,10 @@ struct NutsRules {
   /// Whether the U-turn criterion is checked over the whole merged trajectory (Stan: yes), besides
   /// across the seam.
   bool check_merged = true;
+  /// Whether each subtree is checked for a U-turn as it is built (Hoffman and Gelman 2014; Stan:
+  /// yes). Without it only the whole trajectory is checked, and the transition is not reversible:
+  /// a broken variant for the tests (tests/support/broken.hpp), not a choice.
+  bool check_inside = true;
   /// Whether the criterion uses p# = M^{-1} p (Betancourt 2013: right for any metric; Stan) or p
   /// itself (the original criterion, right only for the unit metric).
   bool sharp = true;
