@@ -294,7 +294,9 @@ TEST(NativeEngine, WhatItDoesNotCoverRunsOnLibTorchWithTheReason) {
                             2, "auto"))
                 .engine(),
             "libtorch");
-  auto batched = load(save("bmv", "def forward(self, x):\n    return (x.unsqueeze(1) @ x[0]).view(-1)\n"), 2, "auto");
+  auto batched = load(save("bmv", "def forward(self, x):\n    return (x.unsqueeze(1) @ self.w).view(-1)\n",
+                           [](torch::jit::Module& m) { m.register_buffer("w", torch::tensor({1.0, -0.5}, kF64)); }),
+                      2, "auto");
   EXPECT_EQ(as_module(*batched).engine(), "libtorch");
   EXPECT_NE(as_module(*batched).engine_note().find("matmul"), std::string::npos) << as_module(*batched).engine_note();
   // engine libtorch is honoured; an unknown engine is refused
