@@ -125,6 +125,22 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                            result.steps, result.seconds, result.grads,
                            matmul_summary(config.model.matmul, options.dtype().toScalarType(), options.device()), a.output,
                            log_path);
+  if (result.check.is_object()) {  // Note [The mixing check]
+    const auto& c = result.check;
+    const std::string what = fmt::format("{} chains x {} draws from the training's chains: max R-hat {:.3f}, accept {:.2f}, "
+                                         "{:.0f} % of the chains moved, min bulk-ESS {:.0f} ({} target gradient evaluations, "
+                                         "{:.1f} s)",
+                                         c.value("chains", 0), c.value("draws", 0), c.value("max_rhat", 0.0),
+                                         c.value("accept", 0.0), 100 * c.value("moved", 0.0), c.value("min_ess_bulk", 0.0),
+                                         c.value("grads", 0), c.value("seconds", 0.0));
+    if (c.value("passes", false)) {
+      std::cout << "mixing check: " << what << "\n";
+    } else {
+      std::cerr << fmt::format("nmcmc: WARNING: the trained sampler does not mix ({}): {}. Its draws would not be "
+                               "trustworthy: train longer (--steps, train.max_seconds) or use NUTS\n",
+                               c.value("why", ""), what);
+    }
+  }
   if (result.skipped > 0) {
     std::cerr << fmt::format("nmcmc: WARNING: {} of {} training steps were skipped because the gradient was not finite; "
                              "see the 'skipped' column of {}\n",

@@ -284,8 +284,10 @@ def one(nmcmc, p, ref, row, args, t0):
         row.update({"training_seconds": time.time() - t0, "training_steps": tr["steps"], "stopped": tr.get("stopped"),
                     "preconditioner_grads": pre.get("grads", 0), "preconditioner_seconds": pre.get("seconds", 0.0),
                     "training_grads": tr["grads"] * batch, "training_loop_seconds": tr["seconds"]})
-        fixed_grads += pre.get("grads", 0) + tr["grads"] * batch
-        fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"]
+        check = tr.get("check") or {}  # Note [The mixing check]: paid before sampling too
+        row["mixing_check"] = check
+        fixed_grads += pre.get("grads", 0) + tr["grads"] * batch + check.get("grads", 0)
+        fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
         run = nmcmc.sample(sampler="learned", model=model, chains=args.chains, warmup=args.warmup,
                            draws=args.draws, seed=args.seed, progress=False)
     s = run.summary

@@ -478,7 +478,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     Without a config: the defaults of `nmcmc train --module` (the Langevin variant with the learned
     affine preconditioner; batch 64, at most 3,000 steps, stopping early when the proposal
     entropy has stopped improving or after 90 s of training steps: model.training["stopped"] says
-    why; docs/commands.md).
+    why; docs/commands.md). Then a short run of the trained sampler checks that it mixes
+    (model.training["check"]; a RuntimeWarning where it does not).
     output: the checkpoint's path (a temporary file if not given; Model.save copies it).
     resume: continue the checkpoint at `output`. Ctrl-C stops after the current step and saves.
     transport: "flow" fits a normalizing flow in the warm-up and trains the proposal in its latent
@@ -534,6 +535,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     if result.get("skipped", 0) > 0:
         _warnings.warn(f"nmcmc.train: {result['skipped']} of {result['steps']} training steps were skipped because "
                        f"the gradient was not finite (see the 'skipped' column of {log})", RuntimeWarning)
+    check = result.get("check")
+    if isinstance(check, dict) and not check.get("passes", True):
+        _warnings.warn(f"nmcmc.train: the trained sampler does not mix ({check.get('why')}; model.training['check']): "
+                       f"its draws would not be trustworthy: train longer or use NUTS", RuntimeWarning)
     if result["interrupted"]:
         print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "
               f"(resume=True continues it)", file=_sys.stderr)

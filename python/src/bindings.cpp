@@ -131,6 +131,7 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   d["stopped"] = res.stopped;
   d["bad_rows"] = res.bad_rows;
   if (!res.preconditioner.is_null()) d["preconditioner"] = py::module_::import("json").attr("loads")(res.preconditioner.dump());
+  if (!res.check.is_null()) d["check"] = py::module_::import("json").attr("loads")(res.check.dump());
   return d;
 }
 

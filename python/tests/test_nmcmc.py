@@ -281,6 +281,19 @@ def test_tune_allocator_is_opt_in_and_honours_nmcmc_malloc():
     assert "NMCMC_MALLOC=default" in q.stdout
 
 
+def test_train_checks_that_its_sampler_mixes(tmp_path):
+    # Note [The mixing check]: the record of the short run after training, and a RuntimeWarning
+    # where the sampler does not mix (icg, 2 steps, no preconditioner: R-hat about 18).
+    t = nmcmc.target("icg", dtype="float64")
+    good = nmcmc.train(t, steps=300, progress=False, output=str(tmp_path / "good.pt"))
+    assert good.training["check"]["passes"] and good.training["check"]["max_rhat"] <= 1.05
+    assert good.training["check"]["grads"] == 64 * good.training["check"]["grads_per_chain"]
+    with pytest.warns(RuntimeWarning, match="does not mix"):
+        bad = nmcmc.train(t, steps=2, model={"precondition": "none", "learn_precondition": False}, progress=False,
+                          output=str(tmp_path / "bad.pt"))
+    assert not bad.training["check"]["passes"] and "R-hat" in bad.training["check"]["why"]
+
+
 def test_training_budget_stops_early_and_says_why(tmp_path):
     # Note [Training budget]: a plateau (no gain of min_gain nats per dimension in `patience` steps)
     # or the time budget ends training before `steps`, with a checkpoint and the reason.

@@ -22,6 +22,7 @@ enum class SeedStream {
   kLatentResidual,         // Note [A linear residual in the latent space]
   kPreconditioner,         // training's preconditioner warm-up (and its transport's run)
   kPreconditionerRefit,    // its second stage
+  kMixingCheck,            // training's closing check (Note [The mixing check])
 };
 
 constexpr uint64_t seed_of(uint64_t seed, SeedStream stream, uint64_t index = 0) {
@@ -37,6 +38,7 @@ constexpr uint64_t seed_of(uint64_t seed, SeedStream stream, uint64_t index = 0)
     case SeedStream::kLatentResidual: return seed + 11;
     case SeedStream::kPreconditioner: return seed + 7919;
     case SeedStream::kPreconditionerRefit: return seed + 7927;
+    case SeedStream::kMixingCheck: return seed + 7933;
   }
   return seed;
 }

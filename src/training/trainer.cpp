@@ -155,6 +155,13 @@ void Trainer::seed_buffer(const torch::Tensor& x) {
   }
 }
 
+torch::Tensor Trainer::chains() const {
+  if (!use_buffer_) return torch::Tensor();
+  std::vector<torch::Tensor> parts;
+  for (const Shard& sh : shards_) parts.push_back(sh.buffer);
+  return torch::cat(parts).detach();
+}
+
 torch::Tensor Trainer::next_batch(Shard& sh) {
   torch::NoGradGuard no_grad;
   const int64_t batch = options_.batch / options_.shards;

@@ -358,6 +358,24 @@ TEST(Cli, TrainWithAFlowTransportAndSampleInItsLatentSpace) {
   EXPECT_FALSE(fs::exists(dir + "x.pt"));
 }
 
+// Note [The mixing check]: `train` runs its sampler from the training's chains and says whether it
+// mixes; a sampler that does not (icg's scales span 10^4, 2 steps without a preconditioner: R-hat
+// about 18) is a loud warning, not a success. The check is recorded in the checkpoint.
+TEST(Cli, TrainChecksThatItsSamplerMixes) {
+  const std::string dir = ::testing::TempDir() + "cli_mixing_check/";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CliRun good = run("train --target icg --steps 300 -q -o " + dir + "good.pt");
+  ASSERT_EQ(good.code, 0) << good.out;
+  EXPECT_NE(good.out.find("mixing check: 64 chains x 200 draws"), std::string::npos) << good.out;
+  EXPECT_EQ(good.out.find("does not mix"), std::string::npos) << good.out;
+  CliRun bad = run("train --target icg --steps 2 --set model.precondition=none --set model.learn_precondition=false -q -o " +
+                   dir + "bad.pt");
+  EXPECT_EQ(bad.code, 0) << bad.out;  // the model is written: more steps may mend it
+  EXPECT_NE(bad.out.find("WARNING: the trained sampler does not mix (max R-hat"), std::string::npos) << bad.out;
+  EXPECT_TRUE(fs::exists(dir + "bad.pt"));
+}
+
 TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
   const std::string dir = ::testing::TempDir() + "cli_train/";
   fs::remove_all(dir);

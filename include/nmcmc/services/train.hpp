@@ -86,6 +86,7 @@ struct TrainResult {
   std::string stopped = "steps";  // why training ended: steps | plateau | time | interrupted
   int64_t skipped = 0;            // steps skipped over the whole run (the gradient was not finite)
   int64_t bad_rows = 0;           // batch rows rejected for a non-finite energy or gradient, whole run
+  nlohmann::json check;           // Note [The mixing check]: the short run after training (null: not run)
 };
 
 /// Runs the warm-up of Note [Affine preconditioner] with the training options' precondition_*

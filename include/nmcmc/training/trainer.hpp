@@ -125,6 +125,9 @@ class Trainer {
   /// Replaces the bootstrap buffer's starting points with rows of `x` [n, D] (cycled), e.g. the
   /// draws of a warm-up. Only before the first step; ignored when training on exact samples.
   void seed_buffer(const torch::Tensor& x);
+  /// This rank's persistent chains [n, D] (the bootstrap buffer, its shards in order); undefined
+  /// when training draws exact samples.
+  torch::Tensor chains() const;
 
   /// Writes everything needed to resume bit for bit (atomically). `extra` is stored as-is. All
   /// ranks call it (their random streams and buffer rows are gathered); rank 0 writes. `more`
