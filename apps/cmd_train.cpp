@@ -46,14 +46,10 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   if (a.min_lr) cfg["train"]["min_lr"] = *a.min_lr;
   if (a.seed) cfg["train"]["seed"] = *a.seed;
   if (a.compute.dtype) cfg["dtype"] = *a.compute.dtype;
-  if ((a.transport_layers || a.transport_rounds) && !a.transport) {
-    throw UsageError("--transport-layers and --transport-rounds go with --transport flow or auto");
-  }
-  if (a.transport) {
-    cfg["transport"] = json{{"kind", parse_enum<TransportKind>(*a.transport)}};
-    if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
-    if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
-  }
+  if (a.transport) cfg["transport"] = json{{"kind", parse_enum<TransportKind>(*a.transport)}};
+  // (without --transport, parse_train_config refuses them unless the config's transport takes them)
+  if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
+  if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
   for (const auto& s : a.sets) apply_override(cfg, s);
   TrainConfig config = parse_train_config(cfg);
   auto options = a.compute.options(config.dtype);

@@ -511,16 +511,15 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         cfg["train"]["batch"] = int(batch)
     if dtype is not None:
         cfg["dtype"] = _dtype_name(dtype)
-    if transport is None and (transport_layers is not None or transport_rounds is not None):
-        raise ValueError("nmcmc.train: transport_layers and transport_rounds go with transport='flow' or 'auto'")
     if transport is not None:
         if transport not in ("flow", "auto", "none"):
             raise ValueError(f"nmcmc.train: transport must be 'flow', 'auto' or 'none', not {transport!r}")
         cfg["transport"] = {"kind": transport}
-        if transport_layers is not None:
-            cfg["transport"]["layers"] = int(transport_layers)
-        if transport_rounds is not None:
-            cfg["transport"]["rounds"] = int(transport_rounds)
+    # (without a transport the C++ parser refuses them, as for the command line)
+    if transport_layers is not None:
+        cfg.setdefault("transport", {})["layers"] = int(transport_layers)
+    if transport_rounds is not None:
+        cfg.setdefault("transport", {})["rounds"] = int(transport_rounds)
     if output is None:
         output = _os.path.join(_tempfile.mkdtemp(prefix="nmcmc-"), "model.pt")
     output = _os.fspath(output)

@@ -74,6 +74,10 @@ TrainConfig parse_train_config(const json& j) {
     } catch (const std::exception& e) {
       throw UsageError(std::string("config: transport: ") + e.what());
     }
+    if (c.transport.kind == TransportKind::kNone && (t.contains("layers") || t.contains("hidden") || t.contains("rounds"))) {
+      throw UsageError("transport.layers, .hidden and .rounds (--transport-layers, --transport-rounds) go with transport "
+                       "flow or auto (--transport)");
+    }
     if (c.transport.layers < 0) throw UsageError("config: transport.layers must be non-negative");
     if (c.transport.hidden < 0) throw UsageError("config: transport.hidden must be non-negative");
     if (c.transport.rounds < 1) throw UsageError("config: transport.rounds must be at least 1");

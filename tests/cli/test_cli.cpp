@@ -350,6 +350,7 @@ TEST(Cli, TrainWithAFlowTransportAndSampleInItsLatentSpace) {
   // Bad input: one line, exit 64.
   CliRun b1 = run("train --config " + dir + "f.json --transport-layers 2 --output " + dir + "x.pt --quiet");
   EXPECT_EQ(b1.code, 64) << b1.out;
+  EXPECT_NE(b1.out.find("go with transport flow or auto (--transport)"), std::string::npos) << b1.out;
   CliRun b2 = run("train --config " + dir + "f.json --transport spline --output " + dir + "x.pt --quiet");
   EXPECT_EQ(b2.code, 64) << b2.out;
   CliRun b3 = run("train --config " + dir + "f.json --transport flow --set train.precondition_warmup=50 --output " + dir +

@@ -14,11 +14,15 @@ namespace nmcmc {
 
 /// A config's "transport" section: train the learned proposal in the latent space of a flow
 /// fitted in the warm-up (Note [Learned proposal in a flow's latent space], flows/checkpoint.hpp).
+/// `nmcmc train`'s transport: the same flow as `nmcmc sample`'s, fitted four times in training's
+/// shorter warm-up (kTrainTransportRounds). layers, hidden and rounds go with kind flow or auto
+/// (parse_train_config says so, for the command line and Python alike).
+constexpr int64_t kTrainTransportRounds = 4;
 struct TrainTransport {
   TransportKind kind = TransportKind::kNone;
-  int64_t layers = 8;   // coupling layers
-  int64_t hidden = 0;   // their width (0: clamp(2 D, 32, 256))
-  int64_t rounds = 4;   // fits during the warm-up
+  int64_t layers = kDefaultTransportLayers;  // coupling layers
+  int64_t hidden = 0;                         // their width (0: clamp(2 D, 32, 256))
+  int64_t rounds = kTrainTransportRounds;     // fits during the warm-up
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainTransport, kind, layers, hidden, rounds)
 

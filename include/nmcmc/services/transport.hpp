@@ -70,7 +70,7 @@ NMCMC_ENUM_JSON(TransportKind)
 /// R-hat < 1.01) six passed 3 seeds of 3 at f8db9f9 and 2 of 3 at f9ef74b, four 1 of 3 at both;
 /// on 13 posteriordb posteriors six gave a median 1.09x the best NUTS's bulk-ESS per gradient
 /// (ahead on 10) where four gave 1.04x (ahead on 8).
-/// `nmcmc train`'s shorter warm-up keeps four (TrainTransport).
+/// `nmcmc train`'s shorter warm-up keeps four (kTrainTransportRounds, services/train.hpp).
 constexpr int64_t kDefaultTransportRounds = 6;
 constexpr int64_t kDefaultTransportLayers = 8;
 /// Note [Far out twice]: the first round's length when the rounds start again.
