@@ -224,6 +224,9 @@ def ports_vs_stan(only) -> int:
 
 def check(args) -> int:
     import nmcmc
+    global STAN_DIR
+    if args.suite == "gym":  # Inference Gym's posteriors (inference_gym/), in posteriordb's Stan layout
+        STAN_DIR, args.stan = os.path.join(HERE, "..", "inference_gym"), True
     rows, failed = [], 0
     for p in args.only or (stan_posteriors() if args.stan else ports.PORTS):
         ref = stan_reference(p) if args.stan else ports.reference(p)
@@ -591,6 +594,8 @@ def main() -> int:
     c.add_argument("--sampler", choices=["nuts", "learned"], default="nuts")
     c.add_argument("--only", nargs="*")
     c.add_argument("--stan", action="store_true", help="posteriordb's Stan programs (all 46) instead of the ports")
+    c.add_argument("--suite", choices=["posteriordb", "gym"], default="posteriordb",
+                   help="gym: Inference Gym's posteriors with their published ground truth (inference_gym/; Stan programs)")
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--transport", choices=["none", "flow", "auto"], default=None,

@@ -287,7 +287,7 @@ def test_train_checks_that_its_sampler_mixes(tmp_path):
     # where the sampler does not mix (icg, 2 steps, no preconditioner: R-hat about 18).
     t = nmcmc.target("icg", dtype="float64")
     good = nmcmc.train(t, steps=300, progress=False, output=str(tmp_path / "good.pt"))
-    assert good.training["check"]["passes"] and good.training["check"]["max_rhat"] <= 1.05
+    assert good.training["check"]["passes"] and good.training["check"]["max_rhat"] <= 1.1
     assert good.training["check"]["grads"] == 64 * good.training["check"]["grads_per_chain"]
     with pytest.warns(RuntimeWarning, match="does not mix"):
         bad = nmcmc.train(t, steps=2, model={"precondition": "none", "learn_precondition": False}, progress=False,

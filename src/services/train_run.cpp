@@ -18,8 +18,13 @@
 // at 501 parameters a starved training handed over a sampler with R-hat 1.28). After the last
 // step the trained proposal runs from the training's own chains (the bootstrap buffer, or exact
 // draws where training used them): 64 chains x 200 draws, no warm-up, in the space it was trained
-// in. It passes when the chains mix there: max rank-normalised R-hat at most 1.05, mean accept
-// rate at least 0.05, and at least 90 % of the chains moved. It costs 12,800 proposals (a few per
+// in. It passes when the chains mix there: max rank-normalised R-hat at most 1.1, min bulk-ESS at
+// least 100, mean accept rate at least 0.05, and at least 90 % of the chains moved. 200 draws per
+// chain are few for a slow but correct sampler: on Inference Gym's Brownian motion (32
+// parameters) the learned sampler at 0.049 bulk-ESS per gradient, 16x NUTS's, showed R-hat 1.09
+// here (min bulk-ESS 469) and passed every moment check over 4 x 10,000 draws, where the broken
+// samplers this check is for show R-hat 5.6 (kilpisjarvi after 3 steps) to 18 (icg after 2 steps
+// without a preconditioner). It costs 12,800 proposals (a few per
 // cent of the default training's); its gradients and seconds are recorded with it and count in the
 // all-in cost. A failed check does not remove the model (more steps may mend it): the command
 // line warns on stderr, Python warns (RuntimeWarning), and the checkpoint records it. Distributed
@@ -397,11 +402,13 @@ class TrainRun {
     const torch::Tensor first = r.draws.select(0, 0), last = r.draws.select(0, r.draws.size(0) - 1);  // [C, D]
     const double moved = (first != last).any(1).to(torch::kFloat64).mean().item<double>();
     std::vector<std::string> why;
-    if (!(max_rhat <= 1.05)) why.push_back(fmt::format("max R-hat {:.3g} > 1.05", max_rhat));
+    const double min_ess = s.ess_bulk.nan_to_num(0).min().item<double>();
+    if (!(max_rhat <= 1.1)) why.push_back(fmt::format("max R-hat {:.3g} > 1.1", max_rhat));
+    if (!(min_ess >= 100)) why.push_back(fmt::format("min bulk-ESS {:.0f} < 100", min_ess));
     if (!(accept >= 0.05)) why.push_back(fmt::format("accept rate {:.3g} < 0.05", accept));
     if (!(moved >= 0.9)) why.push_back(fmt::format("{:.0f} % of the chains moved", 100 * moved));
     result_.check = {{"chains", start.size(0)}, {"draws", kDraws}, {"max_rhat", max_rhat}, {"accept", accept},
-                     {"moved", moved}, {"min_ess_bulk", s.ess_bulk.nan_to_num(0).min().item<double>()},
+                     {"moved", moved}, {"min_ess_bulk", min_ess},
                      // per chain (a batched call counts once), and all chains' together
                      {"grads_per_chain", t.grad_evals() - g0}, {"grads", (t.grad_evals() - g0) * start.size(0)},
                      {"seconds", seconds}, {"passes", why.empty()},

@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""Vendors Inference Gym posteriors (TensorFlow Probability's spinoffs/inference_gym, Apache-2.0)
+into inference_gym/: the Stan program, its data and the published ground truth, in the layout of
+posteriordb/ (stan/, data/, stan_reference/), so that `scripts/posteriordb.py check --suite gym`
+samples them as it does posteriordb's Stan programs.
+
+    scripts/inference_gym_vendor.py TFP_CHECKOUT
+
+TFP_CHECKOUT: a checkout (or `git archive`) of tensorflow/probability holding
+spinoffs/inference_gym/inference_gym/{targets/ground_truth,internal/datasets,tools/stan}. Nothing
+is downloaded. The ground truth is the mean, sd and the mean's standard error of each constrained
+quantity from long Stan runs (the files name the command); the reference's effective sample size
+is taken as (sd / standard error)^2.
+"""
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "inference_gym")
+
+# posterior name: (ground-truth module, dataset module, Stan program name)
+POSTERIORS = {
+    "brownian_motion_unknown_scales": ("brownian_motion_unknown_scales_missing_middle_observations",
+                                       "brownian_motion_missing_middle_observations",
+                                       "brownian_motion_unknown_scales"),
+}
+
+STAN = {
+    # tools/stan/brownian_motion.py, brownian_motion_unknown_scales, as published (Stan 2.21 syntax)
+    "brownian_motion_unknown_scales": """// Inference Gym's Brownian motion with unknown scales (TensorFlow Probability,
+// spinoffs/inference_gym/inference_gym/tools/stan/brownian_motion.py; Apache-2.0, inference_gym/LICENCE.md)
+data {
+  int<lower=0> num_timesteps;
+  int<lower=0> num_observations;
+  int<lower = 1, upper = num_timesteps> observation_indices[num_observations];
+  vector[num_observations] observations;
+}
+parameters {
+  real<lower=0> innovation_noise_scale;
+  real<lower=0> observation_noise_scale;
+  vector[num_timesteps] loc;
+}
+model {
+  innovation_noise_scale ~ lognormal(0, 2);
+  observation_noise_scale ~ lognormal(0, 2);
+  loc[1] ~ normal(0, innovation_noise_scale);
+  for (t in 2:num_timesteps){
+    loc[t] ~ normal(loc[t-1], innovation_noise_scale);
+  }
+  observations ~ normal(loc[observation_indices], observation_noise_scale);
+}
+""",
+}
+
+
+def module_values(path: str) -> dict:
+    """The upper-case numpy constants a ground-truth or dataset module defines."""
+    scope = {"np": np}
+    with open(path) as f:
+        source = f.read()
+    exec(compile(re.sub(r"^(import|from) .*$", "", source, flags=re.M), path, "exec"), scope)
+    return {k: v for k, v in scope.items() if k.isupper()}
+
+
+def vendor(tfp: str, name: str) -> None:
+    truth_mod, data_mod, program = POSTERIORS[name]
+    gym = os.path.join(tfp, "spinoffs", "inference_gym", "inference_gym")
+    truth = module_values(os.path.join(gym, "targets", "ground_truth", truth_mod + ".py"))
+    data = module_values(os.path.join(gym, "internal", "datasets", data_mod + ".py"))
+    observed = np.asarray(data["OBSERVED_LOC"], dtype=float)
+    seen = ~np.isnan(observed)
+    stan_data = {"num_timesteps": int(observed.size), "num_observations": int(seen.sum()),
+                 "observation_indices": [int(i) for i in np.arange(1, observed.size + 1)[seen]],
+                 "observations": [float(v) for v in observed[seen]]}
+    names, mean, sd, ess = [], [], [], []
+    for key, stan_name in (("INNOVATION_NOISE_SCALE", "innovation_noise_scale"),
+                           ("OBSERVATION_NOISE_SCALE", "observation_noise_scale"), ("LOCS", "loc")):
+        m = np.atleast_1d(truth[f"IDENTITY_{key}_MEAN"])
+        s = np.atleast_1d(truth[f"IDENTITY_{key}_STANDARD_DEVIATION"])
+        se = np.atleast_1d(truth[f"IDENTITY_{key}_MEAN_STANDARD_ERROR"])
+        for k in range(m.size):
+            names.append(stan_name if m.size == 1 and key != "LOCS" else f"{stan_name}.{k + 1}")
+            mean.append(float(m[k]))
+            sd.append(float(s[k]))
+            ess.append(float((s[k] / se[k]) ** 2))
+    ref = {"posterior": name, "model": program, "data": name,
+           "source": "tensorflow/probability spinoffs/inference_gym: targets/ground_truth/" + truth_mod +
+                     ".py, internal/datasets/" + data_mod + ".py, tools/stan/brownian_motion.py (Apache-2.0)",
+           "inference": {"method": "Inference Gym ground truth (Stan; get_ground_truth --stan_samples=20000)"},
+           "names": names, "mean": mean, "sd": sd, "n": int(round(max(ess))), "ess_bulk": ess}
+    for sub in ("stan", "data", "stan_reference"):
+        os.makedirs(os.path.join(OUT, sub), exist_ok=True)
+    with open(os.path.join(OUT, "stan", program + ".stan"), "w") as f:
+        f.write(STAN[program])
+    with open(os.path.join(OUT, "data", name + ".json"), "w") as f:
+        json.dump(stan_data, f, indent=1)
+    with open(os.path.join(OUT, "stan_reference", name + ".json"), "w") as f:
+        json.dump(ref, f, indent=1)
+    print(f"{name}: {len(names)} quantities, reference ESS {min(ess):.0f}-{max(ess):.0f}")
+
+
+if __name__ == "__main__":
+    for p in POSTERIORS:
+        vendor(sys.argv[1], p)
