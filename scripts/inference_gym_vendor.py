@@ -23,12 +23,22 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "inference_gym")
 
-# posterior name: (ground-truth module, dataset module, Stan program name)
+# posterior name: (ground-truth module, dataset module or None, Stan program name, the ground
+# truth's quantities in the program's order: (key, Stan name, scalar))
 POSTERIORS = {
     "brownian_motion_unknown_scales": ("brownian_motion_unknown_scales_missing_middle_observations",
                                        "brownian_motion_missing_middle_observations",
-                                       "brownian_motion_unknown_scales"),
+                                       "brownian_motion_unknown_scales",
+                                       [("INNOVATION_NOISE_SCALE", "innovation_noise_scale", True),
+                                        ("OBSERVATION_NOISE_SCALE", "observation_noise_scale", True),
+                                        ("LOCS", "loc", False)]),
+    "german_credit_sparse_logistic_regression": ("german_credit_numeric_sparse_logistic_regression", None,
+                                                 "sparse_logistic_regression",
+                                                 [("UNSCALED_WEIGHTS", "unscaled_weights", False),
+                                                  ("LOCAL_SCALES", "local_scales", False),
+                                                  ("GLOBAL_SCALE", "global_scale", True)]),
 }
+UCI_GERMAN = os.path.join(HERE, "..", "data", "uci", "german.data-numeric")
 
 STAN = {
     # tools/stan/brownian_motion.py, brownian_motion_unknown_scales, as published (Stan 2.21 syntax)
@@ -55,7 +65,51 @@ model {
   observations ~ normal(loc[observation_indices], observation_noise_scale);
 }
 """,
+    # tools/stan/sparse_logistic_regression.py's model block as published; its generated quantities
+    # (test-set log likelihoods; the ground truth uses no test set) are left out
+    "sparse_logistic_regression": """// Inference Gym's sparse logistic regression (TensorFlow Probability,
+// spinoffs/inference_gym/inference_gym/tools/stan/sparse_logistic_regression.py; Apache-2.0,
+// inference_gym/LICENCE.md), without its generated quantities
+data {
+  int<lower=0> num_train_points;
+  int<lower=0> num_features;
+  matrix[num_train_points,num_features] train_features;
+  int<lower=0,upper=1> train_labels[num_train_points];
 }
+parameters {
+  vector[num_features] unscaled_weights;
+  vector<lower=0>[num_features] local_scales;
+  real<lower=0> global_scale;
+}
+model {
+  {
+    vector[num_features] weights;
+    vector[num_train_points] logits;
+
+    weights = unscaled_weights .* local_scales * global_scale;
+    logits = train_features * weights;
+
+    unscaled_weights ~ normal(0, 1);
+    local_scales ~ gamma(0.5, 0.5);
+    global_scale ~ gamma(0.5, 0.5);
+    train_labels ~ bernoulli_logit(logits);
+  }
+}
+""",
+}
+
+
+def german_credit() -> dict:
+    """internal/data.py's german_credit_numeric (all 1,000 points for training; the UCI file nmcmc
+    ships in data/uci/): the 24 features normalised to mean 0 and sd 1 (numpy's sd, ddof 0), a
+    column of ones appended (tools/stan's _add_bias); label 1 for bad credit (the file's 2)."""
+    rows = np.loadtxt(UCI_GERMAN)
+    x = rows[:, :24]
+    x = (x - x.mean(0, keepdims=True)) / x.std(0, keepdims=True)
+    x = np.concatenate([x, np.ones([x.shape[0], 1])], axis=-1)
+    y = (rows[:, 24] - 1).astype(int)
+    return {"num_train_points": int(x.shape[0]), "num_features": int(x.shape[1]),
+            "train_features": x.tolist(), "train_labels": [int(v) for v in y]}
 
 
 def module_values(path: str) -> dict:
@@ -68,29 +122,33 @@ def module_values(path: str) -> dict:
 
 
 def vendor(tfp: str, name: str) -> None:
-    truth_mod, data_mod, program = POSTERIORS[name]
+    truth_mod, data_mod, program, quantities = POSTERIORS[name]
     gym = os.path.join(tfp, "spinoffs", "inference_gym", "inference_gym")
     truth = module_values(os.path.join(gym, "targets", "ground_truth", truth_mod + ".py"))
-    data = module_values(os.path.join(gym, "internal", "datasets", data_mod + ".py"))
-    observed = np.asarray(data["OBSERVED_LOC"], dtype=float)
-    seen = ~np.isnan(observed)
-    stan_data = {"num_timesteps": int(observed.size), "num_observations": int(seen.sum()),
-                 "observation_indices": [int(i) for i in np.arange(1, observed.size + 1)[seen]],
-                 "observations": [float(v) for v in observed[seen]]}
+    if data_mod is None:
+        stan_data = german_credit()
+    else:
+        data = module_values(os.path.join(gym, "internal", "datasets", data_mod + ".py"))
+        observed = np.asarray(data["OBSERVED_LOC"], dtype=float)
+        seen = ~np.isnan(observed)
+        stan_data = {"num_timesteps": int(observed.size), "num_observations": int(seen.sum()),
+                     "observation_indices": [int(i) for i in np.arange(1, observed.size + 1)[seen]],
+                     "observations": [float(v) for v in observed[seen]]}
     names, mean, sd, ess = [], [], [], []
-    for key, stan_name in (("INNOVATION_NOISE_SCALE", "innovation_noise_scale"),
-                           ("OBSERVATION_NOISE_SCALE", "observation_noise_scale"), ("LOCS", "loc")):
+    for key, stan_name, scalar in quantities:
         m = np.atleast_1d(truth[f"IDENTITY_{key}_MEAN"])
         s = np.atleast_1d(truth[f"IDENTITY_{key}_STANDARD_DEVIATION"])
         se = np.atleast_1d(truth[f"IDENTITY_{key}_MEAN_STANDARD_ERROR"])
         for k in range(m.size):
-            names.append(stan_name if m.size == 1 and key != "LOCS" else f"{stan_name}.{k + 1}")
+            names.append(stan_name if scalar else f"{stan_name}.{k + 1}")
             mean.append(float(m[k]))
             sd.append(float(s[k]))
             ess.append(float((s[k] / se[k]) ** 2))
     ref = {"posterior": name, "model": program, "data": name,
-           "source": "tensorflow/probability spinoffs/inference_gym: targets/ground_truth/" + truth_mod +
-                     ".py, internal/datasets/" + data_mod + ".py, tools/stan/brownian_motion.py (Apache-2.0)",
+           "source": "tensorflow/probability spinoffs/inference_gym: targets/ground_truth/" + truth_mod + ".py, " +
+                     ("internal/datasets/" + data_mod + ".py" if data_mod else
+                      "internal/data.py's german_credit_numeric from data/uci/german.data-numeric") +
+                     ", tools/stan (Apache-2.0)",
            "inference": {"method": "Inference Gym ground truth (Stan; get_ground_truth --stan_samples=20000)"},
            "names": names, "mean": mean, "sd": sd, "n": int(round(max(ess))), "ess_bulk": ess}
     for sub in ("stan", "data", "stan_reference"):
