@@ -153,6 +153,18 @@ LearnedInput learned_input(const CompareOptions& o, const torch::TensorOptions& 
   return li;
 }
 
+/// NUTS's metrics for compare: those asked for, else all four (dense left out above kMaxDenseDim).
+std::vector<MetricAdapt> nuts_metrics(const CompareOptions& o, int64_t dim, const std::function<void(const std::string&)>& tell) {
+  if (!o.nuts_metrics.empty()) return o.nuts_metrics;
+  std::vector<MetricAdapt> metrics = {MetricAdapt::kDiag, MetricAdapt::kDense, MetricAdapt::kFisherDiag,
+                                      MetricAdapt::kFisherLowRank};
+  if (dim > kMaxDenseDim) {
+    metrics.erase(metrics.begin() + 1);
+    tell(fmt::format("   (NUTS with a dense metric left out: D = {} > {})", dim, kMaxDenseDim));
+  }
+  return metrics;
+}
+
 }  // namespace
 
 CompareOptions compare_options_from_json(const json& j) { return options_from_json<CompareOptions>(j, "compare options"); }
@@ -216,15 +228,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   // Stan's adaptation (step size by dual averaging, diagonal metric over Stan's windows).
   bool interrupted = false;
   try {
-    std::vector<MetricAdapt> metrics = o.nuts_metrics;
-    if (metrics.empty()) {
-      metrics = {MetricAdapt::kDiag, MetricAdapt::kDense, MetricAdapt::kFisherDiag, MetricAdapt::kFisherLowRank};
-      if (target->dim() > kMaxDenseDim) {
-        metrics.erase(metrics.begin() + 1);
-        tell(fmt::format("   (NUTS with a dense metric left out: D = {} > {})", target->dim(), kMaxDenseDim));
-      }
-    }
-    for (MetricAdapt m : metrics) {
+    for (MetricAdapt m : nuts_metrics(o, target->dim(), tell)) {
       Nuts nuts;
       run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
       results["samplers"][nuts_name(m)]["metric_adapt"] = m;
