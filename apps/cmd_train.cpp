@@ -1,6 +1,8 @@
 // `nmcmc train`: trains the learned sampler from a config (resumable; Ctrl-C saves).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <iostream>
 
@@ -108,13 +110,22 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
     std::cout << fmt::format("stopped at step {} of {}: the proposal entropy gained less than {} nats per dimension in "
                              "the last {} steps (train.patience)\n",
                              result.steps, config.train.steps, config.train.min_gain, config.train.patience);
-  } else if (result.stopped == "time") {
+  }
+  const int64_t extended = static_cast<int64_t>(std::count_if(result.time_extensions.begin(), result.time_extensions.end(),
+                                                              [](const auto& c) { return !c.value("passes", true); }));
+  if (extended > 0) {
+    std::cout << fmt::format("the time budget was extended {} time(s): at its end the sampler did not mix yet (Note [A "
+                             "long warm-up shortens training])\n",
+                             extended);
+  }
+  if (result.stopped == "time") {
     const bool shortened = result.preconditioner.is_object() && result.preconditioner.contains("train_time_limit");
+    const double base = shortened ? result.preconditioner["train_time_limit"].get<double>() : config.train.max_seconds;
     std::cout << fmt::format("stopped at step {} of {}: the time budget of {:.4g} s of training steps was spent "
                              "(train.max_seconds{})\n",
-                             result.steps, config.train.steps,
-                             shortened ? result.preconditioner["train_time_limit"].get<double>() : config.train.max_seconds,
-                             shortened ? ", shortened by the long warm-up" : "");
+                             result.steps, config.train.steps, base + static_cast<double>(extended) * config.train.max_seconds,
+                             std::string(shortened ? ", shortened by the long warm-up" : "") +
+                                 (extended > 0 ? fmt::format(", extended {} time(s)", extended) : ""));
   }
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
                            "model: {}; log: {}\n",

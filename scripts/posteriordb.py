@@ -290,7 +290,9 @@ def one(nmcmc, p, ref, row, args, t0):
                     "training_grads": tr["grads"] * batch, "training_loop_seconds": tr["seconds"]})
         check = tr.get("check") or {}  # Note [The mixing check]: paid before sampling too
         row["mixing_check"] = check
+        row["time_extensions"] = tr.get("time_extensions", [])  # their seconds are in tr["seconds"]
         fixed_grads += pre.get("grads", 0) + tr["grads"] * batch + check.get("grads", 0)
+        fixed_grads += sum(c.get("grads", 0) for c in row["time_extensions"])
         fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
         run = nmcmc.sample(sampler="learned", model=model, chains=args.chains, warmup=args.warmup,
                            draws=args.draws, seed=args.seed, progress=False)

@@ -132,6 +132,7 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   d["bad_rows"] = res.bad_rows;
   if (!res.preconditioner.is_null()) d["preconditioner"] = py::module_::import("json").attr("loads")(res.preconditioner.dump());
   if (!res.check.is_null()) d["check"] = py::module_::import("json").attr("loads")(res.check.dump());
+  d["time_extensions"] = py::module_::import("json").attr("loads")(res.time_extensions.dump());
   return d;
 }
 

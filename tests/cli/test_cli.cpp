@@ -375,6 +375,14 @@ TEST(Cli, TrainChecksThatItsSamplerMixes) {
   EXPECT_EQ(bad.code, 0) << bad.out;  // the model is written: more steps may mend it
   EXPECT_NE(bad.out.find("WARNING: the trained sampler does not mix (max R-hat"), std::string::npos) << bad.out;
   EXPECT_TRUE(fs::exists(dir + "bad.pt"));
+  // Note [A long warm-up shortens training]: where the time limit comes before the sampler mixes,
+  // training goes on for another max_seconds, three times at most (here 0.3 s each: far too short
+  // for icg without a preconditioner on any machine).
+  CliRun starved = run("train --target icg --set model.precondition=none --set model.learn_precondition=false "
+                       "--set train.max_seconds=0.3 -q -o " + dir + "starved.pt");
+  EXPECT_EQ(starved.code, 0) << starved.out;
+  EXPECT_NE(starved.out.find("the time budget was extended 3 time(s)"), std::string::npos) << starved.out;
+  EXPECT_NE(starved.out.find("(train.max_seconds, extended 3 time(s))"), std::string::npos) << starved.out;
 }
 
 TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {

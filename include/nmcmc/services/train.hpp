@@ -91,6 +91,9 @@ struct TrainResult {
   int64_t skipped = 0;            // steps skipped over the whole run (the gradient was not finite)
   int64_t bad_rows = 0;           // batch rows rejected for a non-finite energy or gradient, whole run
   nlohmann::json check;           // Note [The mixing check]: the short run after training (null: not run)
+  /// The mixing checks run when the time limit was reached (Note [A long warm-up shortens
+  /// training]): a failed one extended training by another max_seconds.
+  nlohmann::json time_extensions = nlohmann::json::array();
 };
 
 /// Runs the warm-up of Note [Affine preconditioner] with the training options' precondition_*
