@@ -13,7 +13,6 @@ quantity from long Stan runs (the files name the command); the reference's effec
 is taken as (sd / standard error)^2.
 """
 import json
-import math
 import os
 import re
 import sys

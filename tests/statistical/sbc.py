@@ -27,7 +27,6 @@ Models (both have exact priors to draw from and cheap simulations):
             once from N(0, 1)), y_i ~ Bernoulli(sigmoid(x_i . beta)); ranks of all three
 """
 import argparse
-import math
 import os
 import sys
 import time
