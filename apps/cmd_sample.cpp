@@ -18,6 +18,7 @@ struct SampleArgs {
   ComputeArgs compute;  // --dtype, --device (into options) and --threads
   SampleOptions options;
   int64_t rows = 8;
+  std::optional<std::string> warm_start;
   bool quiet = false;
   DistArgs dist;
 };
@@ -27,6 +28,7 @@ int run(SampleArgs a, const CLI::App* cmd) {
   // A learned sampler runs on its model's own target unless one is given (then it must agree).
   r.target = a.options.sampler == SamplerKind::kLearned && !TargetArgs::given(cmd) ? json() : a.target.spec();
   a.options.dtype = a.compute.dtype;
+  if (a.warm_start) a.options.warm_start = *a.warm_start;
   a.options.device = a.compute.device;
   torch::TensorOptions device = a.compute.options();  // validates, applies --threads
   const OutputFormats formats = parse_formats(a.options.formats);
@@ -45,6 +47,14 @@ int run(SampleArgs a, const CLI::App* cmd) {
     return 130;
   }
   std::cout << format_summary(out.summary, a.rows);
+  if (out.summary.contains("model_fit")) {  // Note [Training from a previous model]
+    const json& f = out.summary["model_fit"];
+    const std::string line = fmt::format("the model was trained on other data ({}): accept rate {:.2f} here, {:.2f} in its "
+                                         "training's check",
+                                         f["trained_on"].value("data", "?"), f.value("accept", 0.0), f.value("trained_accept", 0.0));
+    if (f.value("fits", true)) std::cout << line << "\n";
+    else std::cerr << "nmcmc: WARNING: " << line << ": " << f.value("note", "") << "\n";
+  }
   const SampleOptions& o = a.options;
   if (o.output) {
     std::string what;
@@ -107,6 +117,10 @@ Command add_sample_command(CLI::App& app) {
                   "auto | uniform (U(-2,2)) | exact | zero | buffer (the learned sampler's own chains, saved with its "
                   "checkpoint); auto: buffer for a learned sampler that has one, else uniform")
       ->capture_default_str();
+  cmd->add_option("--warm-start", a->warm_start,
+                  "a previous run of the same model on other data (its --output directory or summary.json): start "
+                  "the chains where it ended, with its step size and metric, and warm up briefly (give --warmup, "
+                  "e.g. 150); the metric is kept unless --metric is given (docs/commands.md, Warm starts)");
   cmd->add_option("--output,-o", a->options.output, "directory for the draws and summary.json");
   cmd->add_option("--format", a->options.formats,
                   "draw files with --output: csv (Stan CSV per chain), netcdf (ArviZ InferenceData, "

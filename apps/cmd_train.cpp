@@ -27,7 +27,7 @@ struct TrainArgs {
   std::optional<int64_t> steps, batch;
   std::optional<double> lr, min_lr;
   std::optional<uint64_t> seed;
-  std::optional<std::string> transport;
+  std::optional<std::string> transport, from;
   std::optional<int64_t> transport_layers, transport_rounds;
   bool resume = false, quiet = false;
   ComputeArgs compute;
@@ -49,6 +49,10 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   if (a.seed) cfg["train"]["seed"] = *a.seed;
   if (a.compute.dtype) cfg["dtype"] = *a.compute.dtype;
   if (a.transport) cfg["transport"] = json{{"kind", parse_enum<TransportKind>(*a.transport)}};
+  if (a.from) {
+    if (a.resume) throw UsageError("--from starts a new model from another data set's; --resume continues this one");
+    cfg["from"] = *a.from;
+  }
   // (without --transport, parse_train_config refuses them unless the config's transport takes them)
   if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
   if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
@@ -106,10 +110,21 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                                p["refit"].value("seconds", 0.0));
     }
   }
+  if (result.from.is_object()) {  // Note [Training from a previous model]
+    const json& f = result.from;
+    std::cout << fmt::format("started from {} ({} steps on {}); beta {:.3g}\n", f.value("model", ""), f.value("steps", 0),
+                             f.value("target", json()).is_object() ? f["target"].dump() : std::string("?"),
+                             f.value("beta", 0.0));
+    if (f.contains("first_check") && !f["first_check"].value("passes", true)) {
+      std::cout << fmt::format("the mixing check at the first plateau failed ({}): training went on under train.patience\n",
+                               f["first_check"].value("why", ""));
+    }
+  }
   if (result.stopped == "plateau") {
     std::cout << fmt::format("stopped at step {} of {}: the proposal entropy gained less than {} nats per dimension in "
                              "the last {} steps (train.patience)\n",
-                             result.steps, config.train.steps, config.train.min_gain, config.train.patience);
+                             result.steps, config.train.steps, config.train.min_gain,
+                             config.from.empty() ? config.train.patience : config.train.from_patience);
   }
   const int64_t extended = static_cast<int64_t>(std::count_if(result.time_extensions.begin(), result.time_extensions.end(),
                                                               [](const auto& c) { return !c.value("passes", true); }));
@@ -183,6 +198,11 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "override train.seed");
   cmd->add_option("--set", a->sets, "override any value: section.key=value (e.g. model.hidden=64)");
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
+  cmd->add_option("--from", a->from,
+                  "start from a model trained on another data set of the same model (its checkpoint): its networks, "
+                  "step size and beta; a short warm-up moves the affine map to the new data, then training goes on "
+                  "until its entropy stops improving (train.from_warmup, train.from_patience); --steps 0: re-adapt "
+                  "the map only and check that the sampler still mixes");
   cmd->add_option("--transport", a->transport,
                   "flow: fit a normalizing flow in the warm-up and train the proposal in its latent space "
                   "(docs/transport.md); none: the affine preconditioner only; auto (the default without a "

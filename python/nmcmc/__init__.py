@@ -347,7 +347,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
            device: _Optional[str] = None, output: _Optional[str] = None, formats: _Optional[str] = None,
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: _Optional[str] = None,
            transport_layers: _Optional[int] = None, transport_rounds: _Optional[int] = None,
-           global_moves: _Optional[bool] = None, progress: bool = True) -> Run:
+           global_moves: _Optional[bool] = None, warm_start=None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
@@ -366,6 +366,10 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     fits it only where the warm-up's draws are far from any Gaussian, and samples as "none"
     elsewhere (the summary's transport record says which); global_moves adds an independence
     move from the flow after every step (exact; it can jump between modes).
+    warm_start: a previous Run of the same model on other data (or its output directory, or its
+    summary's "adaptation" record): the chains start where it ended, with its step size and metric;
+    give a short `warmup` (e.g. 150); the metric is re-estimated only when `metric` is given
+    (docs/commands.md, Warm starts). nuts, hmc and mala without a transport.
     Every argument left unset takes `nmcmc sample`'s default (sample_defaults()).
     Ctrl-C raises KeyboardInterrupt."""
     if sampler is None:
@@ -400,6 +404,13 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
             options[key] = kind(value)
     if adapt_step is not None:
         options["no_adapt"] = not adapt_step
+    if warm_start is not None:
+        if isinstance(warm_start, Run):
+            if "adaptation" not in warm_start.summary:
+                raise ValueError("nmcmc.sample: warm_start= needs a completed run of nuts, hmc or mala without a "
+                                 "transport (this run recorded no adaptation)")
+            warm_start = warm_start.summary["adaptation"]
+        options["warm_start"] = warm_start if isinstance(warm_start, dict) else _os.fspath(warm_start)
     request = {"target": None if target is None else _spec_of(target), "options": options}
     return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
 
@@ -469,7 +480,7 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
           model: _Optional[dict] = None, options: _Optional[dict] = None, dtype=None, device="cpu",
           output: _Optional[str] = None, resume: bool = False, progress: bool = True,
           transport: _Optional[str] = None, transport_layers: _Optional[int] = None,
-          transport_rounds: _Optional[int] = None) -> Model:
+          transport_rounds: _Optional[int] = None, from_model=None) -> Model:
     """Trains the learned sampler on `target` and returns the Model.
 
     config: a training config (dict or the path of a configs/*.json file) whose "target", "model"
@@ -486,7 +497,11 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     space (docs/transport.md); the model then samples there (transport_layers, transport_rounds:
     the flow's coupling layers and fits). "auto" (the default without a config) does so only where
     the affine preconditioner does not fit the posterior (model.training["preconditioner"]["auto"]
-    says what it measured and chose); "none": the affine preconditioner only."""
+    says what it measured and chose); "none": the affine preconditioner only.
+    from_model: a Model (or checkpoint path) trained on another data set of the same model: start
+    from its networks, step size and beta, move the affine map to the new data with a short
+    warm-up, and train until the entropy stops improving (model.training["from"]; steps=0: re-adapt
+    the map only and check that it still mixes; docs/commands.md, Training from a previous model)."""
     cfg = _load_config(config)
     if config is None:
         # Your own target: the defaults `nmcmc train --module` uses (the Langevin variant with the
@@ -520,6 +535,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         cfg.setdefault("transport", {})["layers"] = int(transport_layers)
     if transport_rounds is not None:
         cfg.setdefault("transport", {})["rounds"] = int(transport_rounds)
+    if from_model is not None:
+        if resume:
+            raise ValueError("nmcmc.train: from_model= starts a new model; resume= continues this one")
+        cfg["from"] = from_model.path if isinstance(from_model, Model) else _os.fspath(from_model)
     if output is None:
         output = _os.path.join(_tempfile.mkdtemp(prefix="nmcmc-"), "model.pt")
     output = _os.fspath(output)

@@ -133,6 +133,7 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   if (!res.preconditioner.is_null()) d["preconditioner"] = py::module_::import("json").attr("loads")(res.preconditioner.dump());
   if (!res.check.is_null()) d["check"] = py::module_::import("json").attr("loads")(res.check.dump());
   d["time_extensions"] = py::module_::import("json").attr("loads")(res.time_extensions.dump());
+  if (!res.from.is_null()) d["from"] = py::module_::import("json").attr("loads")(res.from.dump());
   return d;
 }
 

@@ -101,6 +101,8 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
   if (matmul) sampler->set_matmul(*matmul);
   if (gemm) sampler->set_gemm(*gemm);
   const json trained_on = meta.at("target");
+  bool other_data = false;
+  json given;
   if (target_spec) {
     auto probe = make_target(*target_spec, options);
     // A TorchScript density is the module's content, not its location: a module saved elsewhere
@@ -110,14 +112,27 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
       return s;
     };
     if (comparable(probe->spec()) != comparable(trained_on)) {
-      throw UsageError("model '" + model_path + "' was trained on target " + trained_on.dump() + ", not " +
-                       probe->spec().dump());
+      // The same Stan program on other data, with the same parameters, is accepted: sample() then
+      // checks that the model still fits (Note [Training from a previous model]).
+      auto program_of = [](json s) {
+        if (s.value("name", "") != "stan") return json();
+        s.erase("data");
+        return s;
+      };
+      const json program = program_of(probe->spec());
+      const bool names_agree = !meta.contains("names") || meta["names"] == json(parameter_labels(*probe));
+      if (program.is_null() || program != program_of(trained_on) || probe->dim() != sampler->options().dim || !names_agree) {
+        throw UsageError("model '" + model_path + "' was trained on target " + trained_on.dump() + ", not " +
+                         probe->spec().dump());
+      }
+      other_data = true;
+      given = probe->spec();
     }
   }
   if (!dtype_given) options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
   sampler->to(options.device(), options.dtype().toScalarType());
   sampler->eval();
-  return {std::make_shared<LearnedProposal>(sampler), trained_on, meta, options, transport};
+  return {std::make_shared<LearnedProposal>(sampler), other_data ? given : trained_on, meta, options, transport, other_data};
 }
 
 }  // namespace nmcmc

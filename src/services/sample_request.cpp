@@ -8,6 +8,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/mapped_draws.hpp"
 #include "nmcmc/kernels/metric.hpp"
+#include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/stan.hpp"
 #include "nmcmc/targets/torchscript.hpp"
@@ -28,6 +29,7 @@ struct Prepared {
   OutputFormats formats;  // checked before the run
   json config, model_meta;
   bool learned = false;
+  bool other_data = false;  // a learned model on other data of its Stan program
   std::shared_ptr<TransportedTarget> latent;  // a learned model trained in a flow's latent space: runs on it
 };
 
@@ -40,12 +42,15 @@ Prepared prepare(const SampleRequest& request) {
   const OutputFormats formats = parse_formats(a.formats);  // checked before the run
   std::unique_ptr<Kernel> kernel;
   // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
+  // Note [Warm starts]: a warm start keeps its metric unless one is asked for.
   const bool nuts = a.sampler == SamplerKind::kNuts;
+  const bool warm = !a.warm_start.is_null();
   if (a.metric && a.adapt_mass && *a.metric != "diag") throw UsageError("--adapt-mass means --metric diag");
-  const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(a.adapt_mass || nuts ? "diag" : "unit"));
+  const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(a.adapt_mass || (nuts && !warm) ? "diag" : "unit"));
   json target_spec = request.target;
   json model_meta;
   FlowTransport model_flow(nullptr);
+  bool other_data = false;  // a learned model on other data of its Stan program
   const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
   if (a.transport != TransportKind::kNone && learned) {
@@ -68,6 +73,7 @@ Prepared prepare(const SampleRequest& request) {
     model_meta = lr.meta;
     options = lr.options;
     model_flow = lr.transport;
+    other_data = lr.other_data;
   } else {
     if (a.model) throw UsageError("--model goes with --sampler learned");
     if (a.matmul) throw UsageError("--matmul goes with --sampler learned (its networks' GEMMs)");
@@ -83,7 +89,20 @@ Prepared prepare(const SampleRequest& request) {
   if (a.no_adapt && !a.step_size) throw UsageError("--no-adapt needs --step-size");
 
   if (learned && a.step_size) throw UsageError("--step-size does not apply to the learned sampler (its step size is learned)");
+  if (warm && (learned || a.sampler == SamplerKind::kRwm || a.transport != TransportKind::kNone)) {
+    throw UsageError("--warm-start applies to nuts, hmc and mala without a transport (the learned sampler starts from "
+                     "another data set's model with `nmcmc train --from`)");
+  }
   std::shared_ptr<Target> target = make_target(target_spec, options);
+  std::optional<WarmStart> warm_start;
+  if (warm) {
+    warm_start = WarmStart::read(a.warm_start);
+    warm_start->check_model(*target, "--warm-start");
+    torch::Tensor m = warm_start->inv_mass;
+    if (m.defined() && m.dim() == 2 && !kernel->has_dense_metric()) m = m.diagonal().clone();
+    if (m.defined()) kernel->set_inv_mass(m.to(options));
+    if (!a.step_size) kernel->set_step_size(warm_start->step_size);
+  }
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
   RunOptions run;
   run.set_metric(metric);
@@ -109,6 +128,7 @@ Prepared prepare(const SampleRequest& request) {
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(init == "buffer" ? "uniform" : init);
   if (request.init_x.defined()) run.set_init_x(request.init_x);
   else if (init == "buffer") run.set_init_x(buffer);
+  else if (warm_start && a.init == "auto") run.set_init_x(warm_start->positions.to(options));
   std::shared_ptr<TransportedTarget> latent;
   if (model_flow) {
     // Note [Learned proposal in a flow's latent space]: the chains run in z; the buffer is in z,
@@ -136,7 +156,7 @@ Prepared prepare(const SampleRequest& request) {
             {"warmup", a.warmup},
             {"draws", a.draws},
             {"seed", a.seed},
-            {"init", request.init_x.defined() ? "given" : init},
+            {"init", request.init_x.defined() ? "given" : warm_start && a.init == "auto" ? "warm start" : init},
             {"adapt_step", !a.no_adapt},
             {"adapt_mass", metric != MetricAdapt::kUnit},
             {"dtype", options.dtype().toScalarType() == torch::kFloat64 ? "float64" : "float32"},
@@ -154,7 +174,15 @@ Prepared prepare(const SampleRequest& request) {
                            {"global_moves", a.global_moves}};
   }
   if (metric != MetricAdapt::kUnit || nuts) config["metric"] = metric;
+  if (warm_start) {
+    config["warm_start"] = {{"sampler", warm_start->sampler},
+                            {"step_size", warm_start->step_size},
+                            {"metric", !warm_start->inv_mass.defined() ? "unit" : warm_start->inv_mass.dim() == 2 ? "dense" : "diag"},
+                            {"metric_adapted", metric != MetricAdapt::kUnit},
+                            {"source", a.warm_start.is_string() ? a.warm_start : json("record")}};
+  }
   if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
+  if (other_data) config["model"]["trained_on"] = model_meta["target"];
   if (latent) config["model"]["transport"] = model_meta["transport"];
 
   prep.kernel = std::move(kernel);
@@ -162,11 +190,25 @@ Prepared prepare(const SampleRequest& request) {
   prep.run = run;
   prep.model_meta = model_meta;
   prep.learned = learned;
+  prep.other_data = other_data;
   prep.latent = latent;
   prep.formats = formats;
   return prep;
 }
 }  // namespace
+
+/// Note [Training from a previous model]: a learned model sampling other data than it was trained
+/// on fits while its accept rate stays above half of its mixing check's.
+static json model_fit(const SampleResult& r, const json& meta) {
+  const double accept = r.accept_stat.mean().item<double>();
+  const json check = meta.value("check", json());
+  const double trained = check.is_object() ? check.value("accept", 0.0) : 0.0;
+  const bool fits = !(trained > 0) || accept >= 0.5 * trained;
+  return {{"trained_on", meta.value("target", json())}, {"accept", accept}, {"trained_accept", trained}, {"fits", fits},
+          {"note", fits ? "the model's accept rate on these data is at least half of its training check's"
+                        : "the model no longer fits these data: re-adapt it (nmcmc train --from MODEL --steps 0) or "
+                          "train on (nmcmc train --from MODEL)"}};
+}
 
 SampleOptions sample_options_from_json(const json& j) { return options_from_json<SampleOptions>(j, "sample options"); }
 
@@ -227,6 +269,11 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   } else {
     out.result = run_sampler(*prep.target, *prep.kernel, run, a.seed, progress, comm.get());
   }
+  // Note [Warm starts]: where the chains ended, in the space they move in (before mapping).
+  json adaptation;
+  if (!prep.learned && a.transport == TransportKind::kNone && world == 1 && out.result.complete) {
+    adaptation = WarmStart::record(out.result, parameter_labels(*prep.target), enum_name(a.sampler));
+  }
   if (mapped) out.result = mapped->take_result();
   SampleResult& r = out.result;
   if (!r.draws.defined() || r.draws.size(0) == 0) return out;  // stopped before any draw
@@ -239,6 +286,8 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   if (!comm->is_root()) return out;
   out.summary = summarise(r, *prep.target, int64_t{256} << 20, progress);
   if (!transport_report.is_null()) out.summary["transport"] = transport_report;
+  if (!adaptation.is_null()) out.summary["adaptation"] = adaptation;
+  if (prep.other_data) out.summary["model_fit"] = model_fit(r, prep.model_meta);
   if (gq_failures->first > 0) {
     out.summary["generated_quantities_failures"] = gq_failures->first;
     out.summary["first_generated_quantities_failure"] = gq_failures->second;

@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 json TrainConfig::to_json() const {
   json j = {{"name", name}, {"target", target}, {"model", model.to_json()}, {"train", train.to_json()}, {"dtype", dtype}};
   if (transport.kind != TransportKind::kNone) j["transport"] = transport;
+  if (!from.empty()) j["from"] = from;
   return j;
 }
 
@@ -45,12 +46,18 @@ TrainConfig parse_train_config(const json& j) {
   if (!j.is_object()) throw UsageError("a training config must be a JSON object");
   for (auto& [key, value] : j.items()) {
     if (key != "name" && key != "target" && key != "model" && key != "train" && key != "dtype" && key != "eval" &&
-        key != "paper" && key != "transport") {
+        key != "paper" && key != "transport" && key != "from") {
       throw UsageError("config: unknown section '" + key + "'");
     }
   }
   if (!j.contains("target")) throw UsageError("config: missing \"target\"");
   TrainConfig c;
+  if (j.contains("from") && !j["from"].is_null()) {
+    if (!j["from"].is_string() || j["from"].get<std::string>().empty()) {
+      throw UsageError("config: \"from\" must be the path of a checkpoint (nmcmc train's output)");
+    }
+    c.from = j["from"].get<std::string>();
+  }
   c.name = j.value("name", std::string("run"));
   c.target = j["target"];
   json model = j.value("model", json::object());
@@ -85,6 +92,10 @@ TrainConfig parse_train_config(const json& j) {
         (c.train.precondition_sampler == SamplerKind::kRwm || c.train.precondition_sampler == SamplerKind::kLearned)) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted from gradients: "
                        "train.precondition_sampler must be nuts, hmc or mala");
+    }
+    if (!c.from.empty() && c.transport.kind == TransportKind::kFlow) {
+      throw UsageError("--from starts from a model trained with the affine preconditioner; a flow transport is not "
+                       "carried to another data set yet (train without --transport flow)");
     }
     if (c.transport.kind != TransportKind::kNone && c.train.precondition_warmup < 100) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted in the warm-up: "
@@ -129,7 +140,7 @@ ProgressFn precondition_progress(const TrainProgressFn& progress, int64_t warmup
 
 json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
                             const TrainProgressFn& progress, const std::function<bool()>& should_stop,
-                            torch::Tensor* end_positions) {
+                            torch::Tensor* end_positions, const WarmStart* start) {
   // In float64 whatever the model's dtype (Note [Training budget]): in float32 the warm-up's step
   // size collapsed on correlated posteriors, and the metric with it. Its draws are the model's
   // first buffer, in the model's dtype.
@@ -143,7 +154,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
   RunOptions ro;
   ro.chains = o.precondition_chains;
-  ro.warmup = o.precondition_warmup;
+  ro.warmup = start ? o.from_warmup : o.precondition_warmup;
   // 0: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
   // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients).
   ro.draws = o.precondition_draws > 0 ? o.precondition_draws : kind == Precondition::kLowRank ? 400 : 100;
@@ -151,12 +162,20 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   ro.target_accept = default_target_accept(o.precondition_sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
+  if (start) {  // Note [Warm starts]: the metric is estimated again over the short warm-up's windows
+    torch::Tensor m = start->inv_mass;
+    if (m.defined() && m.dim() == 2 && ro.metric != MetricAdapt::kDense) m = m.diagonal().clone();
+    if (m.defined()) kernel->set_inv_mass(m.to(target.options()));
+    kernel->set_step_size(start->step_size);
+    if (start->positions.defined()) ro.init_x = start->positions.to(target.options());
+  }
   const ProgressFn adapter = precondition_progress(progress, ro.warmup, ro.draws);
   SampleResult r = run_sampler(target, *kernel, ro, seed_of(o.seed, SeedStream::kPreconditioner), adapter);
   json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
                  {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
                  {"seconds", r.seconds_warmup + r.seconds_sampling}};
+  if (start) record["warm_start"] = true;
   if (!r.complete) {
     record["interrupted"] = true;
     return record;
@@ -183,7 +202,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
       torch::Tensor l = sampler->precondition_matrix().to(torch::kFloat64);
       kernel2->set_inv_mass(l.matmul(l.t()).to(target.options()));
       RunOptions ro2 = ro;
-      ro2.warmup = std::max<int64_t>(100, o.precondition_warmup / 4);
+      ro2.warmup = std::max<int64_t>(100, ro.warmup / 4);
       ro2.metric = MetricAdapt::kUnit;
       ro2.init_x = r.draws.select(0, r.draws.size(0) - 1).to(target.options());
       SampleResult r2 = run_sampler(target, *kernel2, ro2, seed_of(o.seed, SeedStream::kPreconditionerRefit), adapter);

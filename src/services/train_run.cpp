@@ -34,6 +34,22 @@
 // all-in cost. A failed check does not remove the model (more steps may mend it): the command
 // line warns on stderr, Python warns (RuntimeWarning), and the checkpoint records it. Distributed
 // runs skip it (each rank holds only its shard of the chains).
+//
+// Note [Training from a previous model]
+// `nmcmc train --from previous.pt` (config "from") trains on a new data set of the model that
+// previous.pt was trained on (the same parameters: dimension and names, UsageError otherwise). The
+// networks, their step size and beta start where the previous training left them, and the new
+// data move only what they must: the preconditioner's warm-up starts from the previous model's
+// metric (L L^T), the warm-up's step size and chains (Note [Warm starts], kernels/warm_start.hpp)
+// and runs train.from_warmup iterations (150) instead of precondition_warmup (500); its draws set
+// the affine map m, L again and seed the buffer. The training steps then go on from the
+// previous networks with a fresh optimiser and stop on a plateau of train.from_patience steps (50)
+// rather than patience (200). A proposal that fits the new posterior gains nothing there and
+// stops after about 50 steps; where the mixing check at that plateau fails, training goes on under
+// the usual patience. `--steps 0` re-adapts the affine map only and runs the mixing check: its
+// verdict (with the warm-up's Fisher divergence) says whether the previous networks still fit.
+// The model section of the config is the previous model's (its width, variant, preconditioner);
+// a flow transport is not carried over (refused).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -78,6 +94,7 @@ class TrainRun {
     if (with_transport_ && distributed_) throw UsageError("training with a flow transport runs in one process");
     asked_precondition_ = model_.precondition;
     set_precondition();
+    if (!config.from.empty() && !(resume && std::filesystem::exists(output))) start_from_previous();
   }
 
   TrainResult run() {
@@ -105,6 +122,44 @@ class TrainRun {
     model_.precondition = with_transport_ && asked_precondition_ == Precondition::kAuto
                               ? Precondition::kDiag
                               : resolve_precondition(asked_precondition_, model_.dim);
+  }
+
+  /// Note [Training from a previous model]: the previous model, checked against this target.
+  void start_from_previous() {
+    if (distributed_) throw UsageError("--from trains in one process");
+    auto [previous, meta] = load_model(config_.from);
+    if (meta.contains("transport")) {
+      throw UsageError("--from: '" + config_.from + "' was trained in a flow transport's latent space; starting from such "
+                       "a model is not supported yet (train the previous data set with --transport none)");
+    }
+    if (previous->options().dim != target_->dim()) {
+      throw UsageError(fmt::format("--from: '{}' was trained on a model with {} parameters; this target has {}",
+                                   config_.from, previous->options().dim, target_->dim()));
+    }
+    const std::vector<std::string> labels = parameter_labels(*target_);
+    if (meta.contains("names") && meta["names"].get<std::vector<std::string>>() != labels) {
+      const auto names = meta["names"].get<std::vector<std::string>>();
+      size_t i = 0;
+      while (i < names.size() && names[i] == labels[i]) ++i;
+      throw UsageError(fmt::format("--from: '{}' was trained on another model: its parameter {} is '{}', this target's '{}'",
+                                   config_.from, i + 1, names[i], labels[i]));
+    }
+    model_ = previous->options();
+    auto_transport_ = with_transport_ = false;
+    from_sampler_ = previous;
+    from_meta_ = meta;
+    if (previous->preconditioned()) {
+      WarmStart w;
+      const torch::Tensor l = previous->precondition_matrix().to(torch::kFloat64);
+      w.inv_mass = l.matmul(l.t());
+      const json pre = meta.value("preconditioner", json::object());
+      w.step_size = pre.is_object() ? pre.value("step_size", 0.0) : 0.0;
+      if (!(w.step_size > 0)) w.step_size = 0.1;
+      torch::Tensor buffer = load_buffer(config_.from);
+      if (buffer.defined()) w.positions = buffer.narrow(0, 0, std::min<int64_t>(buffer.size(0), config_.train.precondition_chains)).to(torch::kFloat64);
+      w.sampler = enum_name(config_.train.precondition_sampler);
+      from_start_ = std::move(w);
+    }
   }
 
   /// Resume only when every rank sees the checkpoint (rank 0 writes it; other machines need the
@@ -141,8 +196,10 @@ class TrainRun {
   /// Every rank runs the same warm-up (same seed); rank 0's result is then broadcast. Distributed,
   /// a stop during it waits for the first training step (so all ranks stop together).
   json run_affine_warmup(LearnedSampler& s, Trainer& t, bool& stopped) {
-    json record = warm_up_preconditioner(*target_, s, t, config_.train, progress_, distributed_ ? nullptr : should_stop_,
-                                         &affine_end_);
+    TrainOptions o = config_.train;
+    if (from_start_) o.eps_from_warmup = o.beta_from_warmup = false;  // the previous model's (Note [Training from a previous model])
+    json record = warm_up_preconditioner(*target_, s, t, o, progress_, distributed_ ? nullptr : should_stop_, &affine_end_,
+                                         from_start_ ? &*from_start_ : nullptr);
     stopped = parallel::all_reduce_doubles(*comm_, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
     return record;
   }
@@ -206,10 +263,15 @@ class TrainRun {
   void make_trainer() {
     if (flow_) latent_ = std::make_unique<TransportedTarget>(*target_, flow_);
     Target& train_target = latent_ ? static_cast<Target&>(*latent_) : *target_;
-    sampler_ = affine_trainer_ ? affine_sampler_ : LearnedSampler(model_);
+    sampler_ = affine_trainer_ ? affine_sampler_ : from_sampler_ ? from_sampler_ : LearnedSampler(model_);
     trainer_ = affine_trainer_ ? std::move(affine_trainer_)
                                : std::make_unique<Trainer>(train_target, sampler_.ptr(), train_options_, comm_);
-    extra_ = {{"name", config_.name}, {"config", config_.to_json()}};
+    extra_ = {{"name", config_.name}, {"config", config_.to_json()}, {"names", parameter_labels(*target_)}};
+    if (from_sampler_) {
+      trainer_->set_beta(from_meta_.value("beta", trainer_->beta()));
+      extra_["from"] = {{"model", config_.from}, {"target", from_meta_.value("target", json())},
+                        {"steps", from_meta_.value("step", int64_t{0})}, {"beta", trainer_->beta()}};
+    }
     if (flow_) extra_["transport"] = {{"kind", TransportKind::kFlow}, {"flow", flow_->options()}};
   }
 
@@ -303,6 +365,8 @@ class TrainRun {
     double trained = 0;
     double limit = time_limit();
     int extensions = 0;
+    // Note [Training from a previous model]: a short plateau first, the usual one where the check fails
+    int64_t patience = from_sampler_ ? budget.from_patience : budget.patience;
     auto elapsed = [&t0](std::chrono::steady_clock::time_point now) {
       return std::chrono::duration<double>(now - t0).count();
     };
@@ -331,7 +395,15 @@ class TrainRun {
       }
       // Every rank decides alike: the entropy and the step are the all-reduced ones; the time is rank 0's.
       std::string why;
-      if (budget.patience > 0 && s.step - best_step >= budget.patience && s.step < total) why = "plateau";
+      if (patience > 0 && s.step - best_step >= patience && s.step < total) why = "plateau";
+      if (why == "plateau" && patience != budget.patience) {
+        const json check = mixing_check();
+        extra_["from"]["first_check"] = check;
+        if (!check.value("passes", true)) {
+          patience = budget.patience;
+          why.clear();
+        }
+      }
       if (limit > 0 && s.step < total &&
           parallel::all_reduce_doubles(*comm_, {comm_->is_root() && trained > limit ? 1.0 : 0.0})[0] > 0) {
         why = "time";
@@ -396,9 +468,14 @@ class TrainRun {
   /// Note [The mixing check]: the trained proposal from the training's chains, recorded in the
   /// result and the checkpoint (with the checks that extended training's time, if any).
   void check_mixing() {
-    if (distributed_ || result_.steps == 0 || (should_stop_ && should_stop_())) return;
-    result_.check = mixing_check();
+    if (distributed_ || (result_.steps == 0 && !from_sampler_) || (should_stop_ && should_stop_())) return;
+    // (the check at the first plateau of training from a previous model, where training ended there)
+    const json first = extra_.contains("from") ? extra_["from"].value("first_check", json()) : json();
+    const bool same = first.is_object() && first.value("at_step", int64_t{-1}) == trainer_->current_step();
+    result_.check = same ? first : mixing_check();
+    if (same) extra_["from"].erase("first_check");  // counted once
     extra_["check"] = result_.check;
+    if (extra_.contains("from")) result_.from = extra_["from"];
     if (!result_.time_extensions.empty()) extra_["time_extensions"] = result_.time_extensions;
     checkpoint();  // the record with the model
   }
@@ -462,6 +539,9 @@ class TrainRun {
   LearnedSampler sampler_{nullptr};
   std::unique_ptr<Trainer> trainer_;
   json extra_;
+  LearnedSampler from_sampler_{nullptr};  // Note [Training from a previous model]
+  json from_meta_;
+  std::optional<WarmStart> from_start_;
 };
 
 }  // namespace

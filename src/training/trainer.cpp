@@ -44,6 +44,7 @@ TrainOptions TrainOptions::from_json(const json& j) {
   if (o.precondition_warmup < 20 || o.precondition_draws < 0 || o.precondition_chains < 1) {
     throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 0 (0: auto) and precondition_chains >= 1");
   }
+  if (o.from_warmup < 20 || o.from_patience < 0) throw UsageError("train: need from_warmup >= 20 and from_patience >= 0");
   return o;
 }
 

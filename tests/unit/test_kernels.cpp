@@ -8,6 +8,7 @@
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/kernels/integrator.hpp"
 #include "nmcmc/kernels/nuts.hpp"
+#include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -357,4 +358,67 @@ TEST(Sampling, StopKeepsWhatWasDrawn) {
   SampleResult w = run_sampler(*t, k, o, 1);
   EXPECT_FALSE(w.complete);
   EXPECT_FALSE(w.draws.defined());
+}
+
+// Note [Warm starts]: a run records where it ended; the next run of the same model starts there, with
+// its step size and metric, and refuses another model or a malformed record.
+TEST(WarmStart, TheNextRunStartsWhereTheLastEndedWithItsAdaptation) {
+  SampleRequest first;
+  first.target = {{"name", "icg"}, {"dim", 3}};
+  first.options.chains = 3;
+  first.options.warmup = 300;
+  first.options.draws = 50;
+  first.options.dtype = "float64";
+  SampleOutcome a = sample(first);
+  const json rec = a.summary.at("adaptation");
+  EXPECT_EQ(rec["sampler"], "nuts");
+  EXPECT_EQ(rec["metric"], "diag");
+  EXPECT_EQ(rec["names"], json({"x.1", "x.2", "x.3"}));
+  EXPECT_DOUBLE_EQ(rec["step_size"].get<double>(), a.result.step_size);
+  const WarmStart w = WarmStart::from_json(rec, "test");
+  EXPECT_TRUE(torch::equal(w.positions, a.result.draws[49]));
+  EXPECT_TRUE(torch::allclose(w.inv_mass, a.result.inv_mass.to(torch::kFloat64), 0, 0));
+
+  // warm-up 0 without adaptation: the run keeps the recorded step size and starts at the positions
+  SampleRequest next = first;
+  next.options.warmup = 0;
+  next.options.warm_start = rec;
+  SampleOutcome b = sample(next);
+  EXPECT_EQ(b.config["init"], "warm start");
+  EXPECT_EQ(b.config["warm_start"]["metric_adapted"], false);
+  EXPECT_DOUBLE_EQ(b.result.step_size, a.result.step_size);
+
+  // another model: named
+  SampleRequest other = next;
+  other.target = {{"name", "icg"}, {"dim", 4}};
+  EXPECT_THROW(
+      {
+        try {
+          sample(other);
+        } catch (const UsageError& e) {
+          EXPECT_NE(std::string(e.what()).find("3 parameters, this target has 4"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      UsageError);
+  json renamed = rec;
+  renamed["names"][1] = "y";
+  next.options.warm_start = renamed;
+  EXPECT_THROW(sample(next), UsageError);
+  // malformed records, the learned sampler, a transport
+  for (const char* key : {"step_size", "positions", "names"}) {
+    json broken = rec;
+    broken.erase(key);
+    EXPECT_THROW(WarmStart::from_json(broken, "test"), UsageError) << key;
+  }
+  json bad = rec;
+  bad["step_size"] = -1;
+  EXPECT_THROW(WarmStart::from_json(bad, "test"), UsageError);
+  bad = rec;
+  bad["inv_mass"] = json::array({1.0, 2.0});
+  EXPECT_THROW(WarmStart::from_json(bad, "test"), UsageError);
+  EXPECT_THROW(WarmStart::read(json("/nonexistent/run")), UsageError);
+  next.options.warm_start = rec;
+  next.options.transport = TransportKind::kFlow;
+  EXPECT_THROW(sample(next), UsageError);
 }

@@ -55,9 +55,12 @@ struct LearnedRun {
   nlohmann::json meta;
   torch::TensorOptions options;
   FlowTransport transport{nullptr};  // defined: the model proposes in this flow's latent space
+  bool other_data = false;           // the same Stan program on other data than it was trained on
 };
 /// Loads the checkpoint at `model_path` (DataError if unreadable). A given `target_spec` must
-/// describe the model's own target (UsageError otherwise). The model runs in `options`' dtype
+/// describe the model's own target (UsageError otherwise), or the same Stan program on other data
+/// with the same parameters (Note [Training from a previous model]: other_data, target_spec the
+/// given one; its affine map is then the old posterior's, and the run checks the fit). The model runs in `options`' dtype
 /// when `dtype_given`, else in the dtype it was trained in; its networks multiply as `matmul`
 /// and `gemm` say when given, else as its checkpoint says (Note [Linear-layer policy]).
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<nlohmann::json>& target_spec,

@@ -53,11 +53,16 @@ struct SampleOptions {
   int64_t transport_layers = kDefaultTransportLayers;  // its coupling layers
   int64_t transport_rounds = kDefaultTransportRounds;  // its fits during warm-up
   bool global_moves = false;           // with a transport: independence moves from the flow
+  /// Note [Warm starts] (kernels/warm_start.hpp): a previous run of the same model (the path of its
+  /// output directory or summary.json, or its "adaptation" record): the chains start where it
+  /// ended, with its step size and metric; the metric is re-estimated only when `metric` is given.
+  /// null: none. nuts, hmc and mala, without a transport.
+  nlohmann::json warm_start;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
                                                 no_adapt, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
                                                 dtype, device, matmul, gemm, output, formats, transport,
-                                                transport_layers, transport_rounds, global_moves)
+                                                transport_layers, transport_rounds, global_moves, warm_start)
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.
 SampleOptions sample_options_from_json(const nlohmann::json& j);

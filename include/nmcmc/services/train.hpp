@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/services/transport.hpp"
 #include "nmcmc/training/trainer.hpp"
 
@@ -34,6 +35,9 @@ struct TrainConfig {
   TrainOptions train;
   std::string dtype = "float32";
   TrainTransport transport;
+  /// Note [Training from a previous model] (services/train_run.cpp): the checkpoint of a model
+  /// trained on another data set of the same model to start from ("": none; config key "from").
+  std::string from;
   nlohmann::json to_json() const;
 };
 /// Parses and validates a configuration (UsageError on bad values).
@@ -91,6 +95,7 @@ struct TrainResult {
   int64_t skipped = 0;            // steps skipped over the whole run (the gradient was not finite)
   int64_t bad_rows = 0;           // batch rows rejected for a non-finite energy or gradient, whole run
   nlohmann::json check;           // Note [The mixing check]: the short run after training (null: not run)
+  nlohmann::json from;            // Note [Training from a previous model]: the model it started from (null: none)
   /// The mixing checks run when the time limit was reached (Note [A long warm-up shortens
   /// training]): a failed one extended training by another max_seconds.
   nlohmann::json time_extensions = nlohmann::json::array();
@@ -101,11 +106,12 @@ struct TrainResult {
 /// with its draws. Returns its record: sampler, chains, iterations, grads (all chains), seconds,
 /// step_size, fisher_per_dim (Note [Choosing the transport]); with "interrupted": true when
 /// should_stop ended it (the model is then unchanged). `end_positions`, if given, gets where the
-/// chains ended [C, D] (float64).
+/// chains ended [C, D] (float64). With `start` (Note [Warm starts]) the warm-up starts from its
+/// chains, step size and metric and runs options.from_warmup iterations.
 nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, Trainer& trainer,
                                       const TrainOptions& options, const TrainProgressFn& progress = nullptr,
                                       const std::function<bool()>& should_stop = nullptr,
-                                      torch::Tensor* end_positions = nullptr);
+                                      torch::Tensor* end_positions = nullptr, const WarmStart* start = nullptr);
 
 /// Note [Choosing the transport] (services/transport.hpp): `nmcmc train`'s transport "auto".
 

@@ -62,6 +62,13 @@ struct TrainOptions {
   int64_t patience = 0;
   double min_gain = 0.01;
   double max_seconds = 0;
+  // Starting from another data set's model (Note [Training from a previous model], services/
+  // train_run.cpp): the preconditioner's warm-up, warm-started from the model's own metric, step
+  // size and chains, runs `from_warmup` iterations instead of precondition_warmup; the training
+  // steps then stop on a plateau of `from_patience` steps (then patience's, where the mixing check
+  // fails).
+  int64_t from_warmup = 150;
+  int64_t from_patience = 50;
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
@@ -70,7 +77,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr,
                                                 buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
                                                 precondition_sampler, precondition_warmup, precondition_draws,
                                                 precondition_chains, precondition_refit, eps_from_warmup, beta_from_warmup,
-                                                shards, patience, min_gain, max_seconds)
+                                                shards, patience, min_gain, max_seconds, from_warmup,
+                                                from_patience)
 
 /// One logged training step.
 struct TrainStats {
@@ -108,6 +116,8 @@ class Trainer {
   /// [Non-finite rows in training]), over the whole run.
   int64_t bad_rows() const { return bad_rows_; }
   double beta() const { return core_.beta().value(); }
+  /// Sets beta (before the first step), e.g. to a previous model's.
+  void set_beta(double beta) { core_.beta().set_value(beta); }
   const TrainOptions& options() const { return options_; }
   ProposalModel& model() { return core_.model(); }
   /// Learning rate at step t (warm-up, then cosine).

@@ -1,0 +1,84 @@
+"""One model, the next data set (Note [Warm starts], Note [Training from a previous model]): NUTS
+warm-started from the previous run, the learned sampler trained from the previous model, the old
+model sampling the new data with its fit stated, and one clear error for another model.
+
+The statistical checks compare a mean with a long cold NUTS run on the same data: within 5 of their
+combined MCSE (false-fail about 6e-7 per check, normal approximation). Their power is shown by the
+check that must fail: the previous data set's run judged against the new data's (its mean is 5
+away)."""
+import math
+import os
+
+import pytest
+
+import nmcmc  # before torch: Note [OpenBLAS's kernels]
+
+SRC = os.environ.get("NMCMC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+PROGRAM = os.path.join(SRC, "tests", "data", "stan", "schools.stan")
+DATA_A = {"J": 8, "y": [28, 8, -3, 7, -1, 1, 18, 12], "sigma": [15, 10, 16, 11, 9, 11, 10, 18]}
+DATA_B = dict(DATA_A, y=[v + 5 for v in DATA_A["y"]])  # the next data set: mu moves by about 5
+
+
+def mu_agrees(run, reference) -> bool:
+    """mu's mean within 5 combined MCSE of the reference run's."""
+    a = next(p for p in run.summary["parameters"] if p["name"] == "mu")
+    b = next(p for p in reference.summary["parameters"] if p["name"] == "mu")
+    return abs(a["mean"] - b["mean"]) <= 5 * math.hypot(a["mcse_mean"], b["mcse_mean"])
+
+
+@pytest.fixture(scope="module")
+def family():
+    ta, tb = nmcmc.stan_model(PROGRAM, data=DATA_A), nmcmc.stan_model(PROGRAM, data=DATA_B)
+    first = nmcmc.sample(ta, "nuts", chains=4, warmup=500, draws=500, seed=1, progress=False)
+    cold = nmcmc.sample(tb, "nuts", chains=4, warmup=1000, draws=2000, seed=3, progress=False)
+    return ta, tb, first, cold
+
+
+def test_nuts_starts_from_the_previous_data_sets_run(family):
+    ta, tb, first, cold = family
+    rec = first.summary["adaptation"]
+    assert rec["names"] == tb.names and rec["metric"] == "diag" and len(rec["positions"]) == 4
+    warm = nmcmc.sample(tb, "nuts", chains=4, warmup=150, draws=1000, seed=2, warm_start=first, progress=False)
+    assert warm.config["init"] == "warm start" and warm.config["warm_start"]["metric_adapted"] is False
+    assert warm.summary["max_rhat"] < 1.02
+    assert mu_agrees(warm, cold)
+    assert not mu_agrees(first, cold)  # the check's power: the previous data set's run fails it
+    # the metric re-estimated over the short warm-up's windows when asked
+    again = nmcmc.sample(tb, "nuts", chains=4, warmup=150, draws=200, seed=2, warm_start=first, metric="diag",
+                         progress=False)
+    assert again.config["warm_start"]["metric_adapted"] is True
+
+
+def test_a_warm_start_belongs_to_one_model(family, tmp_path):
+    ta, tb, first, cold = family
+    with pytest.raises(ValueError, match="parameter 1 is 'theta_trans.1'"):
+        nmcmc.sample(nmcmc.target("icg", dim=10), "nuts", warmup=10, draws=10, warm_start=first, progress=False)
+    with pytest.raises(ValueError, match="nuts, hmc and mala"):
+        nmcmc.sample(tb, "rwm", warmup=10, draws=10, warm_start=first, progress=False)
+    with pytest.raises(ValueError, match="records no adaptation"):
+        (tmp_path / "summary.json").write_text("{}")
+        nmcmc.sample(tb, "nuts", warmup=10, draws=10, warm_start=str(tmp_path), progress=False)
+
+
+def test_the_learned_sampler_trains_from_the_previous_model(family, tmp_path):
+    ta, tb, first, cold = family
+    old = nmcmc.train(ta, transport="none", options={"max_seconds": 15}, progress=False, output=str(tmp_path / "a.pt"))
+    new = nmcmc.train(tb, from_model=old, progress=False, output=str(tmp_path / "b.pt"))
+    tr = new.training
+    assert tr["from"]["model"] == old.path and tr["from"]["steps"] == old.steps
+    assert tr["preconditioner"]["warm_start"] is True and tr["preconditioner"]["warmup"] == 150
+    assert tr["check"]["passes"]
+    run = nmcmc.sample(sampler="learned", model=new, chains=4, warmup=50, draws=1000, seed=4, progress=False)
+    assert run.summary["max_rhat"] < 1.02 and mu_agrees(run, cold)
+    # --steps 0: the affine map moved, no training step, and the mixing check's verdict
+    moved = nmcmc.train(tb, from_model=old, steps=0, progress=False, output=str(tmp_path / "c.pt"))
+    assert moved.training["steps"] == 0 and "passes" in moved.training["check"]
+    # the old model on the new data as it is: it runs, and says how well it fits
+    as_is = nmcmc.sample(tb, "learned", model=old, chains=4, warmup=50, draws=100, seed=5, progress=False)
+    fit = as_is.summary["model_fit"]
+    assert fit["trained_on"]["name"] == "stan" and 0 <= fit["accept"] <= 1 and isinstance(fit["fits"], bool)
+    # another model: one clear error
+    with pytest.raises(ValueError, match="10 parameters; this target has 3"):
+        nmcmc.train(nmcmc.target("icg", dim=3), from_model=old, progress=False)
+    with pytest.raises(ValueError, match="resume"):
+        nmcmc.train(tb, from_model=old, resume=True, progress=False)
