@@ -11,7 +11,7 @@ struct CompareArgs {
   TargetArgs target;
   ComputeArgs compute;
   CompareOptions options;
-  std::optional<std::string> table;
+  std::optional<std::string> table, warm_start;
   std::vector<std::string> nuts_metrics;
   bool quiet = false;
   DistArgs dist;
@@ -22,6 +22,7 @@ int run(CompareArgs& a, const CLI::App* cmd) {
     std::cout << compare_table(read_config_file(*a.table));
     return 0;
   }
+  if (a.warm_start) a.options.warm_start = *a.warm_start;
   for (const auto& m : a.nuts_metrics) {
     const MetricAdapt metric = parse_enum<MetricAdapt>(m);
     if (metric == MetricAdapt::kUnit) throw UsageError("--nuts-metrics: NUTS's metrics are diag, dense, fisher-diag or fisher-lowrank");
@@ -64,6 +65,10 @@ Command add_compare_command(CLI::App& app) {
                   "flow: also NUTS on the target pulled back through a flow fitted in warm-up (nuts_flow); auto: "
                   "also NUTS with the flow only where its warm-up's draws are far from any Gaussian (nuts_auto)");
   cmd->add_option("--leapfrog", a->options.hmc_leapfrog, "HMC leapfrog steps")->capture_default_str();
+  cmd->add_option("--warm-start", a->warm_start,
+                  "a previous run of the same model on other data (its output directory or summary.json): adds "
+                  "nuts_warm, NUTS started where it ended with its step size and metric (docs/commands.md)");
+  cmd->add_option("--warm-warmup", a->options.warm_warmup, "nuts_warm's warm-up iterations")->capture_default_str();
   cmd->add_option("--output,-o", a->options.output, "output directory")->capture_default_str();
   cmd->add_option("--table", a->table, "only print the table of an existing compare.json");
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");

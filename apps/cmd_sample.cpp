@@ -49,11 +49,12 @@ int run(SampleArgs a, const CLI::App* cmd) {
   std::cout << format_summary(out.summary, a.rows);
   if (out.summary.contains("model_fit")) {  // Note [Training from a previous model]
     const json& f = out.summary["model_fit"];
-    const std::string line = fmt::format("the model was trained on other data ({}): accept rate {:.2f} here, {:.2f} in its "
-                                         "training's check",
-                                         f["trained_on"].value("data", "?"), f.value("accept", 0.0), f.value("trained_accept", 0.0));
-    if (f.value("fits", true)) std::cout << line << "\n";
-    else std::cerr << "nmcmc: WARNING: " << line << ": " << f.value("note", "") << "\n";
+    const bool other = f.value("other_data", false);
+    const std::string line = fmt::format("{}accept rate {:.2f} here, {:.2f} in its training's check",
+                                         other ? "the model was trained on other data (" + f["trained_on"].value("data", "?") + "): " : "",
+                                         f.value("accept", 0.0), f.value("trained_accept", 0.0));
+    if (!f.value("fits", true)) std::cerr << "nmcmc: WARNING: " << line << ": " << f.value("note", "") << "\n";
+    else if (other) std::cout << line << "\n";
   }
   const SampleOptions& o = a.options;
   if (o.output) {

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <filesystem>
 #include <iostream>
@@ -25,6 +26,7 @@ struct TrainArgs {
   std::optional<std::string> log;
   std::vector<std::string> sets;
   std::optional<int64_t> steps, batch;
+  std::optional<double> ess;
   std::optional<double> lr, min_lr;
   std::optional<uint64_t> seed;
   std::optional<std::string> transport, from;
@@ -44,6 +46,7 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   if (!cfg.contains("name") && cfg.contains("target") && cfg["target"].is_object()) cfg["name"] = cfg["target"].value("name", "model");
   if (a.steps) cfg["train"]["steps"] = *a.steps;
   if (a.batch) cfg["train"]["batch"] = *a.batch;
+  if (a.ess) cfg["train"]["ess_goal"] = *a.ess;
   if (a.lr) cfg["train"]["lr"] = *a.lr;
   if (a.min_lr) cfg["train"]["min_lr"] = *a.min_lr;
   if (a.seed) cfg["train"]["seed"] = *a.seed;
@@ -115,6 +118,15 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
     std::cout << fmt::format("started from {} ({} steps on {}); beta {:.3g}\n", f.value("model", ""), f.value("steps", 0),
                              f.value("target", json()).is_object() ? f["target"].dump() : std::string("?"),
                              f.value("beta", 0.0));
+    if (f.contains("fits")) {
+      const json& r = f["ess_of_previous"];
+      std::cout << fmt::format("after the affine map moved, the previous networks' mixing check {} with {} of the previous "
+                               "model's min bulk-ESS: {}\n",
+                               f.value("check_passed", false) ? "passes" : "fails",
+                               r.is_number() ? fmt::format("{:.0f} %", 100 * r.get<double>()) : std::string("n/a"),
+                               f.value("fits", false) ? "they fit these data, no training step was taken"
+                               : result.steps > 0 ? "trained on" : "not trained (--steps 0)");
+    }
     if (f.contains("first_check") && !f["first_check"].value("passes", true)) {
       std::cout << fmt::format("the mixing check at the first plateau failed ({}): training went on under train.patience\n",
                                f["first_check"].value("why", ""));
@@ -125,6 +137,23 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                              "the last {} steps (train.patience)\n",
                              result.steps, config.train.steps, config.train.min_gain,
                              config.from.empty() ? config.train.patience : config.train.from_patience);
+  }
+  if (result.stopped == "cost" && !result.probes.empty()) {
+    const json& last = result.probes.back();
+    double best = INFINITY;
+    int64_t best_step = 0;
+    for (const json& p : result.probes) {
+      if (p["projected_grads"].is_number() && p["projected_grads"].get<double>() < best) {
+        best = p["projected_grads"].get<double>();
+        best_step = p.value("step", int64_t{0});
+      }
+    }
+    std::cout << fmt::format("stopped at step {} of {}: training no longer pays for {:.0f} effective draws (train.ess_goal): "
+                             "the projected all-in cost was lowest at step {} ({:.3g} gradients) and has not fallen in "
+                             "the two probes since ({:.3g} at step {})\n",
+                             result.steps, config.train.steps, config.train.ess_goal, best_step, best,
+                             last["projected_grads"].is_number() ? last["projected_grads"].get<double>() : NAN,
+                             last.value("step", int64_t{0}));
   }
   const int64_t extended = static_cast<int64_t>(std::count_if(result.time_extensions.begin(), result.time_extensions.end(),
                                                               [](const auto& c) { return !c.value("passes", true); }));
@@ -193,6 +222,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--log", a->log, "training log CSV (default: OUTPUT without extension + .log.csv)");
   cmd->add_option("--steps", a->steps, "override train.steps");
   cmd->add_option("--batch", a->batch, "override train.batch");
+  cmd->add_option("--ess", a->ess,
+                  "the effective draws you want (train.ess_goal; 0: off): training stops once the projected all-in "
+                  "cost to reach them stops falling (Note [Training stops when it no longer pays])");
   cmd->add_option("--lr", a->lr, "override train.lr");
   cmd->add_option("--min-lr", a->min_lr, "override train.min_lr");
   cmd->add_option("--seed", a->seed, "override train.seed");

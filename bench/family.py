@@ -12,9 +12,9 @@ election years; sblrc, sblri: one Bayesian linear regression on two data sets), 
   previous "from" model; the cold one at k = 2): Note [Training from a previous model];
 - NUTS, cold, each of four metrics (diag, dense, fisher-diag, fisher-lowrank): Stan's settings,
   4 chains x 1,000 warm-up + 1,000 draws;
-- NUTS, warm-started from k-1's run with the same metric (Note [Warm starts]): 150 warm-up
-  iterations from where it ended, its step size and metric kept (and, as a second variant, the
-  metric re-estimated over the short warm-up's windows).
+- NUTS, warm-started from k-1's run with the same metric (the warm-started one from k = 3 on; Note
+  [Warm starts]): 150 warm-up iterations from where it ended, its step size and metric kept; for
+  diag also a second variant with the metric estimated again over the short warm-up's windows.
 
 Each run is checked against posteriordb's reference draws (scripts/posteriordb.py's moment checks:
 means and sds within 5 standard errors, R-hat <= 1.01, min bulk-ESS >= 400). Its all-in cost to
@@ -83,17 +83,22 @@ def learned(target, ref, seed, from_model=None):
     batch = model.meta["train"]["batch"]
     pre = tr.get("preconditioner") or {}
     check = tr.get("check") or {}
-    first = (tr.get("from") or {}).get("first_check") or {}
-    fixed_grads = (pre.get("grads", 0) + tr["grads"] * batch + check.get("grads", 0) + first.get("grads", 0)
+    frm = tr.get("from") or {}
+    extra_checks = [frm.get(k) or {} for k in ("first_check", "check_before_training")]  # where not the final one
+    fixed_grads = (pre.get("grads", 0) + tr["grads"] * batch + check.get("grads", 0) + sum(c.get("grads", 0) for c in extra_checks)
                    + sum(c.get("grads", 0) for c in tr.get("time_extensions", [])))
-    fixed_seconds = pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
+    fixed_grads += sum(p.get("grads", 0) for p in tr.get("probes", []))  # Note [Training stops when it no longer pays]
+    # (the checks and probes inside training's loop are in tr["seconds"]; the one before it is not)
+    fixed_seconds = (pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
+                     + (frm.get("check_before_training") or {}).get("seconds", 0.0))
     run = nmcmc.sample(sampler="learned", model=model, chains=CHAINS, warmup=BURN_IN, draws=DRAWS, seed=seed,
                        progress=False)
     name = "learned, from k-1" if from_model is not None else "learned, cold"
     row = cost_row(name, run.summary, fixed_grads, fixed_seconds, ref, run.draws,
                    {"training_steps": tr["steps"], "stopped": tr.get("stopped"), "train_wall_seconds": wall,
                     "preconditioner_seconds": pre.get("seconds", 0.0), "preconditioner_warmup": pre.get("warmup"),
-                    "fisher_per_dim": pre.get("fisher_per_dim"), "mixing_check": check.get("passes")})
+                    "fisher_per_dim": pre.get("fisher_per_dim"), "mixing_check": check.get("passes"),
+                    "fits": frm.get("fits"), "ess_of_previous": frm.get("ess_of_previous")})
     return row, model
 
 
@@ -111,8 +116,10 @@ def best(rows, pred):
 
 
 def family(name, seed):
+    """Along the family: each method carries its own previous state (the learned model it trained
+    last, each metric's last NUTS run), as a user refitting each new data set would."""
     results = []
-    prev_cold = prev_from = None
+    prev_from = None
     prev_runs = {}
     for k, posterior in enumerate(FAMILIES[name], start=1):
         ref = stan_reference(posterior)
@@ -121,17 +128,19 @@ def family(name, seed):
         rows, runs = [], {}
         row, cold_model = learned(target, ref, seed)
         rows.append(row)
+        from_model = cold_model
         if k > 1:
             row, from_model = learned(target, ref, seed, from_model=prev_from)
             rows.append(row)
-        else:
-            from_model = cold_model
         for metric in METRICS:
             row, runs[metric] = nuts(target, ref, seed, metric)
             rows.append(row)
             if k > 1:
-                rows.append(nuts(target, ref, seed, metric, warm=prev_runs[metric])[0])
-                rows.append(nuts(target, ref, seed, metric, warm=prev_runs[metric], adapt_metric=True)[0])
+                row, warm_run = nuts(target, ref, seed, metric, warm=prev_runs[metric])
+                rows.append(row)
+                if metric == "diag":  # the same, the metric estimated again over the short warm-up
+                    rows.append(nuts(target, ref, seed, metric, warm=prev_runs[metric], adapt_metric=True)[0])
+                runs[metric] = warm_run  # the next data set starts from this one
         results.append({"posterior": posterior, "k": k, "dim": target.dim, "rows": rows})
         prev_runs, prev_from = runs, from_model
     return results

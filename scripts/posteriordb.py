@@ -293,6 +293,7 @@ def one(nmcmc, p, ref, row, args, t0):
         row["time_extensions"] = tr.get("time_extensions", [])  # their seconds are in tr["seconds"]
         fixed_grads += pre.get("grads", 0) + tr["grads"] * batch + check.get("grads", 0)
         fixed_grads += sum(c.get("grads", 0) for c in row["time_extensions"])
+        fixed_grads += sum(p.get("grads", 0) for p in tr.get("probes", []))  # their seconds are in tr["seconds"]
         fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
         run = nmcmc.sample(sampler="learned", model=model, chains=args.chains, warmup=args.warmup,
                            draws=args.draws, seed=args.seed, progress=False)

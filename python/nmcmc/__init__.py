@@ -480,7 +480,7 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
           model: _Optional[dict] = None, options: _Optional[dict] = None, dtype=None, device="cpu",
           output: _Optional[str] = None, resume: bool = False, progress: bool = True,
           transport: _Optional[str] = None, transport_layers: _Optional[int] = None,
-          transport_rounds: _Optional[int] = None, from_model=None) -> Model:
+          transport_rounds: _Optional[int] = None, from_model=None, ess: _Optional[float] = None) -> Model:
     """Trains the learned sampler on `target` and returns the Model.
 
     config: a training config (dict or the path of a configs/*.json file) whose "target", "model"
@@ -501,7 +501,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     from_model: a Model (or checkpoint path) trained on another data set of the same model: start
     from its networks, step size and beta, move the affine map to the new data with a short
     warm-up, and train until the entropy stops improving (model.training["from"]; steps=0: re-adapt
-    the map only and check that it still mixes; docs/commands.md, Training from a previous model)."""
+    the map only and check that it still mixes; docs/commands.md, Training from a previous model).
+    ess: the effective draws wanted (train.ess_goal): training stops once the projected all-in cost
+    to reach them stops falling (model.training["probes"]; Note [Training stops when it no longer
+    pays]); 0: off."""
     cfg = _load_config(config)
     if config is None:
         # Your own target: the defaults `nmcmc train --module` uses (the Langevin variant with the
@@ -535,6 +538,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         cfg.setdefault("transport", {})["layers"] = int(transport_layers)
     if transport_rounds is not None:
         cfg.setdefault("transport", {})["rounds"] = int(transport_rounds)
+    if ess is not None:
+        cfg["train"]["ess_goal"] = float(ess)
     if from_model is not None:
         if resume:
             raise ValueError("nmcmc.train: from_model= starts a new model; resume= continues this one")
@@ -572,7 +577,8 @@ def compare_defaults() -> dict:
 def compare(target=None, *, model=None, config=None, chains: _Optional[int] = None, warmup: _Optional[int] = None,
             draws: _Optional[int] = None, seed: _Optional[int] = None, dtype: _Optional[str] = None,
             hmc_leapfrog: _Optional[int] = None, output: _Optional[str] = None, nuts_metrics=None,
-            transport: _Optional[str] = None, progress: bool = True) -> dict:
+            transport: _Optional[str] = None, warm_start=None, warm_warmup: _Optional[int] = None,
+            progress: bool = True) -> dict:
     """Runs NUTS (with each metric in `nuts_metrics`: by default diag, dense, fisher-diag and
     fisher-lowrank), HMC, MALA and (with `model`, or `config` to train one first) the learned
     sampler on the same target with the same chains, warm-up and draws; returns what compare.json
@@ -581,7 +587,10 @@ def compare(target=None, *, model=None, config=None, chains: _Optional[int] = No
     training counted; the learned sampler's "vs_best_nuts": ratios and break-evens in gradients
     and seconds against the best NUTS). transport="flow" adds NUTS on the target pulled back
     through a flow fitted in warm-up ("nuts_flow"); "auto" adds NUTS with the flow only where its
-    warm-up's draws are far from any Gaussian ("nuts_auto"). result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
+    warm-up's draws are far from any Gaussian ("nuts_auto"). warm_start (a previous Run of the same
+    model on other data, its output directory or its "adaptation" record) adds "nuts_warm": NUTS
+    started where it ended, with its step size and metric, after warm_warmup (150) iterations.
+    result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
     directory if not given)."""
     if isinstance(model, Model):
         model = model.path
@@ -609,6 +618,14 @@ def compare(target=None, *, model=None, config=None, chains: _Optional[int] = No
         opts["dtype"] = _dtype_name(dtype)
     if nuts_metrics is not None:
         opts["nuts_metrics"] = [str(m) for m in nuts_metrics]
+    if warm_start is not None:
+        if isinstance(warm_start, Run):
+            warm_start = warm_start.summary.get("adaptation")
+            if warm_start is None:
+                raise ValueError("nmcmc.compare: warm_start= needs a completed run of nuts, hmc or mala without a transport")
+        opts["warm_start"] = warm_start if isinstance(warm_start, dict) else _os.fspath(warm_start)
+    if warm_warmup is not None:
+        opts["warm_warmup"] = int(warm_warmup)
     if transport is not None:
         opts["transport"] = str(transport)
     result = _json.loads(_C.compare(_json.dumps(opts), _Progress(progress)))

@@ -134,6 +134,7 @@ py::dict train(const std::string& config_json, const std::string& output, const 
   if (!res.check.is_null()) d["check"] = py::module_::import("json").attr("loads")(res.check.dump());
   d["time_extensions"] = py::module_::import("json").attr("loads")(res.time_extensions.dump());
   if (!res.from.is_null()) d["from"] = py::module_::import("json").attr("loads")(res.from.dump());
+  d["probes"] = py::module_::import("json").attr("loads")(res.probes.dump());
   return d;
 }
 

@@ -76,9 +76,20 @@ def test_the_learned_sampler_trains_from_the_previous_model(family, tmp_path):
     # the old model on the new data as it is: it runs, and says how well it fits
     as_is = nmcmc.sample(tb, "learned", model=old, chains=4, warmup=50, draws=100, seed=5, progress=False)
     fit = as_is.summary["model_fit"]
-    assert fit["trained_on"]["name"] == "stan" and 0 <= fit["accept"] <= 1 and isinstance(fit["fits"], bool)
+    assert fit["other_data"] and fit["trained_on"]["name"] == "stan" and 0 <= fit["accept"] <= 1
+    assert isinstance(fit["fits"], bool)
+    assert run.summary["model_fit"]["fits"] and not run.summary["model_fit"]["other_data"]
     # another model: one clear error
     with pytest.raises(ValueError, match="10 parameters; this target has 3"):
         nmcmc.train(nmcmc.target("icg", dim=3), from_model=old, progress=False)
     with pytest.raises(ValueError, match="resume"):
         nmcmc.train(tb, from_model=old, resume=True, progress=False)
+
+
+def test_compare_puts_warm_started_nuts_beside_the_cold_runs(family, tmp_path):
+    ta, tb, first, cold = family
+    res = nmcmc.compare(tb, chains=2, warmup=200, draws=200, nuts_metrics=["diag"], warm_start=first,
+                        output=str(tmp_path), progress=False)
+    warm = res["samplers"]["nuts_warm"]
+    assert warm["warm_start"]["warmup"] == 150 and "nuts" in res["samplers"]
+    assert warm["cost"]["fixed_grads"] < res["samplers"]["nuts"]["cost"]["fixed_grads"]  # a shorter warm-up

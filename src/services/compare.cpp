@@ -10,6 +10,7 @@
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/services/figures.hpp"
 #include "nmcmc/targets/targets.hpp"
 
@@ -46,6 +47,17 @@ json against_best_nuts(const json& samplers) {
   json out = l.value("converged", false) ? against_best(cost_of(l), nuts) : json::object();
   out["nuts_runs"] = names;
   return out;
+}
+
+/// Note [All-in accounting]: the learned sampler's preconditioner and training are paid before its
+/// warm-up.
+void add_training_cost(json& l, const json& training) {
+  json& cost = l["cost"];
+  cost["fixed_grads"] = cost["fixed_grads"].get<double>() + training["grads_total"].get<double>() +
+                        training["preconditioner_grads"].get<double>();
+  cost["fixed_seconds"] = cost["fixed_seconds"].get<double>() + training["seconds"].get<double>() +
+                          training["preconditioner_seconds"].get<double>();
+  l["all_in"] = all_in_json(cost_of(l));
 }
 
 /// One sampler's row: the figures every sampler is compared on.
@@ -233,6 +245,15 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
       run(nuts_name(m), nuts, RunOptions(base).set_metric(m).set_target_accept(0.8));
       results["samplers"][nuts_name(m)]["metric_adapt"] = m;
     }
+    if (!o.warm_start.is_null()) {  // Note [Warm starts]: from the previous data set's run
+      const WarmStart w = WarmStart::read(o.warm_start);
+      w.check_model(*target, "compare: --warm-start");
+      Nuts nuts;
+      if (w.inv_mass.defined()) nuts.set_inv_mass(w.inv_mass.to(target->options()));
+      nuts.set_step_size(w.step_size);
+      run("nuts_warm", nuts, RunOptions(base).set_warmup(o.warm_warmup).set_target_accept(0.8).set_init_x(w.positions.to(target->options())));
+      results["samplers"]["nuts_warm"]["warm_start"] = {{"sampler", w.sampler}, {"warmup", o.warm_warmup}};
+    }
     if (o.transport != TransportKind::kNone) {
       if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
       // NUTS through the flow (`nuts_flow`), or with auto (`nuts_auto`) where Note [Choosing the
@@ -280,12 +301,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
       l["start"] = start;
       l["training"] = training;
       // Note [All-in accounting]: the preconditioner and the training are paid before its warm-up
-      json& cost = l["cost"];
-      cost["fixed_grads"] = cost["fixed_grads"].get<double>() + training["grads_total"].get<double>() +
-                            training["preconditioner_grads"].get<double>();
-      cost["fixed_seconds"] = cost["fixed_seconds"].get<double>() + training["seconds"].get<double>() +
-                              training["preconditioner_seconds"].get<double>();
-      l["all_in"] = all_in_json(cost_of(l));
+      add_training_cost(l, training);
       l["vs_best_nuts"] = against_best_nuts(results["samplers"]);
     }
   } catch (const Stopped&) {

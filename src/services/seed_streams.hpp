@@ -23,6 +23,7 @@ enum class SeedStream {
   kPreconditioner,         // training's preconditioner warm-up (and its transport's run)
   kPreconditionerRefit,    // its second stage
   kMixingCheck,            // training's closing check (Note [The mixing check])
+  kCostProbe,              // Note [Training stops when it no longer pays]: its probe at step `index`
 };
 
 constexpr uint64_t seed_of(uint64_t seed, SeedStream stream, uint64_t index = 0) {
@@ -39,6 +40,7 @@ constexpr uint64_t seed_of(uint64_t seed, SeedStream stream, uint64_t index = 0)
     case SeedStream::kPreconditioner: return seed + 7919;
     case SeedStream::kPreconditionerRefit: return seed + 7927;
     case SeedStream::kMixingCheck: return seed + 7933;
+    case SeedStream::kCostProbe: return seed + 7937 + 104729 * index;
   }
   return seed;
 }

@@ -50,6 +50,18 @@
 // verdict (with the warm-up's Fisher divergence) says whether the previous networks still fit.
 // The model section of the config is the previous model's (its width, variant, preconditioner);
 // a flow transport is not carried over (refused).
+//
+// Note [Training stops when it no longer pays]
+// A user wants some number of effective draws (train.ess_goal; `nmcmc train --ess`, 10,000 by
+// default for your own target), and the training is worth its cost only while it shortens the way
+// to them. Every train.probe_every steps (200) a probe runs the sampler as trained so far: 64 of
+// the training's chains x 50 draws, as the mixing check runs (its own random stream). Its min
+// bulk-ESS per gradient projects the all-in cost: the gradients spent so far (warm-up, training,
+// probes and checks) plus ess_goal / (ESS per gradient). Training stops ("cost") when two probes
+// in a row project no less than the best projection so far: more steps no longer pay for
+// themselves. A probe whose chains do not mix (the mixing check's rules) projects no cost and
+// never stops training. A probe costs 3,200 proposals, about an eighth of 200 default training
+// steps (batch 64, about two gradients per row); its gradients and seconds count all-in.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -75,6 +87,40 @@ using json = nlohmann::json;
 namespace {
 
 constexpr double kWarmupAllowance = 25.0;  // Note [A long warm-up shortens training]
+
+/// Note [Training stops when it no longer pays]: the probes' projections and the stopping rule.
+class CostWatch {
+ public:
+  CostWatch(double ess_goal, int64_t every) : goal_(ess_goal), every_(every) {}
+  bool due(int64_t step) const { return goal_ > 0 && step > 0 && step % every_ == 0; }
+  /// Records a probe (the mixing check's record) after `spent` gradients of warm-up and training;
+  /// true where training should stop.
+  bool stops(int64_t step, double spent, json probe) {
+    spent_probes_ += probe.value("grads", 0.0);
+    const double total = spent + spent_probes_;
+    const double ess = probe.value("min_ess_bulk", 0.0), grads = probe.value("grads", 0.0);
+    const double projected = probe.value("passes", false) && ess > 0 ? total + goal_ * grads / ess : INFINITY;
+    probe["step"] = step;
+    probe["spent_grads"] = total;
+    probe["projected_grads"] = std::isfinite(projected) ? json(projected) : json(nullptr);
+    log_.push_back(probe);
+    if (projected < best_) {
+      best_ = projected;
+      not_falling_ = 0;
+      return false;
+    }
+    return std::isfinite(best_) && ++not_falling_ >= 2;
+  }
+  double probe_grads() const { return spent_probes_; }
+  const json& log() const { return log_; }
+
+ private:
+  double goal_;
+  int64_t every_;
+  double best_ = INFINITY, spent_probes_ = 0;
+  int not_falling_ = 0;
+  json log_ = json::array();
+};
 
 class TrainRun {
  public:
@@ -103,7 +149,7 @@ class TrainRun {
     if (!warm_up_flow()) return interrupted();
     make_trainer();
     if (!prepare_model()) return interrupted();
-    train_steps();
+    if (!previous_model_fits()) train_steps();
     finish();
     check_mixing();
     return std::move(result_);
@@ -408,6 +454,10 @@ class TrainRun {
           parallel::all_reduce_doubles(*comm_, {comm_->is_root() && trained > limit ? 1.0 : 0.0})[0] > 0) {
         why = "time";
       }
+      if (why.empty() && !distributed_ && cost_.due(s.step) && s.step < total) {  // Note [Training stops when it no longer pays]
+        if (cost_.stops(s.step, spent_grads(s), mixing_check(kProbeDraws, SeedStream::kCostProbe, s.step))) why = "cost";
+        result_.probes = cost_.log();
+      }
       if (why == "time" && !distributed_ && extensions < 3) {  // Note [A long warm-up shortens training]
         const json check = mixing_check();
         result_.time_extensions.push_back(check);
@@ -470,30 +520,70 @@ class TrainRun {
   void check_mixing() {
     if (distributed_ || (result_.steps == 0 && !from_sampler_) || (should_stop_ && should_stop_())) return;
     // (the check at the first plateau of training from a previous model, where training ended there)
-    const json first = extra_.contains("from") ? extra_["from"].value("first_check", json()) : json();
-    const bool same = first.is_object() && first.value("at_step", int64_t{-1}) == trainer_->current_step();
-    result_.check = same ? first : mixing_check();
-    if (same) extra_["from"].erase("first_check");  // counted once
+    std::string reused;
+    if (extra_.contains("from")) {
+      for (const char* c : {"first_check", "check_before_training"}) {
+        const json& f = extra_["from"].value(c, json());
+        if (f.is_object() && f.value("at_step", int64_t{-1}) == trainer_->current_step()) reused = c;
+      }
+    }
+    result_.check = reused.empty() ? mixing_check() : extra_["from"][reused];
+    if (!reused.empty()) extra_["from"].erase(reused);  // counted once
     extra_["check"] = result_.check;
     if (extra_.contains("from")) result_.from = extra_["from"];
     if (!result_.time_extensions.empty()) extra_["time_extensions"] = result_.time_extensions;
     checkpoint();  // the record with the model
   }
 
-  /// One run of Note [The mixing check]: its record.
-  json mixing_check() {
-    constexpr int64_t kChains = 64, kDraws = 200;
+  /// Note [Training from a previous model]: after the affine map has moved, the previous networks
+  /// need no training where the mixing check passes with at least kFitsEss of the previous model's
+  /// min bulk-ESS; then the checkpoint is written as it is ("fits").
+  bool previous_model_fits() {
+    if (!from_sampler_ || (should_stop_ && should_stop_())) return false;
+    json check = mixing_check();
+    const json before = from_meta_.value("check", json());
+    const double old_ess = before.is_object() ? before.value("min_ess_bulk", 0.0) : 0.0;
+    const double ratio = old_ess > 0 ? check.value("min_ess_bulk", 0.0) / old_ess : 0.0;
+    const bool fits = check.value("passes", false) && ratio >= kFitsEss;
+    check["ess_of_previous"] = old_ess > 0 ? json(ratio) : json(nullptr);
+    extra_["from"]["check_before_training"] = check;
+    extra_["from"]["fits"] = fits;
+    extra_["from"]["ess_of_previous"] = check["ess_of_previous"];
+    extra_["from"]["check_passed"] = check.value("passes", false);
+    if (!fits) return false;
+    result_.stopped = "fits";
+    checkpoint();
+    return true;
+  }
+
+  /// Gradients spent before step `s` ends: the warm-up's, training's and the checks' (all chains).
+  double spent_grads(const TrainStats& s) const {
+    double g = result_.preconditioner.is_object() ? result_.preconditioner.value("grads", 0.0) : 0.0;
+    g += static_cast<double>(s.grads) * static_cast<double>(trainer_->options().batch);
+    for (const json& c : result_.time_extensions) g += c.value("grads", 0.0);
+    if (extra_.contains("from")) {
+      for (const char* c : {"first_check", "check_before_training"}) {
+        if (extra_["from"].contains(c)) g += extra_["from"][c].value("grads", 0.0);
+      }
+    }
+    return g;
+  }
+
+  /// One run of Note [The mixing check] (`draws` per chain; a cost probe: fewer, on its own stream):
+  /// its record.
+  json mixing_check(int64_t draws = 200, SeedStream stream = SeedStream::kMixingCheck, uint64_t index = 0) {
+    constexpr int64_t kChains = 64;
     Target& t = latent_ ? static_cast<Target&>(*latent_) : *target_;
-    at::Generator gen = make_generator(seed_of(config_.train.seed, SeedStream::kMixingCheck));
+    at::Generator gen = make_generator(seed_of(config_.train.seed, stream, index));
     torch::Tensor start = trainer_->chains();
     if (!start.defined()) start = t.sample(kChains, gen);
     start = start.narrow(0, 0, std::min<int64_t>(kChains, start.size(0)));
     MetropolisHastings kernel(std::make_shared<LearnedProposal>(sampler_));
     RunOptions o;
-    o.set_chains(start.size(0)).set_warmup(0).set_draws(kDraws).set_adapt_step(false).set_init_x(start.to(t.options()));
+    o.set_chains(start.size(0)).set_warmup(0).set_draws(draws).set_adapt_step(false).set_init_x(start.to(t.options()));
     const int64_t g0 = t.grad_evals();
     const auto t0 = std::chrono::steady_clock::now();
-    SampleResult r = run_sampler(t, kernel, o, seed_of(config_.train.seed, SeedStream::kMixingCheck));
+    SampleResult r = run_sampler(t, kernel, o, seed_of(config_.train.seed, stream, index));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const StanSummary s = stan_summary(r.draws.to(torch::kFloat64));
     const torch::Tensor rhat = s.rhat.masked_select(torch::isfinite(s.rhat));
@@ -507,7 +597,7 @@ class TrainRun {
     if (!(min_ess >= 100)) why.push_back(fmt::format("min bulk-ESS {:.0f} < 100", min_ess));
     if (!(accept >= 0.05)) why.push_back(fmt::format("accept rate {:.3g} < 0.05", accept));
     if (!(moved >= 0.9)) why.push_back(fmt::format("{:.0f} % of the chains moved", 100 * moved));
-    return {{"chains", start.size(0)}, {"draws", kDraws}, {"max_rhat", max_rhat}, {"accept", accept},
+    return {{"chains", start.size(0)}, {"draws", draws}, {"max_rhat", max_rhat}, {"accept", accept},
                      {"moved", moved}, {"min_ess_bulk", min_ess},
                      // per chain (a batched call counts once), and all chains' together
                      {"grads_per_chain", t.grad_evals() - g0}, {"grads", (t.grad_evals() - g0) * start.size(0)},
@@ -542,6 +632,9 @@ class TrainRun {
   LearnedSampler from_sampler_{nullptr};  // Note [Training from a previous model]
   json from_meta_;
   std::optional<WarmStart> from_start_;
+  static constexpr int64_t kProbeDraws = 50;  // Note [Training stops when it no longer pays]
+  static constexpr double kFitsEss = 0.5;     // Note [Training from a previous model]
+  CostWatch cost_{config_.train.ess_goal, config_.train.probe_every};
 };
 
 }  // namespace

@@ -45,6 +45,9 @@ TrainOptions TrainOptions::from_json(const json& j) {
     throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 0 (0: auto) and precondition_chains >= 1");
   }
   if (o.from_warmup < 20 || o.from_patience < 0) throw UsageError("train: need from_warmup >= 20 and from_patience >= 0");
+  if (!(o.ess_goal >= 0) || !std::isfinite(o.ess_goal) || o.probe_every < 1) {
+    throw UsageError("train: need a finite ess_goal >= 0 (0: off) and probe_every >= 1");
+  }
   return o;
 }
 

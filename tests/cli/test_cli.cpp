@@ -213,6 +213,9 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --transport auto --sampler rwm", 64, "from gradients"},
            {"sample --transport auto --sampler learned --model /nonexistent.pt", 64, "--transport applies to"},
            {"sample --transport flow --sampler learned --model /nonexistent.pt", 64, "--transport applies to"},
+           {"sample --warm-start /nonexistent/run", 64, "cannot read /nonexistent/run (give a run's output directory"},
+           {"sample --warm-start " + bad_data, 64, "is not JSON"},
+           {"sample --sampler rwm --warm-start /nonexistent/run", 64, "--warm-start applies to nuts, hmc and mala"},
        }) {
     std::string out_dir = ::testing::TempDir() + "cli_bad_out";
     fs::remove_all(out_dir);
@@ -383,6 +386,29 @@ TEST(Cli, TrainChecksThatItsSamplerMixes) {
   EXPECT_EQ(starved.code, 0) << starved.out;
   EXPECT_NE(starved.out.find("the time budget was extended 3 time(s)"), std::string::npos) << starved.out;
   EXPECT_NE(starved.out.find("(train.max_seconds, extended 3 time(s))"), std::string::npos) << starved.out;
+}
+
+// Note [Training from a previous model]: a short warm-up from the old model's adaptation, then
+// training from its networks; another model, --resume and a flow transport are refused.
+TEST(Cli, TrainFromAPreviousModel) {
+  const std::string dir = ::testing::TempDir() + "cli_train_from/";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(run("train --target icg --dim 4 --steps 200 -q -o " + dir + "a.pt").code, 0);
+  CliRun next = run("train --target icg --dim 4 --from " + dir + "a.pt -q -o " + dir + "b.pt");
+  ASSERT_EQ(next.code, 0) << next.out;
+  EXPECT_NE(next.out.find("started from " + dir + "a.pt (200 steps"), std::string::npos) << next.out;
+  EXPECT_NE(next.out.find("nuts warm-up of 16 chains x 250 iterations"), std::string::npos) << next.out;  // 150 + 100 draws
+  EXPECT_NE(next.out.find("mixing check:"), std::string::npos) << next.out;
+  CliRun other = run("train --target icg --dim 3 --from " + dir + "a.pt -q -o " + dir + "c.pt");
+  EXPECT_EQ(other.code, 64) << other.out;
+  EXPECT_NE(other.out.find("4 parameters; this target has 3"), std::string::npos) << other.out;
+  CliRun resume = run("train --target icg --dim 4 --from " + dir + "a.pt --resume -q -o " + dir + "b.pt");
+  EXPECT_EQ(resume.code, 64) << resume.out;
+  EXPECT_NE(resume.out.find("--resume continues"), std::string::npos) << resume.out;
+  CliRun flow = run("train --target icg --dim 4 --from " + dir + "a.pt --transport flow -q -o " + dir + "d.pt");
+  EXPECT_EQ(flow.code, 64) << flow.out;
+  EXPECT_NE(flow.out.find("flow transport is not carried"), std::string::npos) << flow.out;
 }
 
 TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {

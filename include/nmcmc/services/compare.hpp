@@ -39,9 +39,16 @@ struct CompareOptions {
   /// flow: also NUTS on the target pulled back through a flow fitted in warm-up ("nuts_flow",
   /// services/transport.hpp; one process), with the flow's fitting counted in its warm-up.
   TransportKind transport = TransportKind::kNone;
+  /// Note [Warm starts]: a previous run of the same model on other data (its output directory or
+  /// summary.json, or its "adaptation" record): adds "nuts_warm", NUTS started where that run
+  /// ended with its step size and metric after `warm_warmup` warm-up iterations (the metric kept),
+  /// the fair yardstick for a learned model trained on the previous data set (null: none).
+  nlohmann::json warm_start;
+  int64_t warm_warmup = 150;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CompareOptions, target, model, config, output, chains, warmup, draws,
-                                                seed, dtype, hmc_leapfrog, nuts_metrics, transport)
+                                                seed, dtype, hmc_leapfrog, nuts_metrics, transport, warm_start,
+                                                warm_warmup)
 /// CompareOptions from JSON (what the Python package passes; unset keys keep the defaults above):
 /// UsageError naming an unknown key or a value of the wrong type.
 CompareOptions compare_options_from_json(const nlohmann::json& j);

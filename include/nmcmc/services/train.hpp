@@ -91,11 +91,14 @@ struct TrainResult {
   nlohmann::json preconditioner;  // the warm-up's record (checkpoint meta "preconditioner"), or null
   parallel::CommStats comm;       // this rank's collectives (distributed runs)
   int64_t shards = 1;             // shards per batch
-  std::string stopped = "steps";  // why training ended: steps | plateau | time | interrupted
+  std::string stopped = "steps";  // why training ended: steps | plateau | time | cost | interrupted
   int64_t skipped = 0;            // steps skipped over the whole run (the gradient was not finite)
   int64_t bad_rows = 0;           // batch rows rejected for a non-finite energy or gradient, whole run
   nlohmann::json check;           // Note [The mixing check]: the short run after training (null: not run)
   nlohmann::json from;            // Note [Training from a previous model]: the model it started from (null: none)
+  /// Note [Training stops when it no longer pays]: its probes (each with its gradients, seconds and
+  /// the projection; empty when train.ess_goal is 0).
+  nlohmann::json probes = nlohmann::json::array();
   /// The mixing checks run when the time limit was reached (Note [A long warm-up shortens
   /// training]): a failed one extended training by another max_seconds.
   nlohmann::json time_extensions = nlohmann::json::array();

@@ -69,6 +69,11 @@ struct TrainOptions {
   // fails).
   int64_t from_warmup = 150;
   int64_t from_patience = 50;
+  // Note [Training stops when it no longer pays] (services/train_run.cpp): every `probe_every`
+  // steps a short run of the sampler projects the all-in gradients to `ess_goal` effective draws;
+  // training stops once that projection has not fallen for two probes (0: off).
+  double ess_goal = 0;
+  int64_t probe_every = 200;
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
@@ -78,7 +83,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr,
                                                 precondition_sampler, precondition_warmup, precondition_draws,
                                                 precondition_chains, precondition_refit, eps_from_warmup, beta_from_warmup,
                                                 shards, patience, min_gain, max_seconds, from_warmup,
-                                                from_patience)
+                                                from_patience, ess_goal, probe_every)
 
 /// One logged training step.
 struct TrainStats {
