@@ -13,8 +13,8 @@ election years; sblrc, sblri: one Bayesian linear regression on two data sets), 
 - NUTS, cold, each of four metrics (diag, dense, fisher-diag, fisher-lowrank): Stan's settings,
   4 chains x 1,000 warm-up + 1,000 draws;
 - NUTS, warm-started from k-1's run with the same metric (the warm-started one from k = 3 on; Note
-  [Warm starts]): 150 warm-up iterations from where it ended, its step size and metric kept; for
-  diag also a second variant with the metric estimated again over the short warm-up's windows.
+  [Warm starts]): 150 warm-up iterations from where it ended, its step size and metric kept; and, as
+  a second variant, the metric estimated again over the short warm-up's windows.
 
 Each run is checked against posteriordb's reference draws (scripts/posteriordb.py's moment checks:
 means and sds within 5 standard errors, R-hat <= 1.01, min bulk-ESS >= 400). Its all-in cost to
@@ -138,8 +138,8 @@ def family(name, seed):
             if k > 1:
                 row, warm_run = nuts(target, ref, seed, metric, warm=prev_runs[metric])
                 rows.append(row)
-                if metric == "diag":  # the same, the metric estimated again over the short warm-up
-                    rows.append(nuts(target, ref, seed, metric, warm=prev_runs[metric], adapt_metric=True)[0])
+                # the same with the metric estimated again over the short warm-up's windows
+                rows.append(nuts(target, ref, seed, metric, warm=prev_runs[metric], adapt_metric=True)[0])
                 runs[metric] = warm_run  # the next data set starts from this one
         results.append({"posterior": posterior, "k": k, "dim": target.dim, "rows": rows})
         prev_runs, prev_from = runs, from_model
@@ -195,7 +195,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--md")
     args = ap.parse_args()
-    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = (os.environ.get("NMCMC_COMMIT") or  # a copy of the tree outside git says which commit it is
+              subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip())
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "cpu": cpu, "seed": args.seed}
     results = {}

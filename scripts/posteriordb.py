@@ -275,7 +275,7 @@ def one(nmcmc, p, ref, row, args, t0):
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
         # --seed seeds training too (train.seed; 1, nmcmc train's default, at --seed 1)
         model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport,
-                            options={"seed": args.seed})
+                            options={"seed": args.seed}, ess=args.ess)
         tr = model.training
         pre = tr.get("preconditioner") or {}
         if "from_the_box" in pre:  # Note [The transported warm-up starts at the posterior]: it ran again
@@ -375,6 +375,8 @@ def main() -> int:
     c.add_argument("--target-accept", type=float, default=None, help="NUTS's step-size target (default: nmcmc's, 0.8)")
     c.add_argument("--draws", type=int, default=1000)
     c.add_argument("--steps", type=int, default=None, help="learned: training steps (default: nmcmc train's)")
+    c.add_argument("--ess", type=float, default=None,
+                   help="learned: train.ess_goal, stop training once it no longer pays for this many effective draws")
     c.add_argument("--dtype", default="float64")
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--json")

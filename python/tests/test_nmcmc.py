@@ -313,6 +313,25 @@ def test_training_budget_stops_early_and_says_why(tmp_path):
         nmcmc.train(t, steps=10, options={"patience": -1}, progress=False)
 
 
+def test_training_stops_when_it_no_longer_pays(tmp_path):
+    # Note [Training stops when it no longer pays]: probes project the all-in gradients to ess=N
+    # effective draws; two that do not beat the best end training ("cost"), whatever the other
+    # budgets (here none: no plateau rule, no time limit, 20,000 steps allowed).
+    t = nmcmc.target("icg", dim=4)
+    m = nmcmc.train(t, steps=20000, batch=32, ess=10000, model={"hidden": 16},
+                    options={"patience": 0, "max_seconds": 0, "probe_every": 50}, progress=False,
+                    output=str(tmp_path / "c.pt"))
+    tr = m.training
+    assert tr["stopped"] == "cost" and tr["steps"] < 20000
+    probes = tr["probes"]
+    assert len(probes) >= 3 and all(p["step"] % 50 == 0 and p["grads"] > 0 for p in probes)
+    projected = [p["projected_grads"] for p in probes if p["projected_grads"] is not None]
+    best = min(projected)
+    assert probes[-1]["projected_grads"] is not None and probes[-1]["projected_grads"] >= best
+    with pytest.raises(ValueError, match="ess_goal"):
+        nmcmc.train(t, steps=10, ess=-1, progress=False)
+
+
 def test_stan_model_samples_in_stans_names_and_says_what_is_missing():
     # Note [Stan programs]: the tests' program, built once per build tree (build/stan-cache).
     src = os.environ.get("NMCMC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))

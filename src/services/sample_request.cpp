@@ -30,6 +30,7 @@ struct Prepared {
   json config, model_meta;
   bool learned = false;
   bool other_data = false;  // a learned model on other data of its Stan program
+  torch::Tensor warm_metric;  // Note [Warm starts]: the metric the kernel took from it (kept unless adapted)
   std::shared_ptr<TransportedTarget> latent;  // a learned model trained in a flow's latent space: runs on it
 };
 
@@ -101,6 +102,7 @@ Prepared prepare(const SampleRequest& request) {
     torch::Tensor m = warm_start->inv_mass;
     if (m.defined() && m.dim() == 2 && !kernel->has_dense_metric()) m = m.diagonal().clone();
     if (m.defined()) kernel->set_inv_mass(m.to(options));
+    warm_metric = m;
     if (!a.step_size) kernel->set_step_size(warm_start->step_size);
   }
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
@@ -191,6 +193,7 @@ Prepared prepare(const SampleRequest& request) {
   prep.model_meta = model_meta;
   prep.learned = learned;
   prep.other_data = other_data;
+  if (metric == MetricAdapt::kUnit) prep.warm_metric = warm_metric;
   prep.latent = latent;
   prep.formats = formats;
   return prep;
@@ -272,6 +275,11 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     out.result = run_mapped(*prep.latent, *prep.kernel, run, a.seed, progress);
   } else {
     out.result = run_sampler(*prep.target, *prep.kernel, run, a.seed, progress, comm.get());
+  }
+  // Note [Warm starts]: a metric kept from the warm start is the run's metric (its record carries it on).
+  if (prep.warm_metric.defined() && !out.result.inv_mass.defined()) {
+    out.result.inv_mass = prep.warm_metric;
+    out.result.metric = prep.warm_metric.dim() == 2 ? "dense" : "diag";
   }
   // Note [Warm starts]: where the chains ended, in the space they move in (before mapping).
   json adaptation;

@@ -34,34 +34,6 @@
 // all-in cost. A failed check does not remove the model (more steps may mend it): the command
 // line warns on stderr, Python warns (RuntimeWarning), and the checkpoint records it. Distributed
 // runs skip it (each rank holds only its shard of the chains).
-//
-// Note [Training from a previous model]
-// `nmcmc train --from previous.pt` (config "from") trains on a new data set of the model that
-// previous.pt was trained on (the same parameters: dimension and names, UsageError otherwise). The
-// networks, their step size and beta start where the previous training left them, and the new
-// data move only what they must: the preconditioner's warm-up starts from the previous model's
-// metric (L L^T), the warm-up's step size and chains (Note [Warm starts], kernels/warm_start.hpp)
-// and runs train.from_warmup iterations (150) instead of precondition_warmup (500); its draws set
-// the affine map m, L again and seed the buffer. The training steps then go on from the
-// previous networks with a fresh optimiser and stop on a plateau of train.from_patience steps (50)
-// rather than patience (200). A proposal that fits the new posterior gains nothing there and
-// stops after about 50 steps; where the mixing check at that plateau fails, training goes on under
-// the usual patience. `--steps 0` re-adapts the affine map only and runs the mixing check: its
-// verdict (with the warm-up's Fisher divergence) says whether the previous networks still fit.
-// The model section of the config is the previous model's (its width, variant, preconditioner);
-// a flow transport is not carried over (refused).
-//
-// Note [Training stops when it no longer pays]
-// A user wants some number of effective draws (train.ess_goal; `nmcmc train --ess`, 10,000 by
-// default for your own target), and the training is worth its cost only while it shortens the way
-// to them. Every train.probe_every steps (200) a probe runs the sampler as trained so far: 64 of
-// the training's chains x 50 draws, as the mixing check runs (its own random stream). Its min
-// bulk-ESS per gradient projects the all-in cost: the gradients spent so far (warm-up, training,
-// probes and checks) plus ess_goal / (ESS per gradient). Training stops ("cost") when two probes
-// in a row project no less than the best projection so far: more steps no longer pay for
-// themselves. A probe whose chains do not mix (the mixing check's rules) projects no cost and
-// never stops training. A probe costs 3,200 proposals, about an eighth of 200 default training
-// steps (batch 64, about two gradients per row); its gradients and seconds count all-in.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -88,39 +60,6 @@ namespace {
 
 constexpr double kWarmupAllowance = 25.0;  // Note [A long warm-up shortens training]
 
-/// Note [Training stops when it no longer pays]: the probes' projections and the stopping rule.
-class CostWatch {
- public:
-  CostWatch(double ess_goal, int64_t every) : goal_(ess_goal), every_(every) {}
-  bool due(int64_t step) const { return goal_ > 0 && step > 0 && step % every_ == 0; }
-  /// Records a probe (the mixing check's record) after `spent` gradients of warm-up and training;
-  /// true where training should stop.
-  bool stops(int64_t step, double spent, json probe) {
-    spent_probes_ += probe.value("grads", 0.0);
-    const double total = spent + spent_probes_;
-    const double ess = probe.value("min_ess_bulk", 0.0), grads = probe.value("grads", 0.0);
-    const double projected = probe.value("passes", false) && ess > 0 ? total + goal_ * grads / ess : INFINITY;
-    probe["step"] = step;
-    probe["spent_grads"] = total;
-    probe["projected_grads"] = std::isfinite(projected) ? json(projected) : json(nullptr);
-    log_.push_back(probe);
-    if (projected < best_) {
-      best_ = projected;
-      not_falling_ = 0;
-      return false;
-    }
-    return std::isfinite(best_) && ++not_falling_ >= 2;
-  }
-  double probe_grads() const { return spent_probes_; }
-  const json& log() const { return log_; }
-
- private:
-  double goal_;
-  int64_t every_;
-  double best_ = INFINITY, spent_probes_ = 0;
-  int not_falling_ = 0;
-  json log_ = json::array();
-};
 
 class TrainRun {
  public:
@@ -173,39 +112,12 @@ class TrainRun {
   /// Note [Training from a previous model]: the previous model, checked against this target.
   void start_from_previous() {
     if (distributed_) throw UsageError("--from trains in one process");
-    auto [previous, meta] = load_model(config_.from);
-    if (meta.contains("transport")) {
-      throw UsageError("--from: '" + config_.from + "' was trained in a flow transport's latent space; starting from such "
-                       "a model is not supported yet (train the previous data set with --transport none)");
-    }
-    if (previous->options().dim != target_->dim()) {
-      throw UsageError(fmt::format("--from: '{}' was trained on a model with {} parameters; this target has {}",
-                                   config_.from, previous->options().dim, target_->dim()));
-    }
-    const std::vector<std::string> labels = parameter_labels(*target_);
-    if (meta.contains("names") && meta["names"].get<std::vector<std::string>>() != labels) {
-      const auto names = meta["names"].get<std::vector<std::string>>();
-      size_t i = 0;
-      while (i < names.size() && names[i] == labels[i]) ++i;
-      throw UsageError(fmt::format("--from: '{}' was trained on another model: its parameter {} is '{}', this target's '{}'",
-                                   config_.from, i + 1, names[i], labels[i]));
-    }
-    model_ = previous->options();
+    PreviousModel previous = load_previous_model(config_.from, *target_, config_.train);
+    model_ = previous.sampler->options();
     auto_transport_ = with_transport_ = false;
-    from_sampler_ = previous;
-    from_meta_ = meta;
-    if (previous->preconditioned()) {
-      WarmStart w;
-      const torch::Tensor l = previous->precondition_matrix().to(torch::kFloat64);
-      w.inv_mass = l.matmul(l.t());
-      const json pre = meta.value("preconditioner", json::object());
-      w.step_size = pre.is_object() ? pre.value("step_size", 0.0) : 0.0;
-      if (!(w.step_size > 0)) w.step_size = 0.1;
-      torch::Tensor buffer = load_buffer(config_.from);
-      if (buffer.defined()) w.positions = buffer.narrow(0, 0, std::min<int64_t>(buffer.size(0), config_.train.precondition_chains)).to(torch::kFloat64);
-      w.sampler = enum_name(config_.train.precondition_sampler);
-      from_start_ = std::move(w);
-    }
+    from_sampler_ = previous.sampler;
+    from_meta_ = std::move(previous.meta);
+    from_start_ = std::move(previous.start);
   }
 
   /// Resume only when every rank sees the checkpoint (rank 0 writes it; other machines need the
@@ -535,17 +447,12 @@ class TrainRun {
     checkpoint();  // the record with the model
   }
 
-  /// Note [Training from a previous model]: after the affine map has moved, the previous networks
-  /// need no training where the mixing check passes with at least kFitsEss of the previous model's
-  /// min bulk-ESS; then the checkpoint is written as it is ("fits").
+  /// Note [Training from a previous model]: after the affine map has moved, no training where the
+  /// previous networks fit; then the checkpoint is written as it is ("fits").
   bool previous_model_fits() {
     if (!from_sampler_ || (should_stop_ && should_stop_())) return false;
     json check = mixing_check();
-    const json before = from_meta_.value("check", json());
-    const double old_ess = before.is_object() ? before.value("min_ess_bulk", 0.0) : 0.0;
-    const double ratio = old_ess > 0 ? check.value("min_ess_bulk", 0.0) / old_ess : 0.0;
-    const bool fits = check.value("passes", false) && ratio >= kFitsEss;
-    check["ess_of_previous"] = old_ess > 0 ? json(ratio) : json(nullptr);
+    const bool fits = previous_networks_fit(check, from_meta_);
     extra_["from"]["check_before_training"] = check;
     extra_["from"]["fits"] = fits;
     extra_["from"]["ess_of_previous"] = check["ess_of_previous"];
@@ -633,7 +540,6 @@ class TrainRun {
   json from_meta_;
   std::optional<WarmStart> from_start_;
   static constexpr int64_t kProbeDraws = 50;  // Note [Training stops when it no longer pays]
-  static constexpr double kFitsEss = 0.5;     // Note [Training from a previous model]
   CostWatch cost_{config_.train.ess_goal, config_.train.probe_every};
 };
 

@@ -387,6 +387,10 @@ TEST(WarmStart, TheNextRunStartsWhereTheLastEndedWithItsAdaptation) {
   EXPECT_EQ(b.config["init"], "warm start");
   EXPECT_EQ(b.config["warm_start"]["metric_adapted"], false);
   EXPECT_DOUBLE_EQ(b.result.step_size, a.result.step_size);
+  // the kept metric is the run's, and its record carries it to the next data set
+  EXPECT_TRUE(torch::equal(b.result.inv_mass.to(torch::kFloat64), w.inv_mass));
+  EXPECT_EQ(b.summary.at("adaptation")["metric"], "diag");
+  EXPECT_TRUE(torch::equal(WarmStart::from_json(b.summary["adaptation"], "test").inv_mass, w.inv_mass));
 
   // another model: named
   SampleRequest other = next;
