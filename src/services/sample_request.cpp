@@ -52,6 +52,7 @@ Prepared prepare(const SampleRequest& request) {
   json model_meta;
   FlowTransport model_flow(nullptr);
   bool other_data = false;  // a learned model on other data of its Stan program
+  torch::Tensor warm_metric;
   const bool learned = a.sampler == SamplerKind::kLearned;
   if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
   if (a.transport != TransportKind::kNone && learned) {

@@ -60,7 +60,6 @@ namespace {
 
 constexpr double kWarmupAllowance = 25.0;  // Note [A long warm-up shortens training]
 
-
 class TrainRun {
  public:
   TrainRun(const TrainConfig& config, torch::Device device, const std::string& output, const std::string& log_path,
