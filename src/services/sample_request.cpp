@@ -201,23 +201,6 @@ Prepared prepare(const SampleRequest& request) {
 }
 }  // namespace
 
-/// Note [Training from a previous model]: a learned model fits the target it samples while its accept
-/// rate stays above half of its training's mixing check's (a model on other data than it was trained
-/// on, or a checkpoint whose training check passed, falls below that when its affine map or networks
-/// no longer match the posterior).
-static json model_fit(const SampleResult& r, const json& meta, bool other_data) {
-  const double accept = r.accept_stat.mean().item<double>();
-  const json check = meta.value("check", json());
-  const double trained = check.is_object() ? check.value("accept", 0.0) : 0.0;
-  const bool fits = !(trained > 0) || accept >= 0.5 * trained;
-  json j = {{"accept", accept}, {"trained_accept", trained}, {"fits", fits}, {"other_data", other_data},
-            {"note", fits ? "the accept rate is at least half of the training check's"
-                          : "the model does not fit this target as it fitted its training's: re-adapt it (nmcmc train --from "
-                            "MODEL --steps 0) or train on (nmcmc train --from MODEL)"}};
-  if (other_data) j["trained_on"] = meta.value("target", json());
-  return j;
-}
-
 SampleOptions sample_options_from_json(const json& j) { return options_from_json<SampleOptions>(j, "sample options"); }
 
 SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, std::shared_ptr<parallel::Communicator> comm) {
@@ -285,7 +268,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   // Note [Warm starts]: where the chains ended, in the space they move in (before mapping).
   json adaptation;
   if (!prep.learned && a.transport == TransportKind::kNone && world == 1 && out.result.complete) {
-    adaptation = WarmStart::record(out.result, parameter_labels(*prep.target), enum_name(a.sampler));
+    adaptation = WarmStart::record(out.result, parameter_labels(*prep.target), prep.config["sampler"].get<std::string>());
   }
   if (mapped) out.result = mapped->take_result();
   SampleResult& r = out.result;
@@ -300,7 +283,21 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   out.summary = summarise(r, *prep.target, int64_t{256} << 20, progress);
   if (!transport_report.is_null()) out.summary["transport"] = transport_report;
   if (!adaptation.is_null()) out.summary["adaptation"] = adaptation;
-  if (prep.learned) out.summary["model_fit"] = model_fit(r, prep.model_meta, prep.other_data);
+  if (prep.learned) {
+    // Note [Training from a previous model]: a learned model fits the target it samples while its
+    // accept rate stays above half of its training's mixing check's (a model on other data than it
+    // was trained on, or whose networks no longer match the posterior, falls below that).
+    const double accept = r.accept_stat.mean().item<double>();
+    const json check = prep.model_meta.value("check", json());
+    const double trained = check.is_object() ? check.value("accept", 0.0) : 0.0;
+    const bool fits = !(trained > 0) || accept >= 0.5 * trained;
+    json& f = out.summary["model_fit"];
+    f = {{"accept", accept}, {"trained_accept", trained}, {"fits", fits}, {"other_data", prep.other_data},
+         {"note", fits ? "the accept rate is at least half of the training check's"
+                       : "the model does not fit this target as it fitted its training's: re-adapt it (nmcmc train "
+                         "--from MODEL --steps 0) or train on (nmcmc train --from MODEL)"}};
+    if (prep.other_data) f["trained_on"] = prep.model_meta.value("target", json());
+  }
   if (gq_failures->first > 0) {
     out.summary["generated_quantities_failures"] = gq_failures->first;
     out.summary["first_generated_quantities_failure"] = gq_failures->second;
