@@ -122,6 +122,14 @@ WarmStart WarmStart::read(const json& record_or_path) {
   return from_json(summary["adaptation"], p.string());
 }
 
+torch::Tensor WarmStart::apply(Tunable& kernel, const torch::TensorOptions& options, bool dense, bool step) const {
+  torch::Tensor m = inv_mass;
+  if (m.defined() && m.dim() == 2 && !(dense && kernel.has_dense_metric())) m = m.diagonal().clone();
+  if (m.defined()) kernel.set_inv_mass(m.to(options));
+  if (step) kernel.set_step_size(step_size);
+  return m;
+}
+
 void WarmStart::check_model(const Target& target, const std::string& where) const {
   if (dim() != target.dim()) {
     throw UsageError(fmt::format("{}: the warm start is for a model with {} parameters, this target has {}", where, dim(),

@@ -249,8 +249,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
       const WarmStart w = WarmStart::read(o.warm_start);
       w.check_model(*target, "compare: --warm-start");
       Nuts nuts;
-      if (w.inv_mass.defined()) nuts.set_inv_mass(w.inv_mass.to(target->options()));
-      nuts.set_step_size(w.step_size);
+      w.apply(nuts, target->options());
       run("nuts_warm", nuts, RunOptions(base).set_warmup(o.warm_warmup).set_target_accept(0.8).set_init_x(w.positions.to(target->options())));
       results["samplers"]["nuts_warm"]["warm_start"] = {{"sampler", w.sampler}, {"warmup", o.warm_warmup}};
     }

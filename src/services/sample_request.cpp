@@ -100,10 +100,7 @@ Prepared prepare(const SampleRequest& request) {
   if (warm) {
     warm_start = WarmStart::read(a.warm_start);
     warm_start->check_model(*target, "--warm-start");
-    torch::Tensor m = warm_start->inv_mass;
-    if (m.defined() && m.dim() == 2 && !kernel->has_dense_metric()) m = m.diagonal().clone();
-    if (m.defined()) kernel->set_inv_mass(m.to(options));
-    warm_metric = m;
+    warm_metric = warm_start->apply(*kernel, options, /*dense=*/true, /*step=*/!a.step_size);
     if (!a.step_size) kernel->set_step_size(warm_start->step_size);
   }
   if (a.output) ensure_directory(*a.output);  // fail before the run, not after
@@ -180,7 +177,7 @@ Prepared prepare(const SampleRequest& request) {
   if (warm_start) {
     config["warm_start"] = {{"sampler", warm_start->sampler},
                             {"step_size", warm_start->step_size},
-                            {"metric", !warm_start->inv_mass.defined() ? "unit" : warm_start->inv_mass.dim() == 2 ? "dense" : "diag"},
+                            {"metric", warm_start->metric_kind()},
                             {"metric_adapted", metric != MetricAdapt::kUnit},
                             {"source", a.warm_start.is_string() ? a.warm_start : json("record")}};
   }

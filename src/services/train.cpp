@@ -163,10 +163,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
   if (start) {  // Note [Warm starts]: the metric is estimated again over the short warm-up's windows
-    torch::Tensor m = start->inv_mass;
-    if (m.defined() && m.dim() == 2 && ro.metric != MetricAdapt::kDense) m = m.diagonal().clone();
-    if (m.defined()) kernel->set_inv_mass(m.to(target.options()));
-    kernel->set_step_size(start->step_size);
+    start->apply(*kernel, target.options(), /*dense=*/ro.metric == MetricAdapt::kDense);
     if (start->positions.defined()) ro.init_x = start->positions.to(target.options());
   }
   const ProgressFn adapter = precondition_progress(progress, ro.warmup, ro.draws);

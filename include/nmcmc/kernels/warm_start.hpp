@@ -19,6 +19,7 @@
 
 #include "nmcmc/core/target.hpp"
 #include "nmcmc/kernels/run.hpp"
+#include "nmcmc/kernels/tunable.hpp"
 
 namespace nmcmc {
 
@@ -42,6 +43,11 @@ struct WarmStart {
   static WarmStart read(const nlohmann::json& record_or_path);
   /// UsageError unless `target` is the same model: its dimension and parameter labels.
   void check_model(const Target& target, const std::string& where) const;
+  /// Gives `kernel` the metric (its diagonal where `dense` is false or the kernel has only a
+  /// diagonal one) and, with `step`, the step size. Returns the metric it set (undefined: none).
+  torch::Tensor apply(Tunable& kernel, const torch::TensorOptions& options, bool dense = true, bool step = true) const;
+  /// "unit", "diag" or "dense": the recorded metric's form.
+  std::string metric_kind() const { return !inv_mass.defined() ? "unit" : inv_mass.dim() == 2 ? "dense" : "diag"; }
   int64_t dim() const { return positions.size(1); }
 };
 
