@@ -141,6 +141,7 @@ Command add_sample_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 Command add_reference_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
+Command add_stan_syntax_command(CLI::App& app);
 Command add_reproduce_command(CLI::App& app);
 Command add_ebm_commands(CLI::App& app, Command& sample);  // returns `ebm train`; `ebm sample` in `sample`
 Command add_demo_command(CLI::App& app);

@@ -1,10 +1,13 @@
-// `nmcmc info` and `nmcmc targets`.
+// `nmcmc info`, `nmcmc targets` and `nmcmc stan-syntax`.
 #include <fmt/format.h>
 
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "cli.hpp"
 #include "nmcmc/process/blas_check.hpp"
+#include "nmcmc/process/stan_build.hpp"
 #include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/targets/targets.hpp"
@@ -46,6 +49,22 @@ Command add_targets_command(CLI::App& app) {
                          "  nmcmc sample --target funnel --dim 20 --sigma 3 --sampler hmc\n"
                          "  nmcmc sample --target logistic --dataset german --sampler hmc --adapt-mass\n"
                          "  nmcmc sample --target-json '{\"name\":\"gaussian\",\"scales\":[1,10]}'\n";
+            return 0;
+          }};
+}
+
+Command add_stan_syntax_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("stan-syntax",
+                                 "print a Stan program as Stan 2.21 reads it: the translation --stan applies before "
+                                 "compiling (docs/stan.md), e.g. for rstan");
+  auto program = std::make_shared<std::string>();
+  cmd->add_option("program", *program, "the Stan program (.stan)")->required();
+  return {cmd, [program] {
+            std::ifstream in(*program);
+            if (!in) throw ExitError(fmt::format("{}: cannot be read", *program), kExitUsage);
+            std::ostringstream text;
+            text << in.rdbuf();
+            std::cout << translate_stan_syntax(text.str(), *program);
             return 0;
           }};
 }

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_report_command(app));
   commands.push_back(add_figures_command(app));
   commands.push_back(add_launch_command(app));
+  commands.push_back(add_stan_syntax_command(app));
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string command = argv[1];

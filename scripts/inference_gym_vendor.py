@@ -4,11 +4,13 @@ into inference_gym/: the Stan program, its data and the published ground truth, 
 posteriordb/ (stan/, data/, stan_reference/), so that `scripts/posteriordb.py check --suite gym`
 samples them as it does posteriordb's Stan programs.
 
-    scripts/inference_gym_vendor.py TFP_CHECKOUT
+    scripts/inference_gym_vendor.py TFP_CHECKOUT POSTERIORDB_CHECKOUT
 
 TFP_CHECKOUT: a checkout (or `git archive`) of tensorflow/probability holding
-spinoffs/inference_gym/inference_gym/{targets/ground_truth,internal/datasets,tools/stan}. Nothing
-is downloaded. The ground truth is the mean, sd and the mean's standard error of each constrained
+spinoffs/inference_gym/inference_gym/{targets/ground_truth,internal/datasets,tools/stan}.
+POSTERIORDB_CHECKOUT: one of stan-dev/posteriordb holding posterior_database/data/data-raw/radon
+(Gelman and Hill's srrs2.dat and cty.dat, zipped: the radon survey Inference Gym loads through
+tensorflow_datasets, rebuilt here as internal/data.py's `radon` does). Nothing is downloaded. The ground truth is the mean, sd and the mean's standard error of each constrained
 quantity from long Stan runs (the files name the command); the reference's effective sample size
 is taken as (sd / standard error)^2.
 """
@@ -36,6 +38,13 @@ POSTERIORS = {
                                                  [("UNSCALED_WEIGHTS", "unscaled_weights", False),
                                                   ("LOCAL_SCALES", "local_scales", False),
                                                   ("GLOBAL_SCALE", "global_scale", True)]),
+    "radon_contextual_effects_minnesota": ("radon_contextual_effects_minnesota", "radon",
+                                           "radon_contextual_effects",
+                                           [("COUNTY_EFFECT", "county_effect", False),
+                                            ("WEIGHT", "weight", False),
+                                            ("COUNTY_EFFECT_MEAN", "county_effect_mean", True),
+                                            ("COUNTY_EFFECT_SCALE", "county_effect_scale", True),
+                                            ("LOG_RADON_SCALE", "log_radon_scale", True)]),
 }
 UCI_GERMAN = os.path.join(HERE, "..", "data", "uci", "german.data-numeric")
 
@@ -95,7 +104,72 @@ model {
   }
 }
 """,
+    # tools/stan/radon_contextual_effects.py as published, in today's Stan syntax, with its
+    # transformed parameter (the 919 fitted means) a local of the model block: the same density,
+    # without 919 output columns
+    "radon_contextual_effects": """// Inference Gym's radon contextual effects (TensorFlow Probability,
+// spinoffs/inference_gym/inference_gym/tools/stan/radon_contextual_effects.py; Apache-2.0,
+// inference_gym/LICENCE.md), its fitted means a local of the model block
+data {
+  int<lower=0> num_counties;
+  int<lower=0> num_train;
+  array[num_train] int<lower=0, upper=num_counties - 1> county;
+  vector[num_train] log_uranium;
+  vector[num_train] which_floor;
+  vector[num_train] floor_by_county;
+  vector[num_train] log_radon;
 }
+parameters {
+  vector[num_counties] county_effect;
+  vector[3] weight;
+  real county_effect_mean;
+  real<lower=0, upper=100> county_effect_scale;
+  real<lower=0, upper=100> log_radon_scale;
+}
+model {
+  vector[num_train] log_radon_mean;
+  for (i in 1:num_train)
+    log_radon_mean[i] = county_effect[county[i] + 1]
+                        + log_uranium[i] * weight[1]
+                        + which_floor[i] * weight[2]
+                        + floor_by_county[i] * weight[3];
+  county_effect_mean ~ normal(0, 1);
+  county_effect ~ normal(county_effect_mean, county_effect_scale);
+  weight ~ normal(0, 1);
+  log_radon ~ normal(log_radon_mean, log_radon_scale);
+}
+""",
+}
+
+
+def radon_minnesota(posteriordb: str) -> dict:
+    """internal/data.py's `radon(state='MN', num_examples=919, num_counties=85)` rebuilt from the
+    survey files tensorflow_datasets' radon is made of: Minnesota's rows of srrs2.dat with the
+    county's soil uranium (cty.dat's Uppm, by state and county FIPS code), floors above 1 dropped
+    (Minnesota has none), radon activity at or below 0 set to 0.1 and logged, the uranium logged,
+    counties numbered 0..84 in sorted order of their names, and each county's mean floor."""
+    import csv
+    import io
+    import zipfile
+    raw = os.path.join(posteriordb, "posterior_database", "data", "data-raw", "radon")
+
+    def table(name):
+        with zipfile.ZipFile(os.path.join(raw, name + ".zip")) as z:
+            text = z.read(name).decode()
+        return [{k.strip(): v.strip() for k, v in r.items()} for r in csv.DictReader(io.StringIO(text))]
+    uranium = {(int(c["stfips"]), int(c["ctfips"])): float(c["Uppm"]) for c in table("cty.dat")}
+    rows = [r for r in table("srrs2.dat") if r["state"] == "MN" and int(r["floor"]) <= 1]
+    floor = np.array([int(r["floor"]) for r in rows])
+    activity = np.array([float(r["activity"]) for r in rows])
+    activity[activity <= 0] = 0.1
+    log_uranium = np.log([uranium[(int(r["stfips"]), int(r["cntyfips"]))] for r in rows])
+    names, county = np.unique([r["county"] for r in rows], return_inverse=True)
+    if len(rows) != 919 or names.size != 85:
+        sys.exit(f"radon: {len(rows)} rows and {names.size} counties, Inference Gym has 919 and 85")
+    by_county = np.array([floor[county == i].mean() for i in range(names.size)])
+    return {"num_counties": int(names.size), "num_train": len(rows), "county": [int(c) for c in county],
+            "log_uranium": log_uranium.tolist(), "which_floor": [float(f) for f in floor],
+            "floor_by_county": by_county[county].tolist(), "log_radon": np.log(activity).tolist()}
 
 
 def german_credit() -> dict:
@@ -120,12 +194,14 @@ def module_values(path: str) -> dict:
     return {k: v for k, v in scope.items() if k.isupper()}
 
 
-def vendor(tfp: str, name: str) -> None:
+def vendor(tfp: str, posteriordb: str, name: str) -> None:
     truth_mod, data_mod, program, quantities = POSTERIORS[name]
     gym = os.path.join(tfp, "spinoffs", "inference_gym", "inference_gym")
     truth = module_values(os.path.join(gym, "targets", "ground_truth", truth_mod + ".py"))
     if data_mod is None:
         stan_data = german_credit()
+    elif data_mod == "radon":
+        stan_data = radon_minnesota(posteriordb)
     else:
         data = module_values(os.path.join(gym, "internal", "datasets", data_mod + ".py"))
         observed = np.asarray(data["OBSERVED_LOC"], dtype=float)
@@ -145,7 +221,9 @@ def vendor(tfp: str, name: str) -> None:
             ess.append(float((s[k] / se[k]) ** 2))
     ref = {"posterior": name, "model": program, "data": name,
            "source": "tensorflow/probability spinoffs/inference_gym: targets/ground_truth/" + truth_mod + ".py, " +
-                     ("internal/datasets/" + data_mod + ".py" if data_mod else
+                     ("internal/data.py's radon (Minnesota) from stan-dev/posteriordb's data-raw/radon"
+                      if data_mod == "radon" else
+                      "internal/datasets/" + data_mod + ".py" if data_mod else
                       "internal/data.py's german_credit_numeric from data/uci/german.data-numeric") +
                      ", tools/stan (Apache-2.0)",
            "inference": {"method": "Inference Gym ground truth (Stan; get_ground_truth --stan_samples=20000)"},
@@ -162,5 +240,7 @@ def vendor(tfp: str, name: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: scripts/inference_gym_vendor.py TFP_CHECKOUT POSTERIORDB_CHECKOUT")
     for p in POSTERIORS:
-        vendor(sys.argv[1], p)
+        vendor(sys.argv[1], sys.argv[2], p)

@@ -32,6 +32,19 @@
         against posteriordb/stan_reference with the same rules (the reference's sd error from the
         kurtosis of the run's draws and the reference's bulk-ESS)
 
+Note [The large suite]
+`check --suite large` (bench/posteriordb.sh OUT --suite large): the posteriors where NUTS takes
+long enough for training to pay, each with a reference. posteriordb's diamonds (26) and mcycle_gp's
+accel_gp (66) with posteriordb's reference draws; Inference Gym's Brownian motion with unknown
+scales (32), German credit's sparse logistic regression (51) and radon contextual effects in
+Minnesota (91) with its published ground truth (inference_gym/); posteriordb's larger programs
+without reference draws (large/: irt_2pl 144, GLMM_Poisson 125, radon_mn's varying intercepts and
+slopes 175, uk_drivers' state space 389, radon_all's hierarchical intercepts 391, sat's
+hierarchical 2PL 670, hierarchical_gp) with references made by scripts/large_reference.R: Stan 2.21
+through rstan, not nmcmc's samplers, 10 chains, every R-hat at most 1.01 and every bulk-ESS at
+least 2,000, each file stating its run. A posterior whose reference is not made yet is left out
+of the suite (stan_posteriors). The checks are those below.
+
 The moment checks' false-fail rate: a mean or an sd off by more than 5 standard errors has
 probability about 6e-7 per check for a correct sampler (normal approximation, both standard errors
 taken as exact), so about 1e-4 over `make test`'s 216 checks (posteriordb.nuts_quick and
@@ -145,19 +158,45 @@ def moments_check(summary: dict, ref: dict, mcse_z: float = 5.0, sd_z: float = 5
     return not why, worst_z, worst_sd, why, worst_zs
 
 
-STAN_DIR = os.path.join(HERE, "..", "posteriordb")
+SUITE = "posteriordb"  # check --suite
+# Where a suite's Stan programs are, each directory in posteriordb/'s layout (stan/, data/,
+# stan_reference/): posteriordb's with its reference draws, Inference Gym's with its ground truth,
+# and posteriordb's larger programs with references made by scripts/large_reference.R
+SUITE_DIRS = {"posteriordb": ["posteriordb"], "gym": ["inference_gym"],
+              "large": ["posteriordb", "inference_gym", "large"]}
+# The large suite (Note [The large suite]): every posterior from 26 to 391 parameters with a reference
+LARGE = ["diamonds-diamonds", "mcycle_gp-accel_gp", "brownian_motion_unknown_scales",
+         "german_credit_sparse_logistic_regression", "radon_contextual_effects_minnesota",
+         "irt_2pl-irt_2pl", "GLMM_Poisson_data-GLMM_Poisson_model",
+         "radon_mn-radon_variable_intercept_slope_noncentered",
+         "uk_drivers-state_space_stochastic_level_stochastic_seasonal",
+         "radon_all-radon_hierarchical_intercept_noncentered", "sat-hier_2pl",
+         "state_wide_presidential_votes-hierarchical_gp"]
+
+
+def stan_dirs():
+    return [os.path.join(HERE, "..", d) for d in SUITE_DIRS[SUITE]]
 
 
 def stan_posteriors():
-    return sorted(f[:-5] for f in os.listdir(os.path.join(STAN_DIR, "stan_reference")) if f.endswith(".json"))
+    if SUITE == "large":  # those whose reference has been made
+        return [p for p in LARGE if any(os.path.exists(os.path.join(d, "stan_reference", p + ".json"))
+                                        for d in stan_dirs())]
+    return sorted(f[:-5] for f in os.listdir(os.path.join(stan_dirs()[0], "stan_reference")) if f.endswith(".json"))
 
 
 def stan_reference(posterior: str) -> dict:
-    with open(os.path.join(STAN_DIR, "stan_reference", posterior + ".json")) as f:
+    for d in stan_dirs():
+        path = os.path.join(d, "stan_reference", posterior + ".json")
+        if os.path.exists(path):
+            break
+    else:
+        sys.exit(f"{posterior}: no reference in {', '.join(SUITE_DIRS[SUITE])}")
+    with open(path) as f:
         ref = json.load(f)
     ref["kind"] = "stan program"
-    ref["program"] = os.path.join(STAN_DIR, "stan", ref["model"] + ".stan")
-    ref["data_file"] = os.path.join(STAN_DIR, "data", ref["data"] + ".json")
+    ref["program"] = os.path.join(d, "stan", ref["model"] + ".stan")
+    ref["data_file"] = os.path.join(d, "data", ref["data"] + ".json")
     return ref
 
 
@@ -225,9 +264,10 @@ def ports_vs_stan(only) -> int:
 
 def check(args) -> int:
     import nmcmc
-    global STAN_DIR
-    if args.suite == "gym":  # Inference Gym's posteriors (inference_gym/), in posteriordb's Stan layout
-        STAN_DIR, args.stan = os.path.join(HERE, "..", "inference_gym"), True
+    global SUITE
+    SUITE = args.suite
+    if args.suite != "posteriordb":  # Stan programs only
+        args.stan = True
     rows, failed = [], 0
     for p in args.only or (stan_posteriors() if args.stan else ports.PORTS):
         ref = stan_reference(p) if args.stan else ports.reference(p)
@@ -359,8 +399,9 @@ def main() -> int:
     c.add_argument("--sampler", choices=["nuts", "learned"], default="nuts")
     c.add_argument("--only", nargs="*")
     c.add_argument("--stan", action="store_true", help="posteriordb's Stan programs (all 46) instead of the ports")
-    c.add_argument("--suite", choices=["posteriordb", "gym"], default="posteriordb",
-                   help="gym: Inference Gym's posteriors with their published ground truth (inference_gym/; Stan programs)")
+    c.add_argument("--suite", choices=["posteriordb", "gym", "large"], default="posteriordb",
+                   help="gym: Inference Gym's posteriors with their published ground truth (inference_gym/; Stan programs); "
+                        "large: the large suite, 26-391 parameters (Note [The large suite]; Stan programs)")
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--transport", choices=["none", "flow", "auto"], default=None,

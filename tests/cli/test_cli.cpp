@@ -228,6 +228,20 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
   }
 }
 
+TEST(Cli, StanSyntaxPrintsTheProgramAsStan221ReadsIt) {
+  const std::string program = ::testing::TempDir() + "syntax.stan";
+  std::ofstream(program) << "data {\n  int<lower=0> N;\n  array[N] real y;\n}\nparameters {\n  real mu;\n}\n"
+                            "model {\n  y ~ normal(mu, 1);\n}\n";
+  CliRun r = run("stan-syntax " + program);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("real y[N];"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("array["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("y ~ normal(mu, 1);"), std::string::npos) << r.out;
+  r = run("stan-syntax /nonexistent/model.stan");
+  EXPECT_EQ(r.code, 64) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/model.stan: cannot be read"), std::string::npos) << r.out;
+}
+
 TEST(Cli, TinyEndToEndRunWritesParseableStanCsv) {
   std::string dir = ::testing::TempDir() + "cli_run";
   fs::remove_all(dir);

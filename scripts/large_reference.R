@@ -1,0 +1,49 @@
+# A reference posterior for one of large/'s Stan programs, made with Stan 2.21 (Debian's r-cran-rstan),
+# independent of nmcmc's own samplers (the program in Stan 2.21's syntax by `nmcmc stan-syntax`, $NMCMC_CLI
+# or build/nmcmc): CHAINS chains of WARMUP + DRAWS iterations (adapt_delta
+# ADAPT_DELTA), two at a time; every quantity's mean, sd, bulk-ESS, MCSE of the mean and R-hat by R's
+# posterior package, written to large/stan_reference/POSTERIOR.json in posteriordb/'s layout (names as
+# nmcmc writes them: theta[1,2] -> theta.1.2). It refuses to write a reference whose R-hat exceeds
+# 1.01 or whose bulk-ESS is under 2,000 for any quantity.
+# Usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED
+suppressMessages({library(rstan); library(jsonlite); library(posterior)})
+a <- commandArgs(trailingOnly = TRUE)
+if (length(a) != 8) stop("usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED")
+posterior <- a[1]; model_name <- a[2]; data_name <- a[3]
+chains <- as.integer(a[4]); warmup <- as.integer(a[5]); draws <- as.integer(a[6])
+adapt_delta <- as.numeric(a[7]); seed <- as.integer(a[8])
+root <- file.path(dirname(sub("--file=", "", grep("--file=", commandArgs(FALSE), value = TRUE))), "..", "large")
+cli <- Sys.getenv("NMCMC_CLI", file.path(root, "..", "build", "nmcmc"))
+program <- system2(cli, c("stan-syntax", file.path(root, "stan", paste0(model_name, ".stan"))), stdout = TRUE)
+if (!is.null(attr(program, "status"))) stop("nmcmc stan-syntax failed")
+model <- stan_model(model_code = paste(program, collapse = "\n"), model_name = model_name, auto_write = FALSE)
+data <- fromJSON(file.path(root, "data", paste0(data_name, ".json")))
+t1 <- Sys.time()
+fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warmup = warmup, seed = seed,
+                cores = 2, refresh = max(1, (warmup + draws) %/% 5), control = list(adapt_delta = adapt_delta))
+seconds <- as.numeric(difftime(Sys.time(), t1, units = "secs"))
+arr <- as_draws_array(as.array(fit))
+arr <- subset_draws(arr, variable = setdiff(variables(arr), "lp__"))
+s <- summarise_draws(arr, mean, sd, ess_bulk, mcse_mean, rhat)
+sp <- get_sampler_params(fit, inc_warmup = FALSE)
+divergent <- sum(sapply(sp, function(x) sum(x[, "divergent__"])))
+names <- gsub("\\]", "", gsub("[[,]", ".", s$variable))
+varying <- s$sd > 0
+cat(sprintf("%s: %d quantities, %.0f s; max R-hat %.4f, min bulk-ESS %.0f, %d divergent\n", posterior, nrow(s),
+            seconds, max(s$rhat[varying], na.rm = TRUE), min(s$ess_bulk[varying], na.rm = TRUE), divergent))
+if (max(s$rhat[varying], na.rm = TRUE) > 1.01 || min(s$ess_bulk[varying], na.rm = TRUE) < 2000)
+  stop("not written: R-hat above 1.01 or bulk-ESS under 2,000 (run longer)")
+ref <- list(posterior = posterior, model = model_name, data = data_name,
+            source = paste0("stan-dev/posteriordb posterior_database/posteriors/", posterior, ".json; reference made by ",
+                            "scripts/large_reference.R"),
+            inference = list(method = "stan_sampling (rstan 2.21, Debian)",
+                             method_arguments = list(chains = chains, warmup = warmup, iter = warmup + draws,
+                                                     seed = seed, control = list(adapt_delta = adapt_delta)),
+                             seconds = seconds, divergent = divergent,
+                             max_rhat = max(s$rhat[varying], na.rm = TRUE),
+                             min_ess_bulk = min(s$ess_bulk[varying], na.rm = TRUE)),
+            names = names, mean = s$mean, sd = s$sd, n = chains * draws,
+            ess_bulk = ifelse(varying, s$ess_bulk, chains * draws), mcse_mean = ifelse(varying, s$mcse_mean, 0),
+            rhat = ifelse(varying, s$rhat, 1))
+dir.create(file.path(root, "stan_reference"), showWarnings = FALSE)
+write(toJSON(ref, auto_unbox = TRUE, digits = NA, pretty = TRUE), file.path(root, "stan_reference", paste0(posterior, ".json")))

@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""Vendors posteriordb's larger posteriors that have no reference draws into large/: the Stan
+program and its data in posteriordb/'s layout (stan/, data/), for references made by
+scripts/large_reference.R (large/stan_reference/) and the large suite
+(`scripts/posteriordb.py check --suite large`).
+
+    scripts/large_vendor.py POSTERIORDB_CHECKOUT
+
+POSTERIORDB_CHECKOUT: a checkout (or `git archive`) of stan-dev/posteriordb. Nothing is downloaded.
+"""
+import json
+import os
+import sys
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "large")
+
+# posteriordb's name: the posterior's dimension, as posteriordb's info lists it (checked here)
+POSTERIORS = [
+    "irt_2pl-irt_2pl",
+    "radon_mn-radon_variable_intercept_slope_noncentered",
+    "GLMM_Poisson_data-GLMM_Poisson_model",
+    "state_wide_presidential_votes-hierarchical_gp",
+    "uk_drivers-state_space_stochastic_level_stochastic_seasonal",
+    "sat-hier_2pl",
+    "radon_all-radon_hierarchical_intercept_noncentered",
+]
+
+
+def vendor(pdb: str, name: str) -> None:
+    db = os.path.join(pdb, "posterior_database")
+    with open(os.path.join(db, "posteriors", name + ".json")) as f:
+        info = json.load(f)
+    model, data = info["model_name"], info["data_name"]
+    with open(os.path.join(db, "models", "stan", model + ".stan")) as f:
+        program = f.read()
+    with zipfile.ZipFile(os.path.join(db, "data", "data", data + ".json.zip")) as z:
+        values = json.loads(z.read(data + ".json"))
+    for sub in ("stan", "data"):
+        os.makedirs(os.path.join(OUT, sub), exist_ok=True)
+    with open(os.path.join(OUT, "stan", model + ".stan"), "w") as f:
+        f.write(f"// stan-dev/posteriordb posterior_database/models/stan/{model}.stan (licence: large/LICENCE.md)\n")
+        f.write(program)
+    with open(os.path.join(OUT, "data", data + ".json"), "w") as f:
+        json.dump(values, f)
+    dim = sum(int(v) if not isinstance(v, list) else int(eval("*".join(map(str, v)) or "1"))
+              for v in info["dimensions"].values())
+    with open(os.path.join(OUT, "posteriors.json"), "a") as f:
+        f.write(json.dumps({"posterior": name, "model": model, "data": data, "dim": dim,
+                            "keywords": info.get("keywords")}) + "\n")
+    print(f"{name}: {model} on {data}, {dim} parameters")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: scripts/large_vendor.py POSTERIORDB_CHECKOUT")
+    if os.path.exists(os.path.join(OUT, "posteriors.json")):
+        os.remove(os.path.join(OUT, "posteriors.json"))
+    for p in POSTERIORS:
+        vendor(sys.argv[1], p)
