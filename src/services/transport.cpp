@@ -196,6 +196,23 @@ double gaussian_fisher_per_dim(const torch::Tensor& x, const torch::Tensor& grad
   return fisher_per_dim_at(xs, gs, l);
 }
 
+FisherBeyondNoise fisher_beyond_noise(const torch::Tensor& x, const torch::Tensor& grad_u) {
+  TORCH_CHECK(x.dim() == 2 && grad_u.sizes() == x.sizes(), "fisher_beyond_noise: x and grad_u must be [N, D] alike");
+  const auto [xs, gs] = finite_rows(x, grad_u);
+  FisherBeyondNoise f;
+  f.rows = xs.size(0);
+  const torch::Tensor l = covariance_factor(xs);
+  if (!l.defined()) return f;
+  f.all_rows = fisher_per_dim_at(xs, gs, l);
+  const int64_t half = xs.size(0) / 2;
+  const torch::Tensor xh = xs.narrow(0, xs.size(0) - half, half), gh = gs.narrow(0, gs.size(0) - half, half);
+  const torch::Tensor lh = covariance_factor(xh);
+  if (!lh.defined()) return f;  // fewer than 2 (D + 1) rows: the noise cannot be told from the posterior
+  f.half_rows = fisher_per_dim_at(xh, gh, lh);
+  f.beyond_noise = 2 * f.all_rows - f.half_rows;
+  return f;
+}
+
 namespace {
 TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
                            uint64_t seed, const ProgressFn& progress);
@@ -253,6 +270,7 @@ TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& opt
   const int64_t keep_iterations = (t.rules.fisher_rows + options.chains - 1) / options.chains;
   std::deque<std::pair<torch::Tensor, torch::Tensor>> seen;
   double fisher = std::numeric_limits<double>::quiet_NaN();
+  FisherBeyondNoise measured;
   int64_t rows = 0;
   bool flow = false;
   RunOptions watched = options;
@@ -277,7 +295,8 @@ TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& opt
         g = g.narrow(0, g.size(0) - keep, keep);
       }
       rows = x.size(0);
-      fisher = gaussian_fisher_per_dim(x, g);
+      measured = fisher_beyond_noise(x, g);  // Note [The affine map's noise]
+      fisher = measured.beyond_noise;
     }
     seen.clear();
     flow = fisher > t.rules.flow_fisher_per_dim;  // NaN (not measured): no transport
@@ -286,12 +305,15 @@ TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& opt
   const double step_size_given = kernel.step_size();
   SampleResult first = run_sampler(target, kernel, watched, seed, progress);
   json record = {{"fisher_per_dim", std::isfinite(fisher) ? json(fisher) : json(nullptr)},
+                 {"fisher_per_dim_all_rows", std::isfinite(measured.all_rows) ? json(measured.all_rows) : json(nullptr)},
+                 {"fisher_per_dim_half_rows", std::isfinite(measured.half_rows) ? json(measured.half_rows) : json(nullptr)},
                  {"threshold", t.rules.flow_fisher_per_dim},
                  {"rows", rows},
                  {"decided_after", decide_at},
                  {"chose", flow ? "flow" : "none"}};
   if (!std::isfinite(fisher) && first.complete) {
-    record["why"] = "not measured: the warm-up's draws span fewer than D directions (or fewer than D + 1 finite rows)";
+    record["why"] = "not measured: the warm-up's last draws span fewer than D directions, or half of them fewer "
+                    "(fewer than 2 (D + 1) finite rows)";
   }
   TransportRun out;
   if (!flow || !first.complete) {  // sampling went on without a transport, or the run was stopped
