@@ -13,6 +13,9 @@
     scripts/posteriordb.py ports-vs-stan [POSTERIOR ...]
         each port's energy and gradient against its Stan program's (Note [Stan programs]) at the
         1,000 reference draws: the energies equal up to one constant, the gradients equal
+    scripts/posteriordb.py large-table LEARNED.json FLOW.json NUTS.json ...
+        the large suite's table (Note [The large suite]): the best NUTS, NUTS through the flow and
+        the learned sampler in all-in seconds to 10,000 effective draws, and issue #64's goals
     scripts/posteriordb.py table NUTS.json LEARNED.json [NUTS_OTHER_METRIC.json ...]
         the benchmark table of `check --json` runs: the learned sampler against the best NUTS
         (ratios: >1 means the learned sampler wins)
@@ -72,7 +75,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "posteriordb"))
 import ports  # noqa: E402
-from posteriordb_tables import metrics_table, pairs_table, table, transport_table  # noqa: E402
+from posteriordb_tables import large_table, metrics_table, pairs_table, table, transport_table  # noqa: E402
 
 
 class _Tempered(torch.nn.Module):
@@ -426,6 +429,10 @@ def main() -> int:
                         "then fails its moment checks")
     ps = sub.add_parser("ports-vs-stan")
     ps.add_argument("only", nargs="*")
+    lt = sub.add_parser("large-table", help="the large suite's table (Note [The large suite]) and issue #64's goals")
+    lt.add_argument("learned_json")
+    lt.add_argument("flow_json", help="NUTS through the flow (check --transport flow); '-' if not run")
+    lt.add_argument("nuts_jsons", nargs="+", help="NUTS runs without it, one per metric: the best is the yardstick")
     t = sub.add_parser("table")
     t.add_argument("nuts_json")
     t.add_argument("learned_json")
@@ -456,6 +463,8 @@ def main() -> int:
         return check(a)
     elif a.cmd == "ports-vs-stan":
         return ports_vs_stan(a.only)
+    elif a.cmd == "large-table":
+        print(large_table(a.learned_json, a.flow_json, a.nuts_jsons), end="")
     elif a.cmd == "table":
         print(table([a.nuts_json] + a.more_nuts_json, a.learned_json), end="")
     elif a.cmd == "metrics":

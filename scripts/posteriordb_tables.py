@@ -247,3 +247,78 @@ def pairs_table(directory: str) -> str:
                f"by the median pair: {len(ahead)} of {counted} ({', '.join(ahead) or 'none'}); "
                f"level within 5 % by the median pair: {', '.join(level) or 'none'}")
     return "\n".join(out) + "\n"
+
+
+def _status(r):
+    """'pass', or why a run has no ratio: not converged (R-hat above 1.01), or its first failed check."""
+    if r is None:
+        return "not run"
+    if r["passes"]:
+        return "pass"
+    if "max_rhat" not in r:
+        return "FAIL: " + ("; ".join(r["why"]) or "?")[:70]
+    if r["max_rhat"] > 1.01:
+        return f"not converged (R-hat {r['max_rhat']:.3f})"
+    return "FAIL: " + "; ".join(r["why"])[:70]
+
+
+def large_table(learned_json: str, flow_json: str, nuts_jsons) -> str:
+    """The large suite (Note [The large suite]; issue #64's accounting): per posterior the best NUTS
+    of the metrics run (only runs that pass every check), NUTS through the flow and the learned
+    sampler with its defaults, each as all-in seconds to 10,000 effective draws (warm-up,
+    preconditioner, fits, training and sampling counted), with the ratio to the best NUTS (above 1:
+    it wins) and the sampling-only bulk-ESS per gradient beside it; then the issue's goals counted."""
+    runs = [{r["posterior"]: r for r in json.load(open(f))} for f in nuts_jsons]
+    learned = {r["posterior"]: r for r in json.load(open(learned_json))}
+    flow = {r["posterior"]: r for r in json.load(open(flow_json))} if flow_json and os.path.exists(flow_json) else {}
+    out = ["| posterior | D | NUTS runs passing | best NUTS: all-in s to 10k (metric); ESS/grad | "
+           "NUTS through the flow: all-in s (x best NUTS); ESS/grad | learned: all-in s (x best NUTS); ESS/grad (x best) | "
+           "learned: warm-up + training s (stop) |", "|---" * 7 + "|"]
+    slow, learned_wins, flow_wins, misses, no_nuts = [], [], [], [], []
+    for p, l in learned.items():
+        nuts = [r[p] for r in runs if p in r]
+        ok = [n for n in nuts if n["passes"]]
+        best = min(ok, key=lambda n: n["seconds_for_10000"]) if ok else None
+        best_g = max(ok, key=lambda n: n["ess_bulk_per_grad"] or 0) if ok else None
+        nuts_cell = (f"{best['seconds_for_10000']:.0f} ({best['metric']}); {best_g['ess_bulk_per_grad']:.3g}" if best else
+                     "none passes (" + ", ".join(f"{n['metric']} {_status(n)}" for n in nuts) + ")")
+        f = flow.get(p)
+        if f is None:
+            flow_cell = "not run"
+        elif not f["passes"]:
+            flow_cell = _status(f)
+        else:
+            ratio = f" ({best['seconds_for_10000'] / f['seconds_for_10000']:.2f}x)" if best else ""
+            flow_cell = f"{f['seconds_for_10000']:.0f}{ratio}; {f['ess_bulk_per_grad']:.3g}"
+        if not l["passes"]:
+            learned_cell = _status(l)
+        else:
+            ratio = f" ({best['seconds_for_10000'] / l['seconds_for_10000']:.2f}x)" if best else ""
+            gratio = f" ({l['ess_bulk_per_grad'] / best_g['ess_bulk_per_grad']:.2f}x)" if best_g else ""
+            learned_cell = f"{l['seconds_for_10000']:.0f}{ratio}; {l['ess_bulk_per_grad']:.3g}{gratio}"
+        fixed = l.get("training_seconds")
+        out.append(f"| {p} | {l['dim']} | {len(ok)} of {len(nuts)} | {nuts_cell} | {flow_cell} | {learned_cell} | "
+                   f"{fixed:.0f} ({l.get('stopped')}) |" if fixed is not None else
+                   f"| {p} | {l['dim']} | {len(ok)} of {len(nuts)} | {nuts_cell} | {flow_cell} | {learned_cell} | n/a |")
+        if best is None:
+            no_nuts.append(p)
+            continue
+        if not l["passes"]:
+            misses.append(p)
+        if best["seconds_for_10000"] >= 60:
+            slow.append(p)
+            if l["passes"] and l["seconds_for_10000"] < best["seconds_for_10000"]:
+                learned_wins.append(p)
+            if f is not None and f["passes"] and f["seconds_for_10000"] < best["seconds_for_10000"]:
+                flow_wins.append(p)
+    out.append("")
+    out.append(f"the learned sampler passes where the best NUTS passes: {len(learned) - len(no_nuts) - len(misses)} of "
+               f"{len(learned) - len(no_nuts)}" + (f" (misses: {', '.join(misses)})" if misses else ""))
+    out.append(f"where the best NUTS needs 60 s or more to 10,000 effective draws ({len(slow)}: {', '.join(slow) or 'none'}): "
+               f"the learned sampler ahead all-in on {len(learned_wins)} ({', '.join(learned_wins) or 'none'}), "
+               f"NUTS through the flow on {len(flow_wins)} ({', '.join(flow_wins) or 'none'})")
+    if no_nuts:
+        passed = [p for p in no_nuts if learned[p]["passes"]]
+        out.append(f"no NUTS metric passes on {len(no_nuts)} ({', '.join(no_nuts)}); the learned sampler passes on "
+                   f"{len(passed)} of them ({', '.join(passed) or 'none'})")
+    return "\n".join(out) + "\n"
