@@ -155,8 +155,19 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                              last["projected_grads"].is_number() ? last["projected_grads"].get<double>() : NAN,
                              last.value("step", int64_t{0}));
   }
-  const int64_t extended = static_cast<int64_t>(std::count_if(result.time_extensions.begin(), result.time_extensions.end(),
-                                                              [](const auto& c) { return !c.value("passes", true); }));
+  // Note [A long warm-up shortens training], Note [A plateau that does not mix]: the checks that
+  // failed at a stop and let training go on, by the rule that would have stopped it
+  auto failed_at = [&](const char* stop) {
+    return static_cast<int64_t>(std::count_if(result.time_extensions.begin(), result.time_extensions.end(), [&](const auto& c) {
+      return !c.value("passes", true) && c.value("stop", std::string("time")) == stop;
+    }));
+  };
+  const int64_t extended = failed_at("time"), plateaus = failed_at("plateau");
+  if (plateaus > 0) {
+    std::cout << fmt::format("training went on past {} plateau(s) of the proposal entropy: the sampler did not mix there "
+                             "yet (Note [A plateau that does not mix])\n",
+                             plateaus);
+  }
   if (extended > 0) {
     std::cout << fmt::format("the time budget was extended {} time(s): at its end the sampler did not mix yet (Note [A "
                              "long warm-up shortens training])\n",
