@@ -460,7 +460,17 @@ class TrainRun {
         if (f.is_object() && f.value("at_step", int64_t{-1}) == trainer_->current_step()) reused = c;
       }
     }
-    result_.check = reused.empty() ? mixing_check() : extra_["from"][reused];
+    // (the check at the plateau or time limit where training stopped: Note [A plateau that does not mix])
+    json& stops = result_.time_extensions;
+    const bool at_stop = reused.empty() && !stops.empty() &&
+                         stops.back().value("at_step", int64_t{-1}) == trainer_->current_step();
+    if (at_stop) {
+      result_.check = stops.back();
+      result_.check.erase("stop");
+      stops.erase(stops.size() - 1);  // counted once
+    } else {
+      result_.check = reused.empty() ? mixing_check() : extra_["from"][reused];
+    }
     if (!reused.empty()) extra_["from"].erase(reused);  // counted once
     extra_["check"] = result_.check;
     if (extra_.contains("from")) result_.from = extra_["from"];
