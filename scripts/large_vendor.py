@@ -16,7 +16,8 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "large")
 
-# posteriordb's name: the posterior's dimension, as posteriordb's info lists it (checked here)
+# posteriordb's names; posteriors.json records each one's quantities as posteriordb's info counts
+# them (parameters, transformed parameters and generated quantities: not the dimension)
 POSTERIORS = [
     "irt_2pl-irt_2pl",
     "radon_mn-radon_variable_intercept_slope_noncentered",
@@ -47,9 +48,9 @@ def vendor(pdb: str, name: str) -> None:
     dim = sum(int(v) if not isinstance(v, list) else int(eval("*".join(map(str, v)) or "1"))
               for v in info["dimensions"].values())
     with open(os.path.join(OUT, "posteriors.json"), "a") as f:
-        f.write(json.dumps({"posterior": name, "model": model, "data": data, "dim": dim,
+        f.write(json.dumps({"posterior": name, "model": model, "data": data, "quantities": dim,
                             "keywords": info.get("keywords")}) + "\n")
-    print(f"{name}: {model} on {data}, {dim} parameters")
+    print(f"{name}: {model} on {data}, {dim} quantities")
 
 
 if __name__ == "__main__":
