@@ -172,9 +172,7 @@ class FlowRun {
     if (options.init_x.defined()) {
       x_start_ = options.init_x;
     } else {
-      // Stan's rule for random starting points, as a run without a transport applies it: a point
-      // whose energy or gradient is not finite is drawn again (they are handed to the rounds as
-      // given points, which are never replaced; posteriordb's GLMM_Poisson failed so).
+      // Stan's rule, as without a transport: a random point whose density is not finite is redrawn.
       at::Generator gen = make_generator(seed_of(seed, SeedStream::kStartingPoints));
       x_start_ = finite_starting_points(target, initial_positions(target, options.init, options.chains, gen),
                                         options.init, gen);
@@ -338,8 +336,7 @@ class FlowRun {
     lengths_[0] = t_.arrival_round;
     if (!options_.init_x.defined()) {  // from the box again, fresh points
       at::Generator gen = make_generator(seed_of(seed_, SeedStream::kRestartStartingPoints));
-      x_start_ = finite_starting_points(target_, initial_positions(target_, options_.init, options_.chains, gen),
-                                        options_.init, gen);
+      x_start_ = finite_starting_points(target_, initial_positions(target_, options_.init, options_.chains, gen), options_.init, gen);
     }
   }
 
