@@ -255,7 +255,8 @@ double gaussian_fisher_per_dim(const torch::Tensor& x, const torch::Tensor& grad
 /// posteriors the correction is of the order of D / N_eff (0.01 at D = 10 from 1,000 effective
 /// draws), on the funnel and the latent GP it is small beside their divergence; where the last
 /// half has no covariance factor (fewer than 2 (D + 1) rows) it is not measured and the affine map
-/// is kept. Test: Preconditioner.TheAffineMapsNoiseIsNotTakenForACurvedPosterior.
+/// is kept. The divergences quoted in Note [Choosing the transport] are f_N, measured before this
+/// correction. Test: Preconditioner.TheAffineMapsNoiseIsNotTakenForACurvedPosterior.
 struct FisherBeyondNoise {
   int64_t rows = 0;                                                  // finite rows used
   double all_rows = std::numeric_limits<double>::quiet_NaN();        // f_N (gaussian_fisher_per_dim)
