@@ -1,6 +1,6 @@
 // `--transport flow`: the fitting rounds, the choice between the flow and its affine base, the
 // final warm-up and sampling (Note [Transport warm-up], services/transport.hpp). One FlowRun holds
-// the run's state; each of its steps is one of the Notes below.
+// the run's state; each of its steps is one of the Notes below (they are half of its ~600 lines).
 //
 // Note [Transient states in the pool]
 // The pool holds every state since the second round, and a later fit is warm-started from the
@@ -168,11 +168,11 @@ class FlowRun {
         rk_(kernel, /*global_moves=*/false) {  // global moves once the flow is fitted (Note [Transport warm-up])
     if (t.kind != TransportKind::kFlow) throw UsageError("run_with_transport: transport must be flow");
     final_warmup_ = options.warmup - std::accumulate(lengths_.begin(), lengths_.end(), int64_t{0});
-    // Starting points in x (the inner target has the exact sampler, if any), then in z.
+    // Starting points in x (the inner target has the exact sampler, if any), then in z; random
+    // ones by Stan's rule, as without a transport: where the density is not finite, drawn again.
     if (options.init_x.defined()) {
       x_start_ = options.init_x;
     } else {
-      // Stan's rule, as without a transport: a random point whose density is not finite is redrawn.
       at::Generator gen = make_generator(seed_of(seed, SeedStream::kStartingPoints));
       x_start_ = finite_starting_points(target, initial_positions(target, options.init, options.chains, gen),
                                         options.init, gen);
