@@ -271,16 +271,17 @@ def large_table(learned_json: str, flow_json: str, nuts_jsons) -> str:
     runs = [{r["posterior"]: r for r in json.load(open(f))} for f in nuts_jsons]
     learned = {r["posterior"]: r for r in json.load(open(learned_json))}
     flow = {r["posterior"]: r for r in json.load(open(flow_json))} if flow_json and os.path.exists(flow_json) else {}
-    out = ["| posterior | D | NUTS runs passing | best NUTS: all-in s to 10k (metric); ESS/grad | "
-           "NUTS through the flow: all-in s (x best NUTS); ESS/grad | learned: all-in s (x best NUTS); ESS/grad (x best) | "
-           "learned: warm-up + training s (stop) |", "|---" * 7 + "|"]
+    out = ["| posterior | D | NUTS runs passing | best NUTS: all-in s, grads to 10k (metric); sampling ESS/grad | "
+           "NUTS through the flow: all-in s (x best NUTS), grads; ESS/grad | learned: all-in s (x best NUTS), grads; "
+           "ESS/grad (x best) | learned: warm-up + training s (stop) |", "|---" * 7 + "|"]
     slow, learned_wins, flow_wins, misses, no_nuts = [], [], [], [], []
     for p, l in learned.items():
         nuts = [r[p] for r in runs if p in r]
         ok = [n for n in nuts if n["passes"]]
         best = min(ok, key=lambda n: n["seconds_for_10000"]) if ok else None
         best_g = max(ok, key=lambda n: n["ess_bulk_per_grad"] or 0) if ok else None
-        nuts_cell = (f"{best['seconds_for_10000']:.0f} ({best['metric']}); {best_g['ess_bulk_per_grad']:.3g}" if best else
+        nuts_cell = (f"{best['seconds_for_10000']:.0f}, {best['grads_for_10000']:.3g} ({best['metric']}); "
+                     f"{best_g['ess_bulk_per_grad']:.3g}" if best else
                      "none passes (" + ", ".join(f"{n['metric']} {_status(n)}" for n in nuts) + ")")
         f = flow.get(p)
         if f is None:
@@ -289,13 +290,13 @@ def large_table(learned_json: str, flow_json: str, nuts_jsons) -> str:
             flow_cell = _status(f)
         else:
             ratio = f" ({best['seconds_for_10000'] / f['seconds_for_10000']:.2f}x)" if best else ""
-            flow_cell = f"{f['seconds_for_10000']:.0f}{ratio}; {f['ess_bulk_per_grad']:.3g}"
+            flow_cell = f"{f['seconds_for_10000']:.0f}{ratio}, {f['grads_for_10000']:.3g}; {f['ess_bulk_per_grad']:.3g}"
         if not l["passes"]:
             learned_cell = _status(l)
         else:
             ratio = f" ({best['seconds_for_10000'] / l['seconds_for_10000']:.2f}x)" if best else ""
             gratio = f" ({l['ess_bulk_per_grad'] / best_g['ess_bulk_per_grad']:.2f}x)" if best_g else ""
-            learned_cell = f"{l['seconds_for_10000']:.0f}{ratio}; {l['ess_bulk_per_grad']:.3g}{gratio}"
+            learned_cell = f"{l['seconds_for_10000']:.0f}{ratio}, {l['grads_for_10000']:.3g}; {l['ess_bulk_per_grad']:.3g}{gratio}"
         fixed = l.get("training_seconds")
         out.append(f"| {p} | {l['dim']} | {len(ok)} of {len(nuts)} | {nuts_cell} | {flow_cell} | {learned_cell} | "
                    f"{fixed:.0f} ({l.get('stopped')}) |" if fixed is not None else
