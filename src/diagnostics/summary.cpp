@@ -98,7 +98,11 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   j["seed"] = r.seed;
   j["complete"] = r.complete;
   j["draws_planned"] = r.draws_planned;
-  j["step_size"] = r.step_size;
+  j["step_size"] = r.step_size;  // where the chains have their own: their mean, each in step_sizes
+  if (r.step_size_chain.defined()) {
+    const torch::Tensor e = r.step_size_chain.to(torch::kFloat64).contiguous();
+    j["step_sizes"] = std::vector<double>(e.data_ptr<double>(), e.data_ptr<double>() + e.numel());
+  }
   j["metric"] = r.metric;
   if (r.metric == "low-rank") j["metric_rank"] = r.metric_rank;
   // Note [Stuck chains in warm-up]: chains that restarted from a moving chain's position

@@ -33,6 +33,29 @@ double DualAveraging::update(double accept_stat) {
 double DualAveraging::final_step() const { return t_ == 0 ? std::exp(log_eps_) : std::exp(log_eps_bar_); }
 double DualAveraging::current_step() const { return std::exp(log_eps_); }
 
+ChainsDualAveraging::ChainsDualAveraging(double initial_step, double target_accept, int64_t chains)
+    : da_(static_cast<size_t>(std::max<int64_t>(chains, 1)), DualAveraging(initial_step, target_accept)) {}
+
+void ChainsDualAveraging::restart(double step) {
+  for (DualAveraging& d : da_) d.restart(step);
+}
+
+std::vector<double> ChainsDualAveraging::update(const torch::Tensor& accept) {
+  if (!per_chain()) return {da_[0].update(accept.mean().item<double>())};
+  const torch::Tensor a = accept.detach().to(torch::kCPU, torch::kFloat64).reshape({-1}).contiguous();
+  TORCH_CHECK(a.numel() == static_cast<int64_t>(da_.size()), "step-size adaptation: ", a.numel(),
+              " accept statistics for ", da_.size(), " chains");
+  std::vector<double> out(da_.size());
+  for (size_t c = 0; c < da_.size(); ++c) out[c] = da_[c].update(a.data_ptr<double>()[c]);
+  return out;
+}
+
+std::vector<double> ChainsDualAveraging::final_steps() const {
+  std::vector<double> out;
+  for (const DualAveraging& d : da_) out.push_back(d.final_step());
+  return out;
+}
+
 WarmupSchedule::WarmupSchedule(int64_t warmup, int64_t init_buffer, int64_t term_buffer, int64_t base_window) {
   if (warmup < 20) return;  // too short for any metric adaptation
   if (init_buffer + term_buffer + base_window > warmup) {

@@ -105,6 +105,17 @@ ChainState Nuts::init(Target& target, const torch::Tensor& x) const {
   return s;
 }
 
+void Nuts::set_step_sizes(const std::vector<double>& eps) {
+  TORCH_CHECK(!eps.empty(), "NUTS: no step sizes given");
+  double sum = 0;
+  for (double e : eps) {
+    TORCH_CHECK(e > 0 && std::isfinite(e), "NUTS step sizes must be positive and finite, got ", e);
+    sum += e;
+  }
+  eps_chain_ = eps;
+  eps_ = sum / static_cast<double>(eps.size());
+}
+
 torch::Tensor Nuts::probe_accept(Target& target, const ChainState& state, at::Generator& gen) {
   torch::NoGradGuard no_grad;
   const Metric metric = metric_.to(state.x.options());
@@ -123,7 +134,11 @@ ChainState Nuts::run(Target& target, const ChainState& state, int64_t n, int64_t
   TORCH_CHECK(state.x.dim() == 2 && state.grad.defined(), "NUTS needs a [C, D] state with its gradient");
   if (n <= 0) return state;
   const Metric metric = metric_.to(target.options());
-  Engine engine(target, metric, rules_, options_, eps_, state, gen);
+  const auto chains = static_cast<size_t>(state.x.size(0));
+  TORCH_CHECK(eps_chain_.empty() || eps_chain_.size() == chains, "NUTS: ", eps_chain_.size(), " step sizes for ",
+              chains, " chains");
+  Engine engine(target, metric, rules_, options_, eps_chain_.empty() ? std::vector<double>(chains, eps_) : eps_chain_,
+                state, gen);
   engine.run(n, lookahead, p0, on_step);
   return engine.last.x.defined() ? engine.last : state;
 }

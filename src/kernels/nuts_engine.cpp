@@ -5,14 +5,15 @@
 namespace nmcmc {
 namespace nuts_engine {
 
-Engine::Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options, double eps,
-       const ChainState& state, at::Generator& gen)
+Engine::Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options,
+       const std::vector<double>& eps, const ChainState& state, at::Generator& gen)
     : target_(target), metric64_(metric.to(torch::TensorOptions().dtype(torch::kFloat64).device(torch::kCPU))),
       elementwise_(metric.kind() == MetricKind::kUnit || metric.kind() == MetricKind::kDiag),
       single_(target.options().dtype() == torch::kFloat32), rules_(rules),
-      inside_multinomial_(rule_is(rules.inside, multinomial_choice)), options_(options), eps_(eps),
+      inside_multinomial_(rule_is(rules.inside, multinomial_choice)), options_(options),
       c_(state.x.size(0)), d_(state.x.size(1)), chains_(c_) {
   TORCH_CHECK(single_ || target.options().dtype() == torch::kFloat64, "NUTS runs targets in float32 or float64");
+  TORCH_CHECK(static_cast<int64_t>(eps.size()) == c_, "NUTS: ", eps.size(), " step sizes for ", c_, " chains");
   x_host_ = torch::empty({c_, d_}, torch::TensorOptions().dtype(single_ ? torch::kFloat32 : torch::kFloat64));
   minv_.assign(static_cast<size_t>(d_), 1.0);
   if (metric.kind() == MetricKind::kDiag) {
@@ -32,6 +33,7 @@ Engine::Engine(Target& target, const Metric& metric, const NutsRules& rules, con
   const size_t d = static_cast<size_t>(d_);
   for (int64_t c = 0; c < c_; ++c) {
     Chain& ch = chains_[c];
+    ch.eps = eps[static_cast<size_t>(c)];
     ch.rng.s = static_cast<uint64_t>(ss[2 * c] * 0x1.0p53) ^ (static_cast<uint64_t>(ss[2 * c + 1] * 0x1.0p53) << 11);
     ch.pool.init(d);
     ch.start = ch.pool.take();
@@ -162,7 +164,7 @@ void Engine::kick_rows(const std::vector<int64_t>& live, const G* gs, const E* e
   for (size_t i = 0; i < live.size(); ++i) {
     Chain& ch = chains_[live[i]];
     const int z = ch.head();
-    const double half = 0.5 * (ch.forward ? eps_ : -eps_);
+    const double half = 0.5 * (ch.forward ? ch.eps : -ch.eps);
     const G* gt = gs + i * d;
     double *p = ch.pool.p(z), *g = ch.pool.g(z);
     for (size_t j = 0; j < d; ++j) {
@@ -201,11 +203,11 @@ void Engine::leaves_as(const std::vector<int64_t>& live) {
     Pool& pool = ch.pool;
     const int n = pool.take();
     const int h = ch.head();
-    const double half = 0.5 * (ch.forward ? eps_ : -eps_);
+    const double half = 0.5 * (ch.forward ? ch.eps : -ch.eps);
     const double *hp = pool.p(h), *hg = pool.g(h);
     double* np = pool.p(n);
     if (elementwise_) {  // with the drift x <- x + eps M^{-1} p in the same pass
-      const double e = ch.forward ? eps_ : -eps_;
+      const double e = ch.forward ? ch.eps : -ch.eps;
       const double* hx = pool.x(h);
       double* nx = pool.x(n);
       T* row = xs + static_cast<size_t>(i) * d;
@@ -226,7 +228,7 @@ void Engine::leaves_as(const std::vector<int64_t>& live) {
     for (int64_t i = 0; i < a; ++i) {
       Chain& ch = chains_[live[i]];
       const int n = ch.head();
-      const double e = ch.forward ? eps_ : -eps_;
+      const double e = ch.forward ? ch.eps : -ch.eps;
       const double *hx = ch.pool.x(ch.leaf_from), *v = ch.pool.ps(n);
       double* nx = ch.pool.x(n);
       T* row = xs + static_cast<size_t>(i) * d;

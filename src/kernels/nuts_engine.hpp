@@ -146,6 +146,7 @@ struct Done {
 /// One chain's transition as it is built (Stan's transition, iteratively).
 struct Chain {
   Stream rng;
+  double eps = 0;  // its step size
   Pool pool;
   int start = -1;  // where the transition starts (p: its momentum)
   double h0 = 0;
@@ -190,8 +191,9 @@ inline bool rule_is(const NutsRules::Choice& rule, double (*f)(double, double)) 
 /// The engine: every chain's transitions, the leaves batched.
 class Engine {
  public:
-  Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options, double eps,
-         const ChainState& state, at::Generator& gen);
+  /// eps: each chain's step size ([C]).
+  Engine(Target& target, const Metric& metric, const NutsRules& rules, const NutsOptions& options,
+         const std::vector<double>& eps, const ChainState& state, at::Generator& gen);
 
   /// n transitions of every chain, handed over in order; p0: the first transition's momenta.
   void run(int64_t n, int64_t lookahead, const torch::Tensor& p0, const StepCallback& on_step);
@@ -268,7 +270,6 @@ class Engine {
   const NutsRules& rules_;
   const bool inside_multinomial_;  // rules_.inside is Stan's: merges reuse their log_add_exp
   const NutsOptions& options_;
-  const double eps_;
   const int64_t c_, d_;
   std::vector<Chain> chains_;
 };

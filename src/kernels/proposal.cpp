@@ -36,6 +36,10 @@ ChainState Kernel::run_steps(Target& target, ChainState state, int64_t n, at::Ge
 
 void Tunable::set_step_size(double /*eps*/) { TORCH_CHECK(false, "sampler '", name(), "' has no tunable step size"); }
 
+void Tunable::set_step_sizes(const std::vector<double>& /*eps*/) {
+  TORCH_CHECK(false, "sampler '", name(), "' has one step size for all chains");
+}
+
 void Tunable::set_metric(const Metric& /*metric*/) { TORCH_CHECK(false, "sampler '", name(), "' has no metric to adapt"); }
 
 torch::Tensor Kernel::probe_accept(Target&, const ChainState&, at::Generator&) {

@@ -152,6 +152,57 @@ TEST(Nuts, RunSamplerAdaptsAndReportsTreeStatistics) {
   EXPECT_GT(s["accept_rate"].get<double>(), 0.6);
 }
 
+// Note [A step size per chain]: one averaging per chain on its own accept statistic (as Stan), or
+// one for all on their mean, bit for bit the single averaging it was.
+TEST(Nuts, EachChainAdaptsItsOwnStepSizeUnlessPooled) {
+  ChainsDualAveraging pooled(0.5, 0.8, 1), each(0.5, 0.8, 3);
+  DualAveraging one(0.5, 0.8);
+  const torch::Tensor a = torch::tensor({0.95, 0.2, 0.8}, kF64);
+  EXPECT_EQ(pooled.update(a), std::vector<double>{one.update(a.mean().item<double>())});
+  const std::vector<double> e = each.update(a);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_GT(e[0], e[2]);  // above the target: a longer step; below: a shorter one
+  EXPECT_LT(e[1], e[2]);
+
+  auto funnel = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 3}}, kF64);
+  RunOptions run;
+  run.set_chains(4).set_warmup(300).set_draws(20).set_adapt_mass(true);
+  Nuts nuts;
+  SampleResult r = run_sampler(*funnel, nuts, run, 5);
+  ASSERT_TRUE(r.step_size_chain.defined());
+  ASSERT_EQ(r.step_size_chain.numel(), 4);
+  const double lo = r.step_size_chain.min().item<double>(), hi = r.step_size_chain.max().item<double>();
+  EXPECT_GT(hi / lo, 1.05) << r.step_size_chain;  // the chains settled apart
+  EXPECT_NEAR(r.step_size, r.step_size_chain.mean().item<double>(), 1e-12);
+  EXPECT_EQ(nuts.step_sizes().size(), 4u);
+  EXPECT_EQ(summarise(r, *funnel)["step_sizes"].size(), 4u);
+  run.pooled_step_size = true;
+  Nuts together;
+  SampleResult q = run_sampler(*funnel, together, run, 5);
+  EXPECT_FALSE(q.step_size_chain.defined());
+  EXPECT_TRUE(together.step_sizes().empty());
+  EXPECT_FALSE(summarise(q, *funnel).contains("step_sizes"));
+}
+
+// The engine takes each chain's step size: a chain with a step 5e4 times shorter hardly moves.
+TEST(Nuts, EachChainStepsWithItsOwnStepSize) {
+  auto t = make_target({{"name", "icg"}, {"dim", 4}}, kF64);
+  Nuts nuts;
+  nuts.set_step_sizes({1e-6, 0.05, 0.05});
+  EXPECT_NEAR(nuts.step_size(), (1e-6 + 0.1) / 3.0, 1e-15);
+  auto gen = make_generator(7);
+  const torch::Tensor x0 = torch::full({3, 4}, 0.3, kF64);
+  ChainState s = nuts.init(*t, x0);
+  for (int i = 0; i < 5; ++i) s = nuts.step(*t, s, gen).first;
+  const torch::Tensor moved = (s.x - x0).norm(2, 1);
+  EXPECT_LT(moved[0].item<double>(), 0.05) << moved;
+  EXPECT_GT(moved[1].item<double>(), 0.05) << moved;
+  EXPECT_THROW(nuts.step(*t, nuts.init(*t, torch::zeros({2, 4}, kF64)), gen), c10::Error);  // 3 steps, 2 chains
+  nuts.set_step_size(0.5);
+  EXPECT_TRUE(nuts.step_sizes().empty());
+  EXPECT_THROW(nuts.set_step_sizes({0.5, -1.0}), c10::Error);
+}
+
 // The run's summary counts the divergent transitions and, as Stan does, warns where there are any,
 // naming --target-accept; a run without any says nothing of them.
 TEST(Nuts, SummaryWarnsOfDivergences) {
@@ -335,6 +386,7 @@ TEST(Nuts, StartingPointsNoStepSizeCanMoveAreDrawnAgain) {
   Nuts given(NutsOptions().set_max_depth(6));
   RunOptions o;
   o.set_chains(16).set_warmup(30).set_draws(5).set_metric(MetricAdapt::kDiag).set_init_x(starts);
+  o.pooled_step_size = true;
   SampleResult stuck = run_sampler(t, given, o, seed);
   EXPECT_LT(stuck.step_size, 1e-6);
   EXPECT_EQ(stuck.chains_redrawn, 0);

@@ -58,6 +58,24 @@ class DualAveraging {
   int64_t t_ = 0;
 };
 
+/// Dual averaging for a run's chains: one step size for all, fed their mean accept statistic, or
+/// one per chain, each fed its own (Note [A step size per chain], kernels/run.cpp).
+class ChainsDualAveraging {
+ public:
+  /// chains: 1 for one step size for all, else the number of chains.
+  ChainsDualAveraging(double initial_step, double target_accept, int64_t chains);
+  bool per_chain() const { return da_.size() > 1; }
+  /// Every chain's restarts around `step`.
+  void restart(double step);
+  /// Feeds the chains' accept statistics ([C]); returns the step sizes to use next (one, or C).
+  std::vector<double> update(const torch::Tensor& accept);
+  /// The averaged step sizes to freeze after warm-up (one, or C).
+  std::vector<double> final_steps() const;
+
+ private:
+  std::vector<DualAveraging> da_;
+};
+
 /// Stan's windowed warm-up (Stan Reference Manual, "HMC algorithm parameters", automatic
 /// parameter tuning): an initial fast buffer (75), doubling slow windows starting at 25, a
 /// terminal fast buffer (50); 15 % / 75 % / 10 % for warm-ups shorter than their sum.

@@ -97,9 +97,16 @@ class Nuts : public Kernel {
   std::pair<ChainState, StepInfo> transition(Target& target, const ChainState& state, const torch::Tensor& p0,
                                              at::Generator& gen);
 
+  /// The step size; where the chains have their own, their mean.
   double step_size() const override { return eps_; }
   bool has_tunable_step_size() const override { return true; }
-  void set_step_size(double eps) override { eps_ = eps; }
+  void set_step_size(double eps) override {
+    eps_ = eps;
+    eps_chain_.clear();
+  }
+  bool has_per_chain_step_size() const override { return true; }
+  void set_step_sizes(const std::vector<double>& eps) override;
+  std::vector<double> step_sizes() const override { return eps_chain_; }
   bool has_metric() const override { return true; }
   bool has_dense_metric() const override { return true; }
   void set_metric(const Metric& metric) override { metric_ = metric; }
@@ -116,6 +123,7 @@ class Nuts : public Kernel {
   NutsOptions options_;
   NutsRules rules_;
   double eps_;
+  std::vector<double> eps_chain_;  // each chain's step size, or empty: eps_ for all
   Metric metric_;
 };
 

@@ -39,6 +39,10 @@ struct RunOptions {
   /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
   std::optional<bool> adapt_step;
   double target_accept = 0.8;
+  /// One step size for every chain, adapted on their mean accept statistic, instead of each chain's
+  /// own (Note [A step size per chain], kernels/run.cpp; kernels without per-chain step sizes
+  /// always have one).
+  bool pooled_step_size = false;
   /// The metric warm-up adapts over Stan's windows (HMC, MALA, RWM, NUTS; refused for kernels
   /// without a metric; dense and fisher-lowrank need has_dense_metric, the fisher ones the
   /// gradient): unit (none), diag, dense, fisher-diag, fisher-lowrank (kernels/metric.hpp).
@@ -98,7 +102,7 @@ struct SampleResult {
   int64_t metric_rank = 0;      // a low-rank metric's rank K
   int64_t chains_restarted = 0; // Note [Stuck chains in warm-up]: chains that restarted from a moving one
   int64_t chains_redrawn = 0;   // Note [Starting points that cannot move] (kernels/run.cpp): starting points drawn again
-  torch::Tensor step_size_chain;  // [C] when the chains were adapted apart (a sharded run), else undefined
+  torch::Tensor step_size_chain;  // [C] when the chains were adapted apart (each its own, or a sharded run), else undefined
   torch::Tensor inv_mass_chain;   // [C, D] or [C, D, D] likewise
   std::vector<std::string> names;  // the D parameter labels (parameter_labels(target))
   int64_t grads_warmup = 0, grads_sampling = 0;      // per chain (NUTS: the mean over chains, rounded)

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 #include "nmcmc/kernels/metric.hpp"
 
@@ -20,8 +21,15 @@ class Tunable {
   /// Whether warm-up may tune the step size with set_step_size(). A sampler whose step size is
   /// learned or fixed says no, and run_sampler refuses (or, left to itself, skips) adaptation.
   virtual bool has_tunable_step_size() const { return false; }
-  /// Sets the step size; throws where there is none to tune (never a silent no-op).
+  /// Sets the step size (every chain's); throws where there is none to tune (never a silent no-op).
   virtual void set_step_size(double eps);
+  /// Whether each chain may have a step size of its own (set_step_sizes), as Stan adapts each
+  /// chain's (Note [A step size per chain], kernels/run.cpp).
+  virtual bool has_per_chain_step_size() const { return false; }
+  /// Sets each chain's step size ([C]); throws where the kernel has one step size for all.
+  virtual void set_step_sizes(const std::vector<double>& eps);
+  /// Each chain's step size when set apart by set_step_sizes, else empty (one for all: step_size()).
+  virtual std::vector<double> step_sizes() const { return {}; }
   /// Whether warm-up may adapt the metric with set_metric().
   virtual bool has_metric() const { return false; }
   /// Whether the metric may be other than diagonal (dense [D, D], low-rank plus diagonal).
@@ -40,6 +48,9 @@ class TuningFrom : public Base {
   double step_size() const override { return tuned().step_size(); }
   bool has_tunable_step_size() const override { return tuned().has_tunable_step_size(); }
   void set_step_size(double eps) override { tuned().set_step_size(eps); }
+  bool has_per_chain_step_size() const override { return tuned().has_per_chain_step_size(); }
+  void set_step_sizes(const std::vector<double>& eps) override { tuned().set_step_sizes(eps); }
+  std::vector<double> step_sizes() const override { return tuned().step_sizes(); }
   bool has_metric() const override { return tuned().has_metric(); }
   bool has_dense_metric() const override { return tuned().has_dense_metric(); }
   void set_metric(const Metric& metric) override { tuned().set_metric(metric); }
