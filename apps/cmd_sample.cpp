@@ -114,8 +114,8 @@ Command add_sample_command(CLI::App& app) {
   cmd->add_option("--target-accept", a->options.target_accept, "accept-rate target of step-size adaptation (default: per sampler)");
   cmd->add_flag("--adapt-mass", a->options.adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows (= --metric diag)");
   cmd->add_flag("--no-adapt", a->options.no_adapt, "keep --step-size fixed during warm-up");
-  cmd->add_flag("--pooled-step-size", a->options.pooled_step_size,
-                "NUTS: adapt one step size for all chains on their mean accept rate (default: each chain its own, as Stan)");
+  cmd->add_flag("--step-size-per-chain", a->options.step_size_per_chain,
+                "NUTS: each chain adapts its own step size, as Stan (default: one for all chains, on their mean accept rate)");
   cmd->add_option("--init", a->options.init,
                   "auto | uniform (U(-2,2)) | exact | zero | buffer (the learned sampler's own chains, saved with its "
                   "checkpoint); auto: buffer for a learned sampler that has one, else uniform")

@@ -313,7 +313,7 @@ def one(nmcmc, p, ref, row, args, t0):
         run = nmcmc.sample(target, "nuts", chains=args.chains, warmup=args.warmup, draws=args.draws, seed=args.seed,
                            metric=args.metric, transport=args.transport or "none",
                            transport_rounds=args.transport_rounds, transport_layers=args.transport_layers,
-                           target_accept=args.target_accept, pooled_step_size=args.pooled_step_size or None,
+                           target_accept=args.target_accept, step_size_per_chain=args.step_size_per_chain or None,
                            progress=False)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
@@ -418,8 +418,8 @@ def main() -> int:
     c.add_argument("--chains", type=int, default=4)
     c.add_argument("--warmup", type=int, default=1000)
     c.add_argument("--target-accept", type=float, default=None, help="NUTS's step-size target (default: nmcmc's, 0.8)")
-    c.add_argument("--pooled-step-size", action="store_true",
-                   help="NUTS: one step size for all chains (Note [A step size per chain]; default: each chain's own)")
+    c.add_argument("--step-size-per-chain", action="store_true",
+                   help="NUTS: each chain adapts its own step size, as Stan (Note [A step size per chain]; default: one for all)")
     c.add_argument("--draws", type=int, default=1000)
     c.add_argument("--steps", type=int, default=None, help="learned: training steps (default: nmcmc train's)")
     c.add_argument("--ess", type=float, default=None,

@@ -342,7 +342,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
            warmup: _Optional[int] = None, draws: _Optional[int] = None, seed: _Optional[int] = None, model=None,
            metric: _Optional[str] = None, step_size: _Optional[float] = None,
            target_accept: _Optional[float] = None, adapt_step: _Optional[bool] = None,
-           pooled_step_size: _Optional[bool] = None, leapfrog: _Optional[int] = None, max_depth: _Optional[int] = None, jitter: _Optional[float] = None,
+           step_size_per_chain: _Optional[bool] = None, leapfrog: _Optional[int] = None, max_depth: _Optional[int] = None, jitter: _Optional[float] = None,
            init: _Optional[str] = None, init_x: _Optional[torch.Tensor] = None, dtype=None,
            device: _Optional[str] = None, output: _Optional[str] = None, formats: _Optional[str] = None,
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: _Optional[str] = None,
@@ -370,7 +370,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     summary's "adaptation" record): the chains start where it ended, with its step size and metric;
     give a short `warmup` (e.g. 150); the metric is re-estimated only when `metric` is given
     (docs/commands.md, Warm starts). nuts, hmc and mala without a transport.
-    pooled_step_size: NUTS adapts one step size for all chains (default: each chain its own, as Stan).
+    step_size_per_chain: NUTS adapts each chain's step size, as Stan (default: one for all chains).
     Every argument left unset takes `nmcmc sample`'s default (sample_defaults()).
     Ctrl-C raises KeyboardInterrupt."""
     if sampler is None:
@@ -399,7 +399,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
              "chains": (chains, int), "warmup": (warmup, int), "draws": (draws, int), "seed": (seed, int),
              "init": (init, str), "device": (device, str), "formats": (formats, str), "transport": (transport, str),
              "global_moves": (global_moves, bool), "transport_layers": (transport_layers, int),
-             "transport_rounds": (transport_rounds, int), "pooled_step_size": (pooled_step_size, bool)}
+             "transport_rounds": (transport_rounds, int), "step_size_per_chain": (step_size_per_chain, bool)}
     for key, (value, kind) in given.items():
         if value is not None:
             options[key] = kind(value)

@@ -35,16 +35,21 @@ namespace {
 // draws that mean nothing (a user whose parameters truly have scales of 1e12 rescales them).
 constexpr double kRunawayStepSize = 1e12;
 // Note [A step size per chain]
-// Warm-up adapts each chain's step size by dual averaging on its own accept statistic, as Stan does
-// (one sampler per chain), where the kernel allows it (NUTS); RunOptions::pooled_step_size (and
-// kernels with one step size for all) adapt one on the chains' mean. On a funnel a chain that has
-// been in the neck settles on a smaller step than the pooled one, and the chains together then
-// reach the neck: on Inference Gym's Brownian motion (a funnel in the observation noise's scale)
-// NUTS diag with the pooled step over 4 x 20,000 draws put both scales' means 6.0-6.5 of their
-// standard errors off the published ground truth (seed 1; 0.215 mean step size, 8 divergences),
-// while eight chains adapted each their own (--chains 1 each, steps 0.02-0.22) were within 1.1.
-// The step-size search (Stan's heuristic) stays on the chains' mean: a window's end restarts every
-// chain's averaging around it.
+// Warm-up adapts one step size for every chain by dual averaging on the chains' mean accept
+// statistic; with RunOptions::step_size_per_chain (NUTS only) each chain adapts its own on its own
+// statistic, as Stan does (one sampler per chain). The mean is the less noisy input, so the pooled
+// averaging ends nearer its target (on a 20-d Gaussian: accept 0.82 at step 0.75, against 0.85 at
+// 0.63-0.71 per chain), and on twelve of posteriordb's small posteriors it gave 1.26x the bulk-ESS
+// per gradient by the geometric mean (0.85-1.7x; NUTS diag, 4 x 1,000, seed 1). The per-chain
+// steps are smaller, and where one chain spent the last window in a funnel's neck, much smaller.
+// On Inference Gym's Brownian motion (a funnel in the observation noise's scale) over 4 x 20,000
+// draws the pooled step (0.19-0.25) under-samples the neck: both scales' means 5.4-6.7 of their
+// standard errors off the ground truth at seeds 1-3, with 8-27 divergent transitions (which the
+// summary warns of, naming --target-accept; at 0.95 the pooled step passes, 2.7). Per chain it
+// passed at seed 1 (2.6) and failed loudly at seeds 2 and 3 (R-hat 1.06 and 1.03: one chain's step
+// 5e-4 or 8e-3), as Stan's own run also lands 3 standard errors off at 4 x 10,000. The pooled step
+// stays the default; neither is a cure for a funnel. The step-size search (Stan's heuristic) uses
+// the chains' mean either way: a window's end restarts every chain's averaging around it.
 constexpr double kStateCopiesPerChain = 32;  // [C, D] tensors a kernel keeps alive (NUTS: its trees' buffers, ~20)
 constexpr double kStatBytesPerDraw = 48;     // lp, accept, divergent, n_grad, tree depth, energy per chain
 
@@ -320,7 +325,7 @@ class LocalRun {
         find_reasonable_step_size(target_, kernel_, state_, gen_, kernel_.step_size() > 0 ? kernel_.step_size() : 1.0);
       });
     }
-    const bool per_chain = kernel_.has_per_chain_step_size() && !o_.pooled_step_size;
+    const bool per_chain = kernel_.has_per_chain_step_size() && o_.step_size_per_chain;
     ChainsDualAveraging da(kernel_.step_size(), o_.target_accept, per_chain ? o_.chains : 1);
     WarmupSchedule schedule(o_.warmup);
     torch::Tensor acc_sum = torch::zeros({}, state_.energy.options());

@@ -89,8 +89,8 @@ Prepared prepare(const SampleRequest& request) {
                                       .set_max_depth(a.max_depth));
   }
   if (a.no_adapt && !a.step_size) throw UsageError("--no-adapt needs --step-size");
-  if (a.pooled_step_size && a.sampler != SamplerKind::kNuts) {
-    throw UsageError("--pooled-step-size goes with --sampler nuts (the other samplers have one step size for all chains)");
+  if (a.step_size_per_chain && a.sampler != SamplerKind::kNuts) {
+    throw UsageError("--step-size-per-chain goes with --sampler nuts (the other samplers have one step size for all chains)");
   }
 
   if (learned && a.step_size) throw UsageError("--step-size does not apply to the learned sampler (its step size is learned)");
@@ -112,7 +112,7 @@ Prepared prepare(const SampleRequest& request) {
   // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
   if (!learned) run.set_adapt_step(!a.no_adapt);
   run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
-  run.pooled_step_size = a.pooled_step_size;
+  run.step_size_per_chain = a.step_size_per_chain;
   run.should_stop = request.should_stop;
   if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
   // Starting points: "auto" is the learned sampler's own chains (the bootstrap buffer saved with

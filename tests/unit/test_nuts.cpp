@@ -153,8 +153,8 @@ TEST(Nuts, RunSamplerAdaptsAndReportsTreeStatistics) {
 }
 
 // Note [A step size per chain]: one averaging per chain on its own accept statistic (as Stan), or
-// one for all on their mean, bit for bit the single averaging it was.
-TEST(Nuts, EachChainAdaptsItsOwnStepSizeUnlessPooled) {
+// (the default) one for all on their mean, bit for bit the single averaging it was.
+TEST(Nuts, EachChainAdaptsItsOwnStepSizeWhenAsked) {
   ChainsDualAveraging pooled(0.5, 0.8, 1), each(0.5, 0.8, 3);
   DualAveraging one(0.5, 0.8);
   const torch::Tensor a = torch::tensor({0.95, 0.2, 0.8}, kF64);
@@ -167,6 +167,7 @@ TEST(Nuts, EachChainAdaptsItsOwnStepSizeUnlessPooled) {
   auto funnel = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 3}}, kF64);
   RunOptions run;
   run.set_chains(4).set_warmup(300).set_draws(20).set_adapt_mass(true);
+  run.step_size_per_chain = true;
   Nuts nuts;
   SampleResult r = run_sampler(*funnel, nuts, run, 5);
   ASSERT_TRUE(r.step_size_chain.defined());
@@ -176,7 +177,7 @@ TEST(Nuts, EachChainAdaptsItsOwnStepSizeUnlessPooled) {
   EXPECT_NEAR(r.step_size, r.step_size_chain.mean().item<double>(), 1e-12);
   EXPECT_EQ(nuts.step_sizes().size(), 4u);
   EXPECT_EQ(summarise(r, *funnel)["step_sizes"].size(), 4u);
-  run.pooled_step_size = true;
+  run.step_size_per_chain = false;  // the default
   Nuts together;
   SampleResult q = run_sampler(*funnel, together, run, 5);
   EXPECT_FALSE(q.step_size_chain.defined());
@@ -386,7 +387,6 @@ TEST(Nuts, StartingPointsNoStepSizeCanMoveAreDrawnAgain) {
   Nuts given(NutsOptions().set_max_depth(6));
   RunOptions o;
   o.set_chains(16).set_warmup(30).set_draws(5).set_metric(MetricAdapt::kDiag).set_init_x(starts);
-  o.pooled_step_size = true;
   SampleResult stuck = run_sampler(t, given, o, seed);
   EXPECT_LT(stuck.step_size, 1e-6);
   EXPECT_EQ(stuck.chains_redrawn, 0);

@@ -39,10 +39,10 @@ struct RunOptions {
   /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
   std::optional<bool> adapt_step;
   double target_accept = 0.8;
-  /// One step size for every chain, adapted on their mean accept statistic, instead of each chain's
-  /// own (Note [A step size per chain], kernels/run.cpp; kernels without per-chain step sizes
-  /// always have one).
-  bool pooled_step_size = false;
+  /// Each chain adapts its own step size on its own accept statistic, as Stan, instead of one for
+  /// every chain on their mean (Note [A step size per chain], kernels/run.cpp; kernels without
+  /// per-chain step sizes: one always).
+  bool step_size_per_chain = false;
   /// The metric warm-up adapts over Stan's windows (HMC, MALA, RWM, NUTS; refused for kernels
   /// without a metric; dense and fisher-lowrank need has_dense_metric, the fisher ones the
   /// gradient): unit (none), diag, dense, fisher-diag, fisher-lowrank (kernels/metric.hpp).

@@ -33,7 +33,7 @@ struct SampleOptions {
   std::optional<double> step_size;     // initial step size; unset: found at the start
   std::optional<double> target_accept; // of step-size adaptation; unset: per sampler
   bool no_adapt = false;               // keep step_size fixed during warm-up
-  bool pooled_step_size = false;       // NUTS: one step size for all chains (RunOptions::pooled_step_size)
+  bool step_size_per_chain = false;    // NUTS: each chain adapts its own (RunOptions::step_size_per_chain)
   double jitter = 0;                   // HMC: per-chain step-size jitter
   int64_t leapfrog = 10;               // HMC: leapfrog steps
   int64_t max_depth = 10;              // NUTS: maximum tree depth
@@ -61,7 +61,7 @@ struct SampleOptions {
   nlohmann::json warm_start;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
-                                                no_adapt, pooled_step_size, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
+                                                no_adapt, step_size_per_chain, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
                                                 dtype, device, matmul, gemm, output, formats, transport,
                                                 transport_layers, transport_rounds, global_moves, warm_start)
 
