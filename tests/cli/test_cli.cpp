@@ -193,6 +193,7 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --target-accept 0", 64, "target-accept"},
            {"sample --step-size 0", 64, "step-size"},
            {"sample --sampler mala --no-adapt", 64, "--no-adapt needs --step-size"},
+           {"sample --sampler hmc --step-size-per-chain", 64, "--step-size-per-chain goes with --sampler nuts"},
            {"sample --label-column 2", 64, "--label-column goes with --data-file"},
            {"sample --target-json '{\"name\":'", 64, "JSON"},
            {"sample --target logistic --data-file /nonexistent.txt", 65, "cannot open"},
@@ -269,6 +270,29 @@ TEST(Cli, TinyEndToEndRunWritesParseableStanCsv) {
   auto a = nmcmc::read_stan_csv(dir + "/chain_2.csv").values.narrow(1, 5, 5);
   auto b = nmcmc::read_stan_csv(dir2 + "/chain_2.csv").values.narrow(1, 5, 5);
   EXPECT_TRUE(torch::equal(a, b));
+}
+
+// Note [A step size per chain]: each chain's adapted step size is its Stan CSV's, and the summary's
+// step_sizes; step_size is their mean.
+TEST(Cli, NutsWithAStepSizePerChainRecordsEachChains) {
+  std::string dir = ::testing::TempDir() + "cli_step_per_chain";
+  fs::remove_all(dir);
+  CliRun r = run("sample --target funnel --dim 5 --sigma 3 --sampler nuts --step-size-per-chain --chains 3 --warmup 200 "
+                 "--draws 10 --seed 5 --quiet --output " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json summary = nlohmann::json::parse(std::ifstream(dir + "/summary.json"));
+  ASSERT_EQ(summary["step_sizes"].size(), 3u) << summary.dump();
+  double sum = 0;
+  for (int c = 1; c <= 3; ++c) {
+    const double eps = summary["step_sizes"][c - 1].get<double>();
+    sum += eps;
+    bool found = false;
+    for (auto& line : nmcmc::read_stan_csv(dir + "/chain_" + std::to_string(c) + ".csv").comments) {
+      if (line.rfind("# Step size = ", 0) == 0) found = std::abs(std::stod(line.substr(14)) / eps - 1) < 1e-8;
+    }
+    EXPECT_TRUE(found) << "chain " << c;
+  }
+  EXPECT_NEAR(summary["step_size"].get<double>(), sum / 3, 1e-12);
 }
 
 TEST(Cli, TransportedRunWritesDrawsInXWithTheirLogDensity) {
