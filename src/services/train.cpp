@@ -236,10 +236,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
     x = x.narrow(0, std::max<int64_t>(0, x.size(0) - rows), std::min<int64_t>(x.size(0), rows));
     const torch::Tensor x64 = x.to(torch::kFloat64);
     const FisherBeyondNoise f = fisher_beyond_noise(x64, target.energy_and_grad(x64.to(target.options())).grad);
-    auto value = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-    record["fisher_per_dim"] = value(f.beyond_noise);  // Note [The affine map's noise]
-    record["fisher_per_dim_all_rows"] = value(f.all_rows);
-    record["fisher_per_dim_half_rows"] = value(f.half_rows);
+    record.update(f.record());  // Note [The affine map's noise]
     record["grads"] = record["grads"].get<int64_t>() + x.size(0);
   }
   if (o.eps_from_warmup && o.beta_from_warmup) record["beta"] = trainer.warm_start_beta();

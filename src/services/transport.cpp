@@ -196,6 +196,13 @@ double gaussian_fisher_per_dim(const torch::Tensor& x, const torch::Tensor& grad
   return fisher_per_dim_at(xs, gs, l);
 }
 
+json FisherBeyondNoise::record() const {
+  auto value = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  return {{"fisher_per_dim", value(beyond_noise)},
+          {"fisher_per_dim_all_rows", value(all_rows)},
+          {"fisher_per_dim_half_rows", value(half_rows)}};
+}
+
 FisherBeyondNoise fisher_beyond_noise(const torch::Tensor& x, const torch::Tensor& grad_u) {
   TORCH_CHECK(x.dim() == 2 && grad_u.sizes() == x.sizes(), "fisher_beyond_noise: x and grad_u must be [N, D] alike");
   const auto [xs, gs] = finite_rows(x, grad_u);
@@ -269,7 +276,6 @@ TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& opt
   const int64_t decide_at = std::min(options.warmup, std::max<int64_t>(t.rules.auto_watch_min, options.warmup / 4));
   const int64_t keep_iterations = (t.rules.fisher_rows + options.chains - 1) / options.chains;
   std::deque<std::pair<torch::Tensor, torch::Tensor>> seen;
-  double fisher = std::numeric_limits<double>::quiet_NaN();
   FisherBeyondNoise measured;
   int64_t rows = 0;
   bool flow = false;
@@ -296,22 +302,19 @@ TransportRun run_with_auto(Target& target, Kernel& kernel, const RunOptions& opt
       }
       rows = x.size(0);
       measured = fisher_beyond_noise(x, g);  // Note [The affine map's noise]
-      fisher = measured.beyond_noise;
     }
     seen.clear();
-    flow = fisher > t.rules.flow_fisher_per_dim;  // NaN (not measured): no transport
+    flow = measured.beyond_noise > t.rules.flow_fisher_per_dim;  // NaN (not measured): no transport
     return !flow;
   };
   const double step_size_given = kernel.step_size();
   SampleResult first = run_sampler(target, kernel, watched, seed, progress);
-  json record = {{"fisher_per_dim", std::isfinite(fisher) ? json(fisher) : json(nullptr)},
-                 {"fisher_per_dim_all_rows", std::isfinite(measured.all_rows) ? json(measured.all_rows) : json(nullptr)},
-                 {"fisher_per_dim_half_rows", std::isfinite(measured.half_rows) ? json(measured.half_rows) : json(nullptr)},
-                 {"threshold", t.rules.flow_fisher_per_dim},
+  json record = measured.record();
+  record.update({{"threshold", t.rules.flow_fisher_per_dim},
                  {"rows", rows},
                  {"decided_after", decide_at},
-                 {"chose", flow ? "flow" : "none"}};
-  if (!std::isfinite(fisher) && first.complete) {
+                 {"chose", flow ? "flow" : "none"}});
+  if (!std::isfinite(measured.beyond_noise) && first.complete) {
     record["why"] = "not measured: the warm-up's last draws span fewer than D directions, or half of them fewer "
                     "(fewer than 2 (D + 1) finite rows)";
   }

@@ -262,6 +262,8 @@ struct FisherBeyondNoise {
   double all_rows = std::numeric_limits<double>::quiet_NaN();        // f_N (gaussian_fisher_per_dim)
   double half_rows = std::numeric_limits<double>::quiet_NaN();       // f_N/2, the last half
   double beyond_noise = std::numeric_limits<double>::quiet_NaN();    // 2 f_N - f_N/2; NaN: not measured
+  /// fisher_per_dim (beyond_noise), fisher_per_dim_all_rows and _half_rows; null where not measured.
+  nlohmann::json record() const;
 };
 FisherBeyondNoise fisher_beyond_noise(const torch::Tensor& x, const torch::Tensor& grad_u);
 
