@@ -411,6 +411,17 @@ def test_a_scripted_module_is_dropped_when_nothing_made_from_it_is_left():
         nmcmc.Target({"name": "torchscript", "module": key})
 
 
+def test_nuts_step_size_per_chain_is_recorded_and_refused_elsewhere():
+    # Note [A step size per chain]: each chain's own, their mean as step_size; one for all by default
+    t = nmcmc.target("icg", dim=3)
+    run = nmcmc.sample(t, "nuts", step_size_per_chain=True, warmup=150, draws=10, progress=False)
+    steps = run.summary["step_sizes"]
+    assert len(steps) == 4 and abs(sum(steps) / 4 - run.summary["step_size"]) < 1e-12
+    assert "step_sizes" not in nmcmc.sample(t, "nuts", warmup=150, draws=10, progress=False).summary
+    with pytest.raises(ValueError, match="--step-size-per-chain goes with --sampler nuts"):
+        nmcmc.sample(t, "hmc", step_size_per_chain=True, warmup=10, draws=5, progress=False)
+
+
 def test_sample_and_compare_take_their_defaults_from_the_cpp_definition(tmp_path):
     s = nmcmc.sample_defaults()
     assert (s["sampler"], s["chains"], s["warmup"], s["draws"], s["seed"]) == ("nuts", 4, 1000, 1000, 1)
