@@ -40,7 +40,7 @@ struct RunOptions {
   std::optional<bool> adapt_step;
   double target_accept = 0.8;
   /// Each chain adapts its own step size on its own accept statistic, as Stan, instead of one for
-  /// every chain on their mean (Note [A step size per chain], kernels/run.cpp; kernels without
+  /// every chain on their mean (Note [A step size per chain], kernels/adaptation.hpp; kernels without
   /// per-chain step sizes: one always).
   bool step_size_per_chain = false;
   /// The metric warm-up adapts over Stan's windows (HMC, MALA, RWM, NUTS; refused for kernels

@@ -24,7 +24,7 @@ class Tunable {
   /// Sets the step size (every chain's); throws where there is none to tune (never a silent no-op).
   virtual void set_step_size(double eps);
   /// Whether each chain may have a step size of its own (set_step_sizes), as Stan adapts each
-  /// chain's (Note [A step size per chain], kernels/run.cpp).
+  /// chain's (Note [A step size per chain], kernels/adaptation.hpp).
   virtual bool has_per_chain_step_size() const { return false; }
   /// Sets each chain's step size ([C]); throws where the kernel has one step size for all.
   virtual void set_step_sizes(const std::vector<double>& eps);
