@@ -380,6 +380,9 @@ def one(nmcmc, p, ref, row, args, t0):
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
                 "density_failures": s.get("density_failures", 0), "worst_mean_mcse": z, "worst_sd_ratio": sd,
                 "worst_sd_se": zs})
+    worst = max(s["parameters"], key=lambda q: q["rhat"] if q["rhat"] == q["rhat"] else float("inf"), default=None)
+    if worst is not None:  # which quantity mixes worst: where a sampler that does not converge fails
+        row["worst_rhat_quantity"] = worst["name"]
     if s["max_rhat"] > 1.01:
         ok, why = False, why + [f"R-hat {s['max_rhat']:.3f}"]
     if s["min_ess_bulk"] < 400:

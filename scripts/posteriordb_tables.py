@@ -258,7 +258,8 @@ def _status(r):
     if "max_rhat" not in r:
         return "FAIL: " + ("; ".join(r["why"]) or "?")[:70]
     if r["max_rhat"] > 1.01:
-        return f"not converged (R-hat {r['max_rhat']:.3f})"
+        worst = f", {r['worst_rhat_quantity']}" if r.get("worst_rhat_quantity") else ""
+        return f"not converged (R-hat {r['max_rhat']:.3f}{worst})"
     return "FAIL: " + "; ".join(r["why"])[:70]
 
 
