@@ -83,8 +83,21 @@ struct EnumNames<Precondition> {
 };
 NMCMC_ENUM_JSON(Precondition)
 
-/// "auto": dense up to kDenseMaxDim dimensions (L costs O(D^2) per proposal), lowrank above.
-constexpr int64_t kDenseMaxDim = 1000;
+/// "auto": dense up to kDenseMaxDim dimensions, lowrank above (Note [Where the dense map stops]).
+//
+// Note [Where the dense map stops]
+// The dense map is the warm-up's covariance, estimated from its last window's draws: some 16
+// chains x a few hundred autocorrelated draws, a few rows per dimension at D = 1,000, where the
+// estimate is mostly noise and whitening by it leaves the learned sampler a badly scaled target
+// (and L costs O(D^2) per proposal). Measured with train's defaults, 4 x 1,000 draws, AMD EPYC 2
+// vCPUs (BENCHMARKS.md, "The learned sampler against D"): on the 1,000-d ill-conditioned diagonal
+// Gaussian the dense map gave 0.004 bulk-ESS per gradient (R-hat 1.168), the low-rank one 0.243
+// (R-hat 1.011; warm-up 17 s instead of 48 s); at D = 300 the dense map 0.126, the low-rank one
+// 0.384. But where the posterior's correlations are not a few factors the low-rank map cannot
+// whiten it: on the 300-d rotated Gaussian it failed (R-hat 2.16) where the dense one nearly
+// converged (R-hat 1.03, 0.052 per gradient). So the dense map is kept up to 500 dimensions,
+// between the two sizes measured, and the low-rank map taken above (it was 1,000).
+constexpr int64_t kDenseMaxDim = 500;
 Precondition resolve_precondition(Precondition precondition, int64_t dim);
 
 /// A factor-analysis fit of a covariance, S ~ diag(psi) + W W^T with k' <= k factors, in the form the
