@@ -64,9 +64,9 @@ class DualAveraging {
 // statistic, as Stan does (one sampler per chain). The mean is the less noisy input, so the pooled
 // averaging ends nearer its target (on a 20-d Gaussian: accept 0.82 at step 0.75, against 0.85 at
 // 0.63-0.71 per chain); over posteriordb's 16 small posteriors (NUTS diag, 4 x 1,000, seed 1) it
-// gave 1.29x the bulk-ESS per gradient by the geometric mean over the 15 both pass (0.85-2.1x; all-in,
-// warm-up counted, 1.25x per gradient and 1.41x per second over 14 of them), and
-// per chain low_dim_gauss_mix failed (R-hat 1.53): three chains that began in a flat stretch of the
+// gave 1.29x the bulk-ESS per gradient by the geometric mean over the 15 both pass (0.85-2.1x;
+// all-in, warm-up counted, 1.25x per gradient and 1.41x per second over 14 of them), and per
+// chain low_dim_gauss_mix failed (R-hat 1.53): three chains that began in a flat stretch of the
 // components' gap adapted steps of 0.003 there (the pooled step 0.75) and never left it, where a
 // pooled step would have left them unable to move and so restarted from a moving chain (Note
 // [Stuck chains in warm-up]). On a funnel the per-chain steps are smaller. On Inference Gym's
@@ -86,7 +86,7 @@ class ChainsDualAveraging {
   /// chains: 1 for one step size for all, else the number of chains.
   ChainsDualAveraging(double initial_step, double target_accept, int64_t chains);
   bool per_chain() const { return da_.size() > 1; }
-  /// Every chain's restarts around `step`.
+  /// Every chain's averaging restarts around `step`.
   void restart(double step);
   /// Feeds the chains' accept statistics ([C]); returns the step sizes to use next (one, or C).
   std::vector<double> update(const torch::Tensor& accept);
