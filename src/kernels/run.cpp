@@ -349,6 +349,7 @@ class LocalRun {
 
   /// One step size for every chain, or each chain's (Note [A step size per chain], kernels/adaptation.hpp).
   void set_step_sizes(const std::vector<double>& eps) {
+    max_step_ = *std::max_element(eps.begin(), eps.end());
     if (eps.size() == 1) {
       kernel_.set_step_size(eps[0]);
     } else {
@@ -360,8 +361,7 @@ class LocalRun {
   /// non-finite point, ends the run with a DataError (no draw is written). The states are looked at
   /// (a host synchronisation) only where `look_at_states`: at metric windows' ends and warm-up's end.
   void check_not_running_off(int64_t i, bool look_at_states) {
-    const std::vector<double> steps = kernel_.step_sizes();
-    const double eps = steps.empty() ? kernel_.step_size() : *std::max_element(steps.begin(), steps.end());
+    const double eps = max_step_;
     const bool runaway_step = tune_ && !(eps <= kRunawayStepSize);
     if (!runaway_step && !look_at_states) return;
     const torch::Tensor x = state_.x.detach().to(torch::kFloat64);
@@ -486,6 +486,7 @@ class LocalRun {
   int64_t g_start_ = 0, e_start_ = 0, calls_outside_steps_ = 0;
   Clock::time_point t0_, last_report_, last_flush_;
   bool random_start_ = false, tunable_ = false, tune_ = false;
+  double max_step_ = 0;  // the largest step size warm-up has set (Note [Chains that run off])
   std::optional<MetricEstimator> estimator_;
   torch::Tensor warmup_grads_chain_;  // [C] when the kernel reports per-chain counts
   int64_t first_slow_ = 0;
