@@ -34,144 +34,159 @@ struct Prepared {
   std::shared_ptr<TransportedTarget> latent;  // a learned model trained in a flow's latent space: runs on it
 };
 
-Prepared prepare(const SampleRequest& request) {
-  const SampleOptions& a = request.options;
-  // Note [Stan programs]: a Stan program's density is float64 throughout, and so are its chains
-  // unless asked otherwise (a float32 state rounds away what its scales need).
-  const bool stan = request.target.is_object() && request.target.value("name", std::string()) == "stan";
-  torch::TensorOptions options = parse_tensor_options(a.dtype.value_or(stan ? "float64" : "float32"), a.device);
-  const OutputFormats formats = parse_formats(a.formats);  // checked before the run
-  std::unique_ptr<Kernel> kernel;
-  // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
-  // Note [Warm starts]: a warm start keeps its metric unless one is asked for.
-  const bool nuts = a.sampler == SamplerKind::kNuts;
-  const bool warm = !a.warm_start.is_null();
-  if (a.metric && a.adapt_mass && *a.metric != "diag") throw UsageError("--adapt-mass means --metric diag");
-  const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(a.adapt_mass || (nuts && !warm) ? "diag" : "unit"));
-  json target_spec = request.target;
-  json model_meta;
-  FlowTransport model_flow(nullptr);
-  bool other_data = false;  // a learned model on other data of its Stan program
-  torch::Tensor warm_metric;
-  const bool learned = a.sampler == SamplerKind::kLearned;
-  if (learned && metric != MetricAdapt::kUnit) throw UsageError("--metric and --adapt-mass do not apply to the learned sampler");
-  if (a.transport != TransportKind::kNone && learned) {
-    throw UsageError("--transport applies to nuts, hmc and mala; the learned sampler gets its flow in training "
-                     "(nmcmc train --transport flow) and samples in it");
-  }
-  if (a.transport != TransportKind::kNone && a.sampler == SamplerKind::kRwm) {
-    throw UsageError("--transport " + enum_name(a.transport) + " works from gradients: use nuts, hmc or mala (rwm computes none)");
-  }
-  if (a.transport == TransportKind::kNone && (a.global_moves || a.transport_layers != kDefaultTransportLayers ||
-                                                a.transport_rounds != kDefaultTransportRounds)) {
-    throw UsageError("--global-moves, --transport-layers and --transport-rounds go with --transport flow or auto");
-  }
-  if (learned) {
-    if (!a.model) throw UsageError("--sampler learned needs --model FILE (from `nmcmc train`)");
-    LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
-                                     options, a.dtype.has_value(), a.matmul, a.gemm);
-    kernel = std::make_unique<MetropolisHastings>(lr.proposal);
-    target_spec = lr.target_spec;
-    model_meta = lr.meta;
-    options = lr.options;
-    model_flow = lr.transport;
-    other_data = lr.other_data;
-  } else {
-    if (a.model) throw UsageError("--model goes with --sampler learned");
-    if (a.matmul) throw UsageError("--matmul goes with --sampler learned (its networks' GEMMs)");
-    if (a.gemm) throw UsageError("--gemm goes with --sampler learned (its networks' GEMMs)");
-    if (request.target.is_null()) throw UsageError("give a target");
-    kernel = make_baseline_kernel(ProposalOptions()
-                                      .set_sampler(a.sampler)
-                                      .set_step_size(a.step_size)
-                                      .set_leapfrog(a.leapfrog)
-                                      .set_jitter(a.jitter)
-                                      .set_max_depth(a.max_depth));
-  }
-  if (a.no_adapt && !a.step_size) throw UsageError("--no-adapt needs --step-size");
-  if (a.step_size_per_chain && a.sampler != SamplerKind::kNuts) {
-    throw UsageError("--step-size-per-chain goes with --sampler nuts (the other samplers have one step size for all chains)");
-  }
+// Note [The sample options' rules]
+// Every rule that ties one of `nmcmc sample`'s options to another is one row of kSampleRules,
+// checked in order before anything is read, built or written: a refused request costs nothing,
+// leaves no output and gets one message (the first broken rule's). Rules about one value alone
+// (a positive chain count, a known metric) are the parsers' and the options' own.
+struct SampleRule {
+  bool (*broken)(const SampleOptions& a, const SampleRequest& request);
+  const char* message;
+};
 
-  if (learned && a.step_size) throw UsageError("--step-size does not apply to the learned sampler (its step size is learned)");
-  if (warm && (learned || a.sampler == SamplerKind::kRwm || a.transport != TransportKind::kNone)) {
-    throw UsageError("--warm-start applies to nuts, hmc and mala without a transport (the learned sampler starts from "
-                     "another data set's model with `nmcmc train --from`)");
+bool is_learned(const SampleOptions& a) { return a.sampler == SamplerKind::kLearned; }
+bool has_transport(const SampleOptions& a) { return a.transport != TransportKind::kNone; }
+
+const SampleRule kSampleRules[] = {
+    {[](const SampleOptions& a, const SampleRequest&) { return a.metric && a.adapt_mass && *a.metric != "diag"; },
+     "--adapt-mass means --metric diag"},
+    {[](const SampleOptions& a, const SampleRequest&) {
+       return is_learned(a) && (a.adapt_mass || (a.metric && *a.metric != "unit"));
+     },
+     "--metric and --adapt-mass do not apply to the learned sampler"},
+    {[](const SampleOptions& a, const SampleRequest&) { return has_transport(a) && is_learned(a); },
+     "--transport applies to nuts, hmc and mala; the learned sampler gets its flow in training "
+     "(nmcmc train --transport flow) and samples in it"},
+    {[](const SampleOptions& a, const SampleRequest&) { return has_transport(a) && a.sampler == SamplerKind::kRwm; },
+     "--transport works from gradients: use nuts, hmc or mala (rwm computes none)"},
+    {[](const SampleOptions& a, const SampleRequest&) {
+       return !has_transport(a) && (a.global_moves || a.transport_layers != kDefaultTransportLayers ||
+                                    a.transport_rounds != kDefaultTransportRounds);
+     },
+     "--global-moves, --transport-layers and --transport-rounds go with --transport flow or auto"},
+    {[](const SampleOptions& a, const SampleRequest&) { return is_learned(a) && !a.model; },
+     "--sampler learned needs --model FILE (from `nmcmc train`)"},
+    {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.model; },
+     "--model goes with --sampler learned"},
+    {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.matmul; },
+     "--matmul goes with --sampler learned (its networks' GEMMs)"},
+    {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.gemm; },
+     "--gemm goes with --sampler learned (its networks' GEMMs)"},
+    {[](const SampleOptions& a, const SampleRequest& r) { return !is_learned(a) && r.target.is_null(); },
+     "give a target"},
+    {[](const SampleOptions& a, const SampleRequest&) { return a.no_adapt && !a.step_size; },
+     "--no-adapt needs --step-size"},
+    {[](const SampleOptions& a, const SampleRequest&) { return a.step_size_per_chain && a.sampler != SamplerKind::kNuts; },
+     "--step-size-per-chain goes with --sampler nuts (the other samplers have one step size for all chains)"},
+    {[](const SampleOptions& a, const SampleRequest&) { return is_learned(a) && a.step_size; },
+     "--step-size does not apply to the learned sampler (its step size is learned)"},
+    {[](const SampleOptions& a, const SampleRequest&) {
+       return !a.warm_start.is_null() && (is_learned(a) || a.sampler == SamplerKind::kRwm || has_transport(a));
+     },
+     "--warm-start applies to nuts, hmc and mala without a transport (the learned sampler starts from another "
+     "data set's model with `nmcmc train --from`)"},
+    {[](const SampleOptions& a, const SampleRequest&) { return a.init == "buffer" && !is_learned(a); },
+     "--init buffer needs --sampler learned (the chains saved with its checkpoint)"},
+};
+
+void check_rules(const SampleRequest& request) {
+  for (const SampleRule& rule : kSampleRules) {
+    if (rule.broken(request.options, request)) throw UsageError(rule.message);
   }
-  std::shared_ptr<Target> target = make_target(target_spec, options);
-  std::optional<WarmStart> warm_start;
-  if (warm) {
-    warm_start = WarmStart::read(a.warm_start);
-    warm_start->check_model(*target, "--warm-start");
-    warm_metric = warm_start->apply(*kernel, options, /*dense=*/true, /*step=*/!a.step_size);
-    if (!a.step_size) kernel->set_step_size(warm_start->step_size);
+}
+
+/// The kernel a request runs, with the target spec and tensor options it runs on (a learned
+/// model brings its own target, dtype and flow).
+struct Made {
+  std::unique_ptr<Kernel> kernel;
+  json target_spec, model_meta;
+  torch::TensorOptions options;
+  FlowTransport flow{nullptr};
+  bool other_data = false;
+};
+
+Made make_kernel(const SampleRequest& request, torch::TensorOptions options) {
+  const SampleOptions& a = request.options;
+  Made m;
+  m.target_spec = request.target;
+  m.options = options;
+  if (!is_learned(a)) {
+    m.kernel = make_baseline_kernel(ProposalOptions()
+                                        .set_sampler(a.sampler)
+                                        .set_step_size(a.step_size)
+                                        .set_leapfrog(a.leapfrog)
+                                        .set_jitter(a.jitter)
+                                        .set_max_depth(a.max_depth));
+    return m;
   }
-  if (a.output) ensure_directory(*a.output);  // fail before the run, not after
-  RunOptions run;
-  run.set_metric(metric);
-  // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
-  if (!learned) run.set_adapt_step(!a.no_adapt);
-  run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
-  run.step_size_per_chain = a.step_size_per_chain;
-  run.should_stop = request.should_stop;
-  if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
-  // Starting points: "auto" is the learned sampler's own chains (the bootstrap buffer saved with
-  // its checkpoint) when it has them - a trained flow has only seen points near the typical set,
-  // and from far outside it may reject every proposal - else Stan's uniform(-2, 2).
+  LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
+                                   options, a.dtype.has_value(), a.matmul, a.gemm);
+  m.kernel = std::make_unique<MetropolisHastings>(lr.proposal);
+  m.target_spec = lr.target_spec;
+  m.model_meta = lr.meta;
+  m.options = lr.options;
+  m.flow = lr.transport;
+  m.other_data = lr.other_data;
+  return m;
+}
+
+/// Sets the run's starting points and returns the init recorded: "auto" is the learned sampler's
+/// own chains (the bootstrap buffer saved with its checkpoint) when it has them - a trained flow
+/// has only seen points near the typical set, and from far outside it may reject every proposal -
+/// else Stan's uniform(-2, 2); a warm start's chains where it has them. With a flow (`latent`) the
+/// chains run in z: the buffer is in z, other starting points are drawn in x and mapped.
+std::string set_starting_points(const SampleRequest& request, Target& target, const torch::TensorOptions& options,
+                                const WarmStart* warm_start, TransportedTarget* latent, RunOptions& run) {
+  const SampleOptions& a = request.options;
   std::string init = a.init;
   torch::Tensor buffer;
-  if (learned && (init == "auto" || init == "buffer") && !request.init_x.defined()) buffer = load_buffer(*a.model);
+  if (is_learned(a) && (init == "auto" || init == "buffer") && !request.init_x.defined()) buffer = load_buffer(*a.model);
   if (init == "auto") init = buffer.defined() ? "buffer" : "uniform";
-  if (init == "buffer") {
-    if (!learned) throw UsageError("--init buffer needs --sampler learned (the chains saved with its checkpoint)");
-    if (!buffer.defined() && !request.init_x.defined()) {
-      throw UsageError("--init buffer: the checkpoint " + *a.model +
-                       " holds no buffer (it was trained on exact samples); use --init exact, uniform or zero");
-    }
+  if (init == "buffer" && !buffer.defined() && !request.init_x.defined()) {
+    throw UsageError("--init buffer: the checkpoint " + *a.model +
+                     " holds no buffer (it was trained on exact samples); use --init exact, uniform or zero");
   }
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(init == "buffer" ? "uniform" : init);
   if (request.init_x.defined()) run.set_init_x(request.init_x);
   else if (init == "buffer") run.set_init_x(buffer);
   else if (warm_start && a.init == "auto") run.set_init_x(warm_start->positions.to(options));
-  std::shared_ptr<TransportedTarget> latent;
-  if (model_flow) {
-    // Note [Learned proposal in a flow's latent space]: the chains run in z; the buffer is in z,
-    // other starting points are drawn in x and mapped.
-    if (model_flow->dim() != target->dim()) {
-      throw DataError(fmt::format("model '{}': its flow transport has dimension {}, the target {}", *a.model,
-                                  model_flow->dim(), target->dim()));
-    }
-    latent = std::make_shared<TransportedTarget>(*target, model_flow);
+  if (latent) {
     if (request.init_x.defined()) {
-      run.set_init_x(latent->to_latent(request.init_x.to(target->options())));
+      run.set_init_x(latent->to_latent(request.init_x.to(target.options())));
     } else if (init != "buffer") {
       at::Generator gen = make_generator(a.seed ^ 0x7a3d5u);
-      run.set_init_x(latent->to_latent(initial_positions(*target, init, a.chains, gen)));
+      run.set_init_x(latent->to_latent(initial_positions(target, init, a.chains, gen)));
     }
   }
+  if (request.init_x.defined()) return "given";
+  return warm_start && a.init == "auto" ? "warm start" : init;
+}
 
-  Prepared prep;
-  json& config = prep.config;
-  config = {{"command", request.command},
-            {"target", target->spec()},
-            {"sampler", a.sampler},
-            {"leapfrog", a.leapfrog},
-            {"chains", a.chains},
-            {"warmup", a.warmup},
-            {"draws", a.draws},
-            {"seed", a.seed},
-            {"init", request.init_x.defined() ? "given" : warm_start && a.init == "auto" ? "warm start" : init},
-            {"adapt_step", !a.no_adapt},
-            {"adapt_mass", metric != MetricAdapt::kUnit},
-            {"dtype", options.dtype().toScalarType() == torch::kFloat64 ? "float64" : "float32"},
-            {"device", options.device().str()},
-            {"threads", torch::get_num_threads()},
-            {"nmcmc_version", NMCMC_VERSION}};
+/// The config written with a run's outputs: what was asked and what it ran with.
+json record_config(const SampleRequest& request, const Target& target, MetricAdapt metric, const std::string& init,
+                   const WarmStart* warm_start, const torch::TensorOptions& options) {
+  const SampleOptions& a = request.options;
+  json config = {{"command", request.command},
+                 {"target", target.spec()},
+                 {"sampler", a.sampler},
+                 {"leapfrog", a.leapfrog},
+                 {"chains", a.chains},
+                 {"warmup", a.warmup},
+                 {"draws", a.draws},
+                 {"seed", a.seed},
+                 {"init", init},
+                 {"adapt_step", !a.no_adapt},
+                 {"adapt_mass", metric != MetricAdapt::kUnit},
+                 {"dtype", options.dtype().toScalarType() == torch::kFloat64 ? "float64" : "float32"},
+                 {"device", options.device().str()},
+                 {"threads", torch::get_num_threads()},
+                 {"nmcmc_version", NMCMC_VERSION}};
+  const bool nuts = a.sampler == SamplerKind::kNuts;
   if (nuts) config["max_depth"] = a.max_depth;
-  if (auto* module = dynamic_cast<const TorchScriptTarget*>(target.get())) {
+  if (auto* module = dynamic_cast<const TorchScriptTarget*>(&target)) {
     config["engine"] = {{"kind", module->engine()}, {"note", module->engine_note()}};  // Note [Native engine]
   }
-  if (a.transport != TransportKind::kNone) {
+  if (has_transport(a)) {
     config["transport"] = {{"kind", a.transport},
                            {"layers", a.transport_layers},
                            {"rounds", a.transport_rounds},
@@ -185,16 +200,64 @@ Prepared prepare(const SampleRequest& request) {
                             {"metric_adapted", metric != MetricAdapt::kUnit},
                             {"source", a.warm_start.is_string() ? a.warm_start : json("record")}};
   }
-  if (learned) config["model"] = {{"file", *a.model}, {"options", model_meta["model"]}, {"trained_steps", model_meta["step"]}};
-  if (other_data) config["model"]["trained_on"] = model_meta["target"];
-  if (latent) config["model"]["transport"] = model_meta["transport"];
+  return config;
+}
 
-  prep.kernel = std::move(kernel);
+Prepared prepare(const SampleRequest& request) {
+  const SampleOptions& a = request.options;
+  check_rules(request);  // Note [The sample options' rules]
+  // Note [Stan programs]: a Stan program's density is float64 throughout, and so are its chains
+  // unless asked otherwise (a float32 state rounds away what its scales need).
+  const bool stan = request.target.is_object() && request.target.value("name", std::string()) == "stan";
+  const OutputFormats formats = parse_formats(a.formats);  // checked before the run
+  // The metric: `metric`, or adapt_mass (= diag); NUTS adapts a diagonal one by default, as Stan.
+  // Note [Warm starts]: a warm start keeps its metric unless one is asked for.
+  const bool warm = !a.warm_start.is_null();
+  const bool default_diag = a.adapt_mass || (a.sampler == SamplerKind::kNuts && !warm);
+  const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(default_diag ? "diag" : "unit"));
+  Made made = make_kernel(request, parse_tensor_options(a.dtype.value_or(stan ? "float64" : "float32"), a.device));
+  const torch::TensorOptions& options = made.options;
+  std::shared_ptr<Target> target = make_target(made.target_spec, options);
+  std::optional<WarmStart> warm_start;
+  torch::Tensor warm_metric;
+  if (warm) {
+    warm_start = WarmStart::read(a.warm_start);
+    warm_start->check_model(*target, "--warm-start");
+    warm_metric = warm_start->apply(*made.kernel, options, /*dense=*/true, /*step=*/!a.step_size);
+    if (!a.step_size) made.kernel->set_step_size(warm_start->step_size);
+  }
+  if (a.output) ensure_directory(*a.output);  // fail before the run, not after
+  RunOptions run;
+  run.set_metric(metric);
+  // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
+  if (!is_learned(a)) run.set_adapt_step(!a.no_adapt);
+  run.set_target_accept(a.target_accept.value_or(default_target_accept(a.sampler)));
+  run.step_size_per_chain = a.step_size_per_chain;
+  run.should_stop = request.should_stop;
+  if (a.output) run.scratch_directory = *a.output;  // large draws are memory-mapped there (unlinked)
+  std::shared_ptr<TransportedTarget> latent;
+  if (made.flow) {
+    // Note [Learned proposal in a flow's latent space]: the chains run in z.
+    if (made.flow->dim() != target->dim()) {
+      throw DataError(fmt::format("model '{}': its flow transport has dimension {}, the target {}", *a.model,
+                                  made.flow->dim(), target->dim()));
+    }
+    latent = std::make_shared<TransportedTarget>(*target, made.flow);
+  }
+  const std::string init = set_starting_points(request, *target, options, warm_start ? &*warm_start : nullptr, latent.get(), run);
+
+  Prepared prep;
+  prep.config = record_config(request, *target, metric, init, warm_start ? &*warm_start : nullptr, options);
+  const json& meta = made.model_meta;
+  if (is_learned(a)) prep.config["model"] = {{"file", *a.model}, {"options", meta["model"]}, {"trained_steps", meta["step"]}};
+  if (made.other_data) prep.config["model"]["trained_on"] = meta["target"];
+  if (latent) prep.config["model"]["transport"] = meta["transport"];
+  prep.kernel = std::move(made.kernel);
   prep.target = target;
   prep.run = run;
-  prep.model_meta = model_meta;
-  prep.learned = learned;
-  prep.other_data = other_data;
+  prep.model_meta = made.model_meta;
+  prep.learned = is_learned(a);
+  prep.other_data = made.other_data;
   if (metric == MetricAdapt::kUnit) prep.warm_metric = warm_metric;
   prep.latent = latent;
   prep.formats = formats;
