@@ -1,6 +1,6 @@
-// `--transport flow`: the fitting rounds, the choice between the flow and its affine base, the
-// final warm-up and sampling (Note [Transport warm-up], services/transport.hpp). One FlowRun holds
-// the run's state; each of its steps is one of the Notes below (they are half of its ~600 lines).
+// `--transport flow`: the fitting rounds, the choice between the flow and its affine base, the final
+// warm-up and sampling (Note [Transport warm-up], services/transport.hpp). One FlowRun holds the
+// run's state; each of its steps is one of the Notes below.
 //
 // Note [Transient states in the pool]
 // The pool holds every state since the second round, and a later fit is warm-started from the
@@ -122,6 +122,7 @@
 #include <numeric>
 #include <optional>
 
+#include "nmcmc/core/clock.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/services/transport.hpp"
@@ -133,10 +134,6 @@ namespace nmcmc {
 using json = nlohmann::json;
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 /// What one trial of Note [The flow or its affine base] measured.
 struct Trial {
@@ -158,7 +155,7 @@ class FlowRun {
   FlowRun(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t, uint64_t seed,
           const ProgressFn& progress)
       : target_(target), kernel_(kernel), options_(options), t_(t), rules_(t.rules), seed_(seed), progress_(progress),
-        d_(target.dim()), lengths_(transport_round_lengths(options, t)), t_start_(std::chrono::steady_clock::now()),
+        d_(target.dim()), lengths_(transport_round_lengths(options, t)), t_start_(Clock::now()),
         flow_(FlowOptions().set_dim(d_).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed)),
         latent_(target, flow_),
         // The first of two rounds or more runs where T is still the identity and only sets the
@@ -284,7 +281,7 @@ class FlowRun {
     f.seed = seed_of(seed_, SeedStream::kFit, r);
     if (progress_) {
       // Progress phase "fit": iteration = the fit's step, accept = its held-out Fisher loss.
-      const auto t_fit = std::chrono::steady_clock::now();
+      const auto t_fit = Clock::now();
       f.progress = [this, t_fit](int64_t step, int64_t steps, double loss) {
         Progress q;
         q.phase = "fit";
@@ -568,7 +565,7 @@ class FlowRun {
   const ProgressFn& progress_;
   const int64_t d_;
   std::vector<int64_t> lengths_;
-  const std::chrono::steady_clock::time_point t_start_;
+  const Clock::time_point t_start_;
   FlowTransport flow_;
   TransportedTarget latent_, first_latent_;
   TransportKernel rk_;

@@ -1,8 +1,9 @@
 // `nmcmc reproduce`: the experiments themselves: training (or resuming), the evaluation of the learned
-// sampler and every baseline, the figures, and the --jobs plan. Over 600 lines because they share
-// one Run state and its helpers (evaluate, measures, stop_point); the tables are in reproduce_table.cpp, the profiles in reproduce_profiles.cpp.
+// sampler and every baseline, the figures, and which units a --jobs run starts; the jobs themselves are reproduce_jobs.cpp,
+// the tables reproduce_table.cpp, the profiles reproduce_profiles.cpp.
 #include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/services/reproduce.hpp"
+#include "reproduce_parts.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <map>
 
+#include "nmcmc/core/clock.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/core/tensor_options.hpp"
@@ -32,36 +34,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-/// What the profile changes in the paper's config of an experiment, as "train.batch 8192 -> 256".
-std::vector<std::string> profile_changes(const json& paper, const json& settings) {
-  std::vector<std::string> changes;
-  for (const char* section : {"train", "model"}) {
-    for (auto& [k, v] : settings[section].items()) {
-      if (k == "checkpoint_every" || k == "log_every") continue;
-      const bool has = paper.contains(section) && paper[section].contains(k);
-      if (has && paper[section][k] == v) continue;
-      changes.push_back(fmt::format("{}.{} {} -> {}", section, k, has ? paper[section][k].dump() : std::string("(unset)"), v.dump()));
-    }
-  }
-  return changes;
-}
-
-std::string configs_of(const ReproduceOptions& o) { return o.configs.empty() ? configs_directory() : o.configs; }
-
-json paper_config(const ReproduceOptions& o, const std::string& name) {
-  return read_train_config_file((fs::path(configs_of(o)) / (name + ".json")).string());
-}
-
-/// The paper's config of an experiment with the profile's train/model settings applied.
-json with_profile(json cfg, const json& settings) {
-  for (auto& [k, v] : settings["train"].items()) cfg["train"][k] = v;
-  for (auto& [k, v] : settings["model"].items()) cfg["model"][k] = v;
-  return cfg;
-}
 
 /// The paper's measures from a sampling run: ESS with the true moments on the kept draws.
 json measures(const SampleResult& r, Target& target, double seconds_training, int64_t grads_training) {
@@ -515,32 +487,9 @@ json run_ablation(Run& run) {
   return ablation;
 }
 
-void write_results(const ReproduceOptions& o, const json& results) {
-  write_atomically((fs::path(o.output) / "results.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
-}
-
-/// What a unit of `reproduce --jobs` costs, in minutes of the cpu profile on one core (measured): the longest start first, so that the last to finish is a short one.
-double unit_cost(const std::string& unit) {
-  static const std::map<std::string, double> cost = {
-      {"funnel3", 18.2}, {"funnel1", 13.4}, {"ablation:full", 9.6}, {"ablation:langevin", 5.7}, {"ablation:no-grad", 4.4},
-      {"rotated_icg", 2.6}, {"icg", 2.5},  {"scg", 2.5},           {"german", 2.5},          {"australian", 2.0},
-      {"heart", 1.5},     {"moon", 0.5}};
-  auto it = cost.find(unit);
-  return it == cost.end() ? 1.0 : it->second;
-}
-
-/// The last lines of a job's log, for an error message.
-std::string log_tail(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "\n    " + all[i];
-  return out;
-}
-
 /// --jobs N: every experiment, the moon figure and each ablation variant that needs training as a
-/// child `nmcmc reproduce --part UNIT`, N at a time; then the ablation's figure and the tables here.
+/// child `nmcmc reproduce --part UNIT` (services/reproduce_jobs.cpp); then the ablation's figure and
+/// the tables here.
 void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& results) {
   const ReproduceOptions& o = run.o;
   std::vector<std::string> units;
@@ -554,69 +503,7 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
       units.push_back(name);
     }
   }
-  std::stable_sort(units.begin(), units.end(), [](const std::string& a, const std::string& b) { return unit_cost(a) > unit_cost(b); });
-  const std::string logs = (fs::path(o.output) / "logs").string();
-  ensure_directory(logs);
-  std::vector<ChildJob> jobs;
-  for (const auto& unit : units) {
-    ChildJob job;
-    job.name = unit;
-    job.args = {"reproduce", "--part", unit, "--profile", o.profile, "--output", o.output, "--quiet"};
-    if (!o.configs.empty()) job.args.insert(job.args.end(), {"--configs", o.configs});
-    if (!o.figures) job.args.push_back("--no-figures");
-    if (o.device != "cpu") job.args.insert(job.args.end(), {"--device", o.device});
-    const bool variant = unit.rfind("ablation:", 0) == 0;  // the log's name without the colon
-    job.log = (fs::path(logs) / ((variant ? "ablation_" + unit.substr(9) : unit) + ".log")).string();
-    jobs.push_back(job);
-  }
-  const auto t0 = Clock::now();
-  const int total = static_cast<int>(jobs.size());
-  double cost_total = 0, cost_done = 0;
-  for (const auto& unit : units) cost_total += unit_cost(unit);
-  run.say(fmt::format("running {} jobs, {} at a time (each one process; its output in {}/)", total, o.jobs, logs));
-  auto on_start = [&](size_t i, int running) {
-    run.say(fmt::format("  started {} [{} running, {:.1f} min]", jobs[i].name, running, since(t0) / 60));
-  };
-  auto on_done = [&](size_t i, const ChildOutcome& out, int done, int running) {
-    const std::string& unit = jobs[i].name;
-    std::string what;
-    if (out.code == 0 && has(experiment_names(), unit)) {
-      const std::string path = (fs::path(o.output) / unit / "entry.json").string();
-      json entry = read_config_file(path);
-      results["experiments"][unit] = entry;
-      write_results(o, results);
-      const json& l = entry["learned"];
-      what = fmt::format(": learned ESS/grad min {:.4g}, accept {:.3f}, max R-hat {:.3f}", l.value("ess_per_grad_min", NAN),
-                         l.value("accept", NAN), l.value("max_rhat", NAN));
-    }
-    cost_done += unit_cost(unit);
-    const double elapsed = since(t0) / 60;
-    // ETA: the remaining units' cost (the cpu profile's minutes per unit) at the rate so far.
-    const std::string eta = done < total && cost_done > 0
-                                ? fmt::format(", ~{:.0f} min to go", (cost_total - cost_done) * elapsed / cost_done)
-                                : std::string();
-    run.say(fmt::format("  {} {} in {:.1f} min{} [{} of {} done, {} running, {:.1f} min{}]", unit,
-                        out.code == 0 ? "done" : "FAILED (" + out.note + ")", out.seconds / 60, what, done, total, running,
-                        elapsed, eta));
-  };
-  if (!o.run_jobs) throw UsageError("reproduce --jobs: this caller gives no way to start child processes (ReproduceOptions::run_jobs)");
-  JobsResult r = o.run_jobs(jobs, o.jobs, on_start, on_done);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const ChildOutcome& out = r.outcomes[i];
-    if (out.code == 0) continue;
-    if (r.interrupted) {
-      const size_t finished = results["experiments"].size();
-      throw ExitError(finished > 0 ? fmt::format("interrupted; the {} finished experiment(s) are in {}/results.json, and a "
-                                                 "rerun resumes the finished trainings", finished, o.output)
-                                   : std::string("interrupted before any experiment finished; a rerun resumes the "
-                                                 "finished trainings"),
-                      130);
-    }
-    if (out.code < 0) continue;  // never started (after the failure reported here)
-    throw ExitError(fmt::format("job {} {}; its log, {}, ends:{}", out.name, out.note, jobs[i].log, log_tail(jobs[i].log, 12)),
-                    out.code >= 64 && out.code <= 78 ? out.code : kExitSoftware);
-  }
-  if (r.interrupted) throw ExitError("interrupted", 130);
+  run_units_as_jobs(o, units, results, run.say);
   // The funnel1 training's log, for the ablation's "full" variant (its finished checkpoint only loads).
   if (has(selected, "ablation") && has(selected, "funnel1")) {
     TrainConfig config = experiment_config(o, "funnel1");
@@ -627,6 +514,10 @@ void run_in_parallel(Run& run, const std::vector<std::string>& selected, json& r
 }
 
 }  // namespace
+
+void write_results(const ReproduceOptions& o, const json& results) {
+  write_atomically((fs::path(o.output) / "results.json").string(), [&](std::ostream& os) { os << results.dump(2) << "\n"; });
+}
 
 json reproduce(const ReproduceOptions& o, const std::function<void(const std::string&)>& say,
                const TrainProgressFn& progress) {
@@ -685,7 +576,7 @@ json reproduce(const ReproduceOptions& o, const std::function<void(const std::st
     if (o.figures && has(selected, "moon")) run_moon(run);
   }
   if (o.figures && has(selected, "ablation")) results["ablation"] = run_ablation(run);
-  results["seconds_total"] = since(t_all);
+  results["seconds_total"] = seconds_since(t_all);
   write_results(o, results);
   const std::string table = results_table(results);
   write_atomically((fs::path(o.output) / "results.md").string(), [&](std::ostream& os) { os << table; });

@@ -5,11 +5,14 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/services/train.hpp"
+#include "reproduce_parts.hpp"
 
 namespace nmcmc {
 
@@ -82,6 +85,33 @@ json profile_settings(const std::string& profile, const std::string& e) {
             {"ablation_steps", 5000}};
   }
   throw UsageError("unknown --profile '" + profile + "' (smoke, cpu, paper)");
+}
+
+/// What the profile changes in the paper's config of an experiment, as "train.batch 8192 -> 256".
+std::vector<std::string> profile_changes(const json& paper, const json& settings) {
+  std::vector<std::string> changes;
+  for (const char* section : {"train", "model"}) {
+    for (auto& [k, v] : settings[section].items()) {
+      if (k == "checkpoint_every" || k == "log_every") continue;
+      const bool has = paper.contains(section) && paper[section].contains(k);
+      if (has && paper[section][k] == v) continue;
+      changes.push_back(fmt::format("{}.{} {} -> {}", section, k, has ? paper[section][k].dump() : std::string("(unset)"), v.dump()));
+    }
+  }
+  return changes;
+}
+
+std::string configs_of(const ReproduceOptions& o) { return o.configs.empty() ? configs_directory() : o.configs; }
+
+json paper_config(const ReproduceOptions& o, const std::string& name) {
+  return read_train_config_file((std::filesystem::path(configs_of(o)) / (name + ".json")).string());
+}
+
+/// The paper's config of an experiment with the profile's train/model settings applied.
+json with_profile(json cfg, const json& settings) {
+  for (auto& [k, v] : settings["train"].items()) cfg["train"][k] = v;
+  for (auto& [k, v] : settings["model"].items()) cfg["model"][k] = v;
+  return cfg;
 }
 
 }  // namespace nmcmc
