@@ -36,11 +36,11 @@ struct TrainArgs {
   DistArgs dist;
 };
 
-int run(const TrainArgs& a, const CLI::App* cmd) {
+/// The training config a command line asks for: a config file, or (your own target) the defaults
+/// of Note [Training budget]; target options replace its target, flags and --set its values.
+TrainConfig train_config(const TrainArgs& a, const CLI::App* cmd) {
   const bool target_given = TargetArgs::given(cmd);
   if (!a.config && !target_given) throw UsageError("give --config FILE, or a target (--target ..., --module FILE)");
-  // A config, or (your own target) the defaults of Note [Training budget]; target options replace
-  // its target.
   json cfg = a.config ? read_train_config_file(*a.config) : default_train_config();
   if (target_given) cfg["target"] = a.target.spec();
   if (!cfg.contains("name") && cfg.contains("target") && cfg["target"].is_object()) cfg["name"] = cfg["target"].value("name", "model");
@@ -60,27 +60,12 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
   if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
   if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
   for (const auto& s : a.sets) apply_override(cfg, s);
-  TrainConfig config = parse_train_config(cfg);
-  auto options = a.compute.options(config.dtype);
-  auto comm = a.dist.connect(options);
-  const bool root = comm->is_root();
-  const std::string out_dir = fs::path(a.output).parent_path().string();
-  if (!out_dir.empty() && root) ensure_directory(out_dir);
-  const std::string log_path = a.log.value_or(fs::path(a.output).replace_extension("").string() + ".log.csv");
-  if (root) warn_blas();
-  install_stop_handler();
-  auto result = train(config, options.device(), a.output, log_path, a.resume, train_progress(a.quiet || !root, ""),
-                      stop_requested, comm);
-  if (!root) return result.interrupted ? 130 : 0;
-  if (result.interrupted && !result.saved) {
-    std::cerr << "\nnmcmc: interrupted in the preconditioner warm-up; nothing written (run again)\n";
-    return 130;
-  }
-  if (result.interrupted) {
-    std::cerr << "\nnmcmc: interrupted at step " << result.steps << "; checkpoint saved to " << a.output
-              << " (continue with --resume)\n";
-    return 130;
-  }
+  return parse_train_config(cfg);
+}
+
+/// What the warm-up did: transport auto's choice, the flow's fits, the preconditioner's warm-up
+/// and, from a previous model, how its networks fit the new data.
+void report_warmup(const TrainResult& result) {
   if (!result.preconditioner.is_null()) {
     const json& p = result.preconditioner;
     if (p.contains("auto") && p["auto"].is_object()) {
@@ -132,6 +117,10 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                                f["first_check"].value("why", ""));
     }
   }
+}
+
+/// Why training stopped where it did, and the checks that let it go on past a stop.
+void report_stop(const TrainResult& result, const TrainConfig& config) {
   if (result.stopped == "plateau") {
     std::cout << fmt::format("stopped at step {} of {}: the proposal entropy gained less than {} nats per dimension in "
                              "the last {} steps (train.patience)\n",
@@ -182,6 +171,32 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
                              std::string(shortened ? ", shortened by the long warm-up" : "") +
                                  (extended > 0 ? fmt::format(", extended {} time(s)", extended) : ""));
   }
+}
+
+int run(const TrainArgs& a, const CLI::App* cmd) {
+  TrainConfig config = train_config(a, cmd);
+  auto options = a.compute.options(config.dtype);
+  auto comm = a.dist.connect(options);
+  const bool root = comm->is_root();
+  const std::string out_dir = fs::path(a.output).parent_path().string();
+  if (!out_dir.empty() && root) ensure_directory(out_dir);
+  const std::string log_path = a.log.value_or(fs::path(a.output).replace_extension("").string() + ".log.csv");
+  if (root) warn_blas();
+  install_stop_handler();
+  auto result = train(config, options.device(), a.output, log_path, a.resume, train_progress(a.quiet || !root, ""),
+                      stop_requested, comm);
+  if (!root) return result.interrupted ? 130 : 0;
+  if (result.interrupted && !result.saved) {
+    std::cerr << "\nnmcmc: interrupted in the preconditioner warm-up; nothing written (run again)\n";
+    return 130;
+  }
+  if (result.interrupted) {
+    std::cerr << "\nnmcmc: interrupted at step " << result.steps << "; checkpoint saved to " << a.output
+              << " (continue with --resume)\n";
+    return 130;
+  }
+  report_warmup(result);
+  report_stop(result, config);
   std::cout << fmt::format("trained {} steps in {:.1f} s ({} target gradient evaluations per batch row; GEMMs in {}); "
                            "model: {}; log: {}\n",
                            result.steps, result.seconds, result.grads,
