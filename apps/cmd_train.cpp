@@ -124,8 +124,8 @@ void report_stop(const TrainResult& result, const TrainConfig& config) {
   if (result.stopped == "plateau") {
     std::cout << fmt::format("stopped at step {} of {}: the proposal entropy gained less than {} nats per dimension in "
                              "the last {} steps (train.patience)\n",
-                             result.steps, config.train.steps, config.train.min_gain,
-                             config.from.empty() ? config.train.patience : config.train.from_patience);
+                             result.steps, config.train.budget.steps, config.train.budget.min_gain,
+                             config.from.empty() ? config.train.budget.patience.value_or(0) : config.train.budget.from_patience);
   }
   if (result.stopped == "cost" && !result.probes.empty()) {
     const json& last = result.probes.back();
@@ -140,7 +140,7 @@ void report_stop(const TrainResult& result, const TrainConfig& config) {
     std::cout << fmt::format("stopped at step {} of {}: training no longer pays for {:.0f} effective draws (train.ess_goal): "
                              "the projected all-in cost was lowest at step {} ({:.3g} gradients) and has not fallen in "
                              "the two probes since ({:.3g} at step {})\n",
-                             result.steps, config.train.steps, config.train.ess_goal, best_step, best,
+                             result.steps, config.train.budget.steps, config.train.budget.ess_goal.value_or(0), best_step, best,
                              last["projected_grads"].is_number() ? last["projected_grads"].get<double>() : NAN,
                              last.value("step", int64_t{0}));
   }
@@ -164,10 +164,10 @@ void report_stop(const TrainResult& result, const TrainConfig& config) {
   }
   if (result.stopped == "time") {
     const bool shortened = result.preconditioner.is_object() && result.preconditioner.contains("train_time_limit");
-    const double base = shortened ? result.preconditioner["train_time_limit"].get<double>() : config.train.max_seconds;
+    const double base = shortened ? result.preconditioner["train_time_limit"].get<double>() : config.train.budget.max_seconds.value_or(0);
     std::cout << fmt::format("stopped at step {} of {}: the time budget of {:.4g} s of training steps was spent "
                              "(train.max_seconds{})\n",
-                             result.steps, config.train.steps, base + static_cast<double>(extended) * config.train.max_seconds,
+                             result.steps, config.train.budget.steps, base + static_cast<double>(extended) * config.train.budget.max_seconds.value_or(0),
                              std::string(shortened ? ", shortened by the long warm-up" : "") +
                                  (extended > 0 ? fmt::format(", extended {} time(s)", extended) : ""));
   }

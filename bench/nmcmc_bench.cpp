@@ -61,7 +61,7 @@ struct LearnedSetup {
     if (!matmul.empty()) model.matmul = nmcmc::parse_enum<nmcmc::MatmulOption>(matmul);
     if (!gemm.empty()) model.gemm = nmcmc::parse_enum<nmcmc::GemmBackend>(gemm);
     cfg.train.batch = batch;
-    cfg.train.steps = 1000000;
+    cfg.train.budget.steps = 1000000;
     sampler = nmcmc::LearnedSampler(model);
     nmcmc::LinearPolicy policy = sampler->linear_policy();
     policy.skip_zero_gradient_rows = !keep_zero_rows;

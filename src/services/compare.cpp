@@ -141,7 +141,7 @@ LearnedInput learned_input(const CompareOptions& o, const torch::TensorOptions& 
     if (!li.target_spec.is_null()) cfg["target"] = li.target_spec;
     TrainConfig config = parse_train_config(cfg);
     li.model = (fs::path(o.output) / "model.pt").string();
-    tell(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.steps, config.train.batch, *li.model));
+    tell(fmt::format("training the learned sampler ({} steps, batch {}) into {}", config.train.budget.steps, config.train.batch, *li.model));
     TrainResult t = train(config, torch::kCPU, *li.model, (fs::path(o.output) / "training_log.csv").string(), /*resume=*/true,
                           comm->is_root() ? train_progress : nullptr, should_stop, comm);
     if (t.interrupted) throw ExitError("interrupted while training; the training is saved (run the same command again to continue)", 130);

@@ -31,7 +31,7 @@ bool run_demo(const std::string& output, const std::function<void(const std::str
   json cfg = read_config_file((fs::path(configs_directory()) / "demo_funnel3.json").string());
   TrainConfig config = parse_train_config(cfg);
   say("== nmcmc demo: Funnel-3 (d = 20, sigma = 3), the learned sampler against HMC and NUTS ==\n");
-  say(fmt::format("1. Train the learned sampler ({} steps, batch {}, width {}, N = {}); resumable.", config.train.steps,
+  say(fmt::format("1. Train the learned sampler ({} steps, batch {}, width {}, N = {}); resumable.", config.train.budget.steps,
                   config.train.batch, config.model.hidden, config.model.steps));
   const std::string model = output + "/model.pt", log = output + "/training_log.csv";
   TrainResult trained;

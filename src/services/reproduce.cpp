@@ -301,7 +301,7 @@ json run_experiment(Run& run, const std::string& name) {
   const json paper = paper_config(o, name);
   json cfg = with_profile(paper, settings);
   TrainConfig config = parse_train_config(cfg);
-  say(fmt::format("  training: batch {}, {} steps, width {}, N = {}, GEMMs in {}", config.train.batch, config.train.steps,
+  say(fmt::format("  training: batch {}, {} steps, width {}, N = {}, GEMMs in {}", config.train.batch, config.train.budget.steps,
                   config.model.hidden, config.model.steps,
                   matmul_summary(config.model.matmul, torch::kFloat32, run_device(o))));
   const std::vector<std::string> changes = profile_changes(paper, settings);

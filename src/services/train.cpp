@@ -89,7 +89,7 @@ TrainConfig parse_train_config(const json& j) {
     if (c.transport.hidden < 0) throw UsageError("config: transport.hidden must be non-negative");
     if (c.transport.rounds < 1) throw UsageError("config: transport.rounds must be at least 1");
     if (c.transport.kind != TransportKind::kNone &&
-        (c.train.precondition_sampler == SamplerKind::kRwm || c.train.precondition_sampler == SamplerKind::kLearned)) {
+        (c.train.precondition.sampler == SamplerKind::kRwm || c.train.precondition.sampler == SamplerKind::kLearned)) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted from gradients: "
                        "train.precondition_sampler must be nuts, hmc or mala");
     }
@@ -97,7 +97,7 @@ TrainConfig parse_train_config(const json& j) {
       throw UsageError("--from starts from a model trained with the affine preconditioner; a flow transport is not "
                        "carried to another data set yet (train without --transport flow)");
     }
-    if (c.transport.kind != TransportKind::kNone && c.train.precondition_warmup < 100) {
+    if (c.transport.kind != TransportKind::kNone && c.train.precondition.warmup < 100) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted in the warm-up: "
                        "train.precondition_warmup must be at least 100");
     }
@@ -151,15 +151,15 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   Target& target = t64 ? *t64 : model_target;
   const Precondition kind = sampler->options().precondition;
   TORCH_CHECK(kind != Precondition::kNone, "warm_up_preconditioner: the model has precondition = none");
-  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
+  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
   RunOptions ro;
-  ro.chains = o.precondition_chains;
-  ro.warmup = start ? o.from_warmup : o.precondition_warmup;
-  // 0: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
+  ro.chains = o.precondition.chains;
+  ro.warmup = start ? o.budget.from_warmup : o.precondition.warmup;
+  // unset: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
   // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients).
-  ro.draws = o.precondition_draws > 0 ? o.precondition_draws : kind == Precondition::kLowRank ? 400 : 100;
+  ro.draws = o.precondition.draws_for(kind == Precondition::kLowRank);
   ro.metric = kind == Precondition::kDense ? MetricAdapt::kDense : MetricAdapt::kDiag;
-  ro.target_accept = default_target_accept(o.precondition_sampler);
+  ro.target_accept = default_target_accept(o.precondition.sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
   if (start) {  // Note [Warm starts]: the metric is estimated again over the short warm-up's windows
@@ -168,7 +168,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   }
   const ProgressFn adapter = precondition_progress(progress, ro.warmup, ro.draws);
   SampleResult r = run_sampler(target, *kernel, ro, seed_of(o.seed, SeedStream::kPreconditioner), adapter);
-  json record = {{"sampler", o.precondition_sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
+  json record = {{"sampler", o.precondition.sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
                  {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
                  {"seconds", r.seconds_warmup + r.seconds_sampling}};
@@ -179,7 +179,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   }
   torch::Tensor draws = r.draws.reshape({-1, target.dim()});  // [S C, D] float64
   if (!torch::isfinite(draws).all().item<bool>() || !r.inv_mass.defined()) {
-    throw DataError("preconditioner warm-up: the " + enum_name(o.precondition_sampler) +
+    throw DataError("preconditioner warm-up: the " + enum_name(o.precondition.sampler) +
                     " chains produced non-finite draws or no metric; set model.precondition = none");
   }
   if (kind == Precondition::kLowRank) {
@@ -190,12 +190,12 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
       record["lowrank_factors"] = f.eigenvalues.size(0);
     };
     fit(draws);
-    if (o.precondition_refit) {
+    if (o.precondition.refit) {
       // The first stage's diagonal metric mixes slowly along the wide directions, so their fitted
       // variances are noisy. A second stage runs the sampler with the fit as a (dense) metric,
       // adapting only its step size, from where the first left the chains, and refits from its
       // draws, which are nearly independent.
-      auto kernel2 = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
+      auto kernel2 = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
       torch::Tensor l = sampler->precondition_matrix().to(torch::kFloat64);
       kernel2->set_inv_mass(l.matmul(l.t()).to(target.options()));
       RunOptions ro2 = ro;
@@ -224,7 +224,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   } else {
     sampler->set_preconditioner(draws.mean(0), r.inv_mass);
   }
-  if (o.eps_from_warmup) sampler->set_eps(r.step_size);
+  if (o.precondition.eps_from_warmup) sampler->set_eps(r.step_size);
   seed_buffer_from(trainer, r.draws, model_target.options());
   if (end_positions) *end_positions = r.draws[r.draws.size(0) - 1].to(torch::kFloat64);  // [C, D]
   record["divergent"] = r.divergent.sum().item<int64_t>();
@@ -239,7 +239,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
     record.update(f.record());  // Note [The affine map's noise]
     record["grads"] = record["grads"].get<int64_t>() + x.size(0);
   }
-  if (o.eps_from_warmup && o.beta_from_warmup) record["beta"] = trainer.warm_start_beta();
+  if (o.precondition.eps_from_warmup && o.precondition.beta_from_warmup) record["beta"] = trainer.warm_start_beta();
   return record;
 }
 
@@ -252,13 +252,13 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
     t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
   }
   Target& target = t64 ? *t64 : model_target;
-  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition_sampler));
+  auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
   RunOptions ro;
-  ro.chains = o.precondition_chains;
-  ro.warmup = o.precondition_warmup;
-  ro.draws = o.precondition_draws > 0 ? o.precondition_draws : 100;
+  ro.chains = o.precondition.chains;
+  ro.warmup = o.precondition.warmup;
+  ro.draws = o.precondition.draws_for(/*lowrank=*/false);
   ro.metric = MetricAdapt::kDiag;
-  ro.target_accept = default_target_accept(o.precondition_sampler);
+  ro.target_accept = default_target_accept(o.precondition.sampler);
   ro.should_stop = should_stop;
   TransportOptions t;
   t.kind = tt.kind;
@@ -349,7 +349,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   }
   const SampleResult& r = tr.result;
   json record = {{"kind", "flow"},
-                 {"sampler", o.precondition_sampler},
+                 {"sampler", o.precondition.sampler},
                  {"chains", ro.chains},
                  {"dtype", "float64"},
                  {"warmup", ro.warmup},

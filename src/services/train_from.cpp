@@ -78,9 +78,9 @@ PreviousModel load_previous_model(const std::string& path, const Target& target,
     if (!(w.step_size > 0)) w.step_size = 0.1;
     torch::Tensor buffer = load_buffer(path);
     if (buffer.defined()) {
-      w.positions = buffer.narrow(0, 0, std::min<int64_t>(buffer.size(0), options.precondition_chains)).to(torch::kFloat64);
+      w.positions = buffer.narrow(0, 0, std::min<int64_t>(buffer.size(0), options.precondition.chains)).to(torch::kFloat64);
     }
-    w.sampler = enum_name(options.precondition_sampler);
+    w.sampler = enum_name(options.precondition.sampler);
     out.start = std::move(w);
   }
   return out;

@@ -147,7 +147,7 @@ class TrainRun {
       set_precondition();
     }
     train_options_ = config_.train;
-    if (resuming_ && train_options_.shards == 0) {
+    if (resuming_ && train_options_.shards.value_or(0) == 0) {
       // A checkpoint keeps its shard count (its random streams): resume on any divisor of it.
       if (auto stored = checkpoint_shards(output_)) {
         if (*stored % comm_->world_size() != 0) {
@@ -164,7 +164,7 @@ class TrainRun {
   /// a stop during it waits for the first training step (so all ranks stop together).
   json run_affine_warmup(LearnedSampler& s, Trainer& t, bool& stopped) {
     TrainOptions o = config_.train;
-    if (from_start_) o.eps_from_warmup = o.beta_from_warmup = false;  // the previous model's (Note [Training from a previous model])
+    if (from_start_) o.precondition.eps_from_warmup = o.precondition.beta_from_warmup = false;  // the previous model's (Note [Training from a previous model])
     json record = warm_up_preconditioner(*target_, s, t, o, progress_, distributed_ ? nullptr : should_stop_, &affine_end_,
                                          from_start_ ? &*from_start_ : nullptr);
     stopped = parallel::all_reduce_doubles(*comm_, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
@@ -286,9 +286,9 @@ class TrainRun {
     } else if (model_.precondition == Precondition::kDiag) {
       sampler_->set_preconditioner(flat.mean(0), flat.var(0));
     }
-    if (config_.train.eps_from_warmup) sampler_->set_eps(transport_record_.value("step_size", 0.1));
+    if (config_.train.precondition.eps_from_warmup) sampler_->set_eps(transport_record_.value("step_size", 0.1));
     seed_buffer_from(*trainer_, latent_draws_, target_->options());
-    if (config_.train.eps_from_warmup && config_.train.beta_from_warmup) {
+    if (config_.train.precondition.eps_from_warmup && config_.train.precondition.beta_from_warmup) {
       transport_record_["beta"] = trainer_->warm_start_beta();
     }
     extra_["preconditioner"] = result_.preconditioner = transport_record_;
@@ -305,12 +305,12 @@ class TrainRun {
 
   /// Note [A long warm-up shortens training]: the training steps' time limit (0: none).
   double time_limit() {
-    const TrainOptions& budget = config_.train;
-    double limit = budget.max_seconds;
+    const TrainBudget& budget = config_.train.budget;
+    double limit = budget.max_seconds.value_or(0);
     if (limit > 0 && result_.preconditioner.is_object()) {
       const double warm = result_.preconditioner.value("seconds", 0.0);
       if (warm > kWarmupAllowance) {
-        limit = std::max(0.25 * budget.max_seconds, budget.max_seconds - (warm - kWarmupAllowance));
+        limit = std::max(0.25 * *budget.max_seconds, *budget.max_seconds - (warm - kWarmupAllowance));
         // recorded with the warm-up that caused it (checkpoint meta "preconditioner")
         result_.preconditioner["train_time_limit"] = limit;
         extra_["preconditioner"]["train_time_limit"] = limit;
@@ -324,8 +324,9 @@ class TrainRun {
   void train_steps() {
     const auto t0 = std::chrono::steady_clock::now();
     auto last = t0;
-    const int64_t total = config_.train.steps;
-    const TrainOptions& budget = config_.train;
+    const TrainBudget& budget = config_.train.budget;
+    const int64_t total = budget.steps;
+    const int64_t usual_patience = budget.patience.value_or(0);  // 0: never
     const double min_gain = budget.min_gain * static_cast<double>(target_->dim());
     double ema = 0, best = -INFINITY;
     int64_t best_step = trainer_->current_step(), entropies = 0;
@@ -333,7 +334,7 @@ class TrainRun {
     double limit = time_limit();
     int extensions = 0;
     // Note [Training from a previous model]: a short plateau first, the usual one where the check fails
-    int64_t patience = from_sampler_ ? budget.from_patience : budget.patience;
+    int64_t patience = from_sampler_ ? budget.from_patience : usual_patience;
     auto elapsed = [&t0](std::chrono::steady_clock::time_point now) {
       return std::chrono::duration<double>(now - t0).count();
     };
@@ -363,11 +364,11 @@ class TrainRun {
       // Every rank decides alike: the entropy and the step are the all-reduced ones; the time is rank 0's.
       std::string why;
       if (patience > 0 && s.step - best_step >= patience && s.step < total) why = "plateau";
-      if (why == "plateau" && patience != budget.patience) {
+      if (why == "plateau" && patience != usual_patience) {
         const json check = mixing_check();
         extra_["from"]["first_check"] = check;
         if (!check.value("passes", true)) {
-          patience = budget.patience;
+          patience = usual_patience;
           why.clear();
         }
       }
@@ -379,7 +380,7 @@ class TrainRun {
         if (cost_.stops(s.step, spent_grads(s), mixing_check(kProbeDraws, SeedStream::kCostProbe, s.step))) why = "cost";
         result_.probes = cost_.log();
       }
-      if (why == "plateau" && patience == budget.patience && !distributed_ && extensions < 3) {
+      if (why == "plateau" && patience == usual_patience && !distributed_ && extensions < 3) {
         // Note [A plateau that does not mix]
         json check = mixing_check();
         check["stop"] = "plateau";
@@ -395,7 +396,7 @@ class TrainRun {
         check["stop"] = "time";
         result_.time_extensions.push_back(check);
         if (!check.value("passes", true)) {
-          limit += budget.max_seconds;
+          limit += budget.max_seconds.value_or(0);
           ++extensions;
           why.clear();
         }
@@ -571,7 +572,7 @@ class TrainRun {
   json from_meta_;
   std::optional<WarmStart> from_start_;
   static constexpr int64_t kProbeDraws = 50;  // Note [Training stops when it no longer pays]
-  CostWatch cost_{config_.train.ess_goal, config_.train.probe_every};
+  CostWatch cost_{config_.train.budget.ess_goal.value_or(0), config_.train.budget.probe_every};
 };
 
 }  // namespace

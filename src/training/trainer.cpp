@@ -21,31 +21,106 @@ using json = nlohmann::json;
 
 /// Version 2: per-sub-step weight tensors (w_in0, w_in1, ...).
 
+namespace {
+// The flat "train" object's keys (the JSON reads and writes these; TrainOptions' doc comment).
+template <typename T>
+void take(const json& j, const char* key, T& field) {
+  if (j.contains(key)) j.at(key).get_to(field);
+}
+/// An optional field: null, or the value that once meant "unset" (0, or -1), leaves it unset.
+template <typename T>
+void take(const json& j, const char* key, std::optional<T>& field, T unset) {
+  if (!j.contains(key)) return;
+  const json& v = j.at(key);
+  const T x = v.is_null() ? unset : v.get<T>();
+  field = x == unset ? std::nullopt : std::optional<T>(x);
+}
+}  // namespace
+
+void to_json(json& j, const TrainOptions& o) {
+  const PreconditionWarmup& p = o.precondition;
+  const TrainBudget& b = o.budget;
+  j = json{{"accept_target", o.accept_target}, {"lr", o.lr}, {"min_lr", o.min_lr}, {"batch", o.batch},
+           {"warmup_steps", o.warmup_steps}, {"beta", o.beta}, {"beta_min", o.beta_min}, {"beta_max", o.beta_max},
+           {"rho", o.rho}, {"clip", o.clip}, {"amsgrad", o.amsgrad}, {"data", o.data}, {"buffer_size", o.buffer_size},
+           {"buffer_init_scale", o.buffer_init_scale}, {"stop_grad", o.stop_grad}, {"seed", o.seed},
+           {"checkpoint_every", o.checkpoint_every}, {"log_every", o.log_every}, {"shards", o.shards},
+           {"precondition_sampler", p.sampler}, {"precondition_warmup", p.warmup}, {"precondition_draws", p.draws},
+           {"precondition_chains", p.chains}, {"precondition_refit", p.refit}, {"eps_from_warmup", p.eps_from_warmup},
+           {"beta_from_warmup", p.beta_from_warmup},
+           {"steps", b.steps}, {"patience", b.patience}, {"min_gain", b.min_gain}, {"max_seconds", b.max_seconds},
+           {"from_warmup", b.from_warmup}, {"from_patience", b.from_patience}, {"ess_goal", b.ess_goal},
+           {"probe_every", b.probe_every}};
+}
+
+void from_json(const json& j, TrainOptions& o) {
+  PreconditionWarmup& p = o.precondition;
+  TrainBudget& b = o.budget;
+  take(j, "accept_target", o.accept_target);
+  take(j, "lr", o.lr);
+  take(j, "min_lr", o.min_lr);
+  take(j, "batch", o.batch);
+  take(j, "warmup_steps", o.warmup_steps, int64_t{-1});
+  if (o.warmup_steps && *o.warmup_steps < 0) o.warmup_steps.reset();  // any negative: the default
+  take(j, "beta", o.beta);
+  take(j, "beta_min", o.beta_min);
+  take(j, "beta_max", o.beta_max);
+  take(j, "rho", o.rho);
+  take(j, "clip", o.clip);
+  take(j, "amsgrad", o.amsgrad);
+  take(j, "data", o.data);
+  take(j, "buffer_size", o.buffer_size, int64_t{0});
+  take(j, "buffer_init_scale", o.buffer_init_scale);
+  take(j, "stop_grad", o.stop_grad);
+  take(j, "seed", o.seed);
+  take(j, "checkpoint_every", o.checkpoint_every);
+  take(j, "log_every", o.log_every);
+  take(j, "shards", o.shards, int64_t{0});
+  take(j, "precondition_sampler", p.sampler);
+  take(j, "precondition_warmup", p.warmup);
+  take(j, "precondition_draws", p.draws, int64_t{0});
+  take(j, "precondition_chains", p.chains);
+  take(j, "precondition_refit", p.refit);
+  take(j, "eps_from_warmup", p.eps_from_warmup);
+  take(j, "beta_from_warmup", p.beta_from_warmup);
+  take(j, "steps", b.steps);
+  take(j, "patience", b.patience, int64_t{0});
+  take(j, "min_gain", b.min_gain);
+  take(j, "max_seconds", b.max_seconds, 0.0);
+  take(j, "from_warmup", b.from_warmup);
+  take(j, "from_patience", b.from_patience);
+  take(j, "ess_goal", b.ess_goal, 0.0);
+  take(j, "probe_every", b.probe_every);
+}
+
 json TrainOptions::to_json() const { return json(*this); }
 
 TrainOptions TrainOptions::from_json(const json& j) {
   TrainOptions o = options_from_json<TrainOptions>(j, "train options");
+  const PreconditionWarmup& p = o.precondition;
+  const TrainBudget& b = o.budget;
   if (!(o.accept_target > 0 && o.accept_target < 1)) throw UsageError("train: accept_target must be in (0, 1)");
   if (!(o.lr > 0) || !(o.min_lr >= 0) || o.min_lr > o.lr) throw UsageError("train: need lr > 0 and 0 <= min_lr <= lr");
-  if (o.batch < 1 || o.steps < 0) throw UsageError("train: batch must be positive and steps non-negative");
+  if (o.batch < 1 || b.steps < 0) throw UsageError("train: batch must be positive and steps non-negative");
   if (!(o.beta_min > 0) || o.beta_max < o.beta_min || o.beta < o.beta_min || o.beta > o.beta_max) {
     throw UsageError("train: need 0 < beta_min <= beta <= beta_max");
   }
   if (o.data != "auto" && o.data != "exact" && o.data != "buffer") throw UsageError("train: data must be auto, exact or buffer");
-  if (o.buffer_size != 0 && o.buffer_size < o.batch) throw UsageError("train: buffer_size must be at least the batch");
+  if (o.buffer_size && *o.buffer_size < o.batch) throw UsageError("train: buffer_size must be at least the batch");
   if (o.checkpoint_every < 1 || o.log_every < 1) throw UsageError("train: checkpoint_every and log_every must be positive");
-  if (o.precondition_sampler != SamplerKind::kNuts && o.precondition_sampler != SamplerKind::kHmc &&
-      o.precondition_sampler != SamplerKind::kMala) {
+  if (o.shards && *o.shards < 0) throw UsageError("train: shards must be non-negative (0: one per process)");
+  if (p.sampler != SamplerKind::kNuts && p.sampler != SamplerKind::kHmc && p.sampler != SamplerKind::kMala) {
     throw UsageError("train: precondition_sampler must be nuts, hmc or mala");
   }
-  if (o.patience < 0 || !(o.min_gain >= 0) || !(o.max_seconds >= 0) || !std::isfinite(o.max_seconds)) {
+  if ((b.patience && *b.patience < 0) || !(b.min_gain >= 0) ||
+      (b.max_seconds && (!(*b.max_seconds >= 0) || !std::isfinite(*b.max_seconds)))) {
     throw UsageError("train: need patience >= 0, min_gain >= 0 and a finite max_seconds >= 0");
   }
-  if (o.precondition_warmup < 20 || o.precondition_draws < 0 || o.precondition_chains < 1) {
+  if (p.warmup < 20 || (p.draws && *p.draws < 0) || p.chains < 1) {
     throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 0 (0: auto) and precondition_chains >= 1");
   }
-  if (o.from_warmup < 20 || o.from_patience < 0) throw UsageError("train: need from_warmup >= 20 and from_patience >= 0");
-  if (!(o.ess_goal >= 0) || !std::isfinite(o.ess_goal) || o.probe_every < 1) {
+  if (b.from_warmup < 20 || b.from_patience < 0) throw UsageError("train: need from_warmup >= 20 and from_patience >= 0");
+  if ((b.ess_goal && (!(*b.ess_goal >= 0) || !std::isfinite(*b.ess_goal))) || b.probe_every < 1) {
     throw UsageError("train: need a finite ess_goal >= 0 (0: off) and probe_every >= 1");
   }
   return o;
@@ -70,15 +145,15 @@ Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOpti
             BetaController(options_.beta, options_.beta_min, options_.beta_max, options_.rho, options_.accept_target),
             options_.clip),
       comm_(comm ? std::move(comm) : parallel::single_process()) {
-  if (options_.warmup_steps < 0) options_.warmup_steps = std::min<int64_t>(200, options_.steps / 50);
+  if (!options_.warmup_steps) options_.warmup_steps = std::min<int64_t>(200, options_.budget.steps / 50);
   use_buffer_ = options_.data == "buffer" || (options_.data == "auto" && !target.has_sampler());
   if (options_.data == "exact" && !target.has_sampler()) {
     throw UsageError("train: target '" + target.name() + "' has no exact sampler; use data = buffer");
   }
   const int world = comm_->world_size();
-  if (options_.shards < 0) throw UsageError("train: shards must be non-negative (0: one per process)");
-  if (options_.shards == 0) options_.shards = world;
-  const int64_t n_shards = options_.shards;
+  if (options_.shards && *options_.shards < 0) throw UsageError("train: shards must be non-negative (0: one per process)");
+  if (!options_.shards || *options_.shards == 0) options_.shards = world;  // 0, as in JSON: one per process
+  const int64_t n_shards = *options_.shards;
   if (n_shards % world != 0) {
     throw UsageError(fmt::format("train: {} shards do not divide among {} processes: run on a number of processes "
                                  "that divides {} (each batch's shards keep their own random streams)",
@@ -87,7 +162,7 @@ Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOpti
   if (options_.batch % n_shards != 0) {
     throw UsageError(fmt::format("train: batch {} does not split into {} equal shards", options_.batch, n_shards));
   }
-  const int64_t size = options_.buffer_size > 0 ? options_.buffer_size : options_.batch;
+  const int64_t size = options_.buffer_size.value_or(0) > 0 ? *options_.buffer_size : options_.batch;
   if (use_buffer_ && size % n_shards != 0) {
     throw UsageError(fmt::format("train: buffer_size {} does not split into {} equal shards", size, n_shards));
   }
@@ -103,9 +178,10 @@ Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOpti
 
 double Trainer::learning_rate(int64_t t) const {
   const double pi = std::acos(-1.0);
-  if (t < options_.warmup_steps) return options_.lr * static_cast<double>(t + 1) / static_cast<double>(options_.warmup_steps);
-  const double span = std::max<int64_t>(1, options_.steps - options_.warmup_steps);
-  const double progress = std::min(1.0, static_cast<double>(t - options_.warmup_steps) / span);
+  const int64_t warmup = *options_.warmup_steps;  // resolved in the constructor
+  if (t < warmup) return options_.lr * static_cast<double>(t + 1) / static_cast<double>(warmup);
+  const double span = std::max<int64_t>(1, options_.budget.steps - warmup);
+  const double progress = std::min(1.0, static_cast<double>(t - warmup) / span);
   return options_.min_lr + 0.5 * (options_.lr - options_.min_lr) * (1.0 + std::cos(pi * progress));
 }
 
@@ -138,7 +214,7 @@ double Trainer::warm_start_beta() {
     slope_sum += (mean_log_a(le + h) - mean_log_a(le - h)) / (2 * h);
   }
   log_eps.fill_(le);
-  const double slope = parallel::all_reduce_doubles(*comm_, {slope_sum})[0] / static_cast<double>(options_.shards);
+  const double slope = parallel::all_reduce_doubles(*comm_, {slope_sum})[0] / static_cast<double>(shards());
   const double beta = std::clamp(-slope / static_cast<double>(model.dim()), options_.beta_min, options_.beta_max);
   core_.beta().set_value(beta);
   grads_ += (target_.grad_evals() - g0) / static_cast<int64_t>(shards_.size());
@@ -168,7 +244,7 @@ torch::Tensor Trainer::chains() const {
 
 torch::Tensor Trainer::next_batch(Shard& sh) {
   torch::NoGradGuard no_grad;
-  const int64_t batch = options_.batch / options_.shards;
+  const int64_t batch = options_.batch / shards();
   if (!use_buffer_) return target_.sample(batch, sh.gen);
   const int64_t size = sh.buffer.size(0);
   if (size == batch) {
@@ -196,7 +272,7 @@ TrainStats Trainer::record_step(double loss, double accept, double entropy, doub
   s.skipped = skipped_;
   elapsed_ += s.seconds;
   s.elapsed = elapsed_;
-  if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.steps) log_.push_back(s);
+  if (step_ % options_.log_every == 0 || step_ == 1 || step_ == options_.budget.steps) log_.push_back(s);
   return s;
 }
 
@@ -267,7 +343,7 @@ void Trainer::save(const std::string& path, const json& extra,
   torch::serialize::OutputArchive ar;
   core_.save(ar, "model", "optimizer");
   ar.write("rng", rng[0].clone());
-  if (options_.shards > 1) ar.write("rng_shards", rng);
+  if (shards() > 1) ar.write("rng_shards", rng);
   if (use_buffer_) ar.write("buffer", buffer);
   if (more) more(ar);
   json meta = extra;
@@ -283,7 +359,7 @@ void Trainer::save(const std::string& path, const json& extra,
   meta["skipped"] = skipped_;
   meta["bad_rows"] = bad_rows_;
   meta["elapsed"] = elapsed_;
-  meta["shards"] = options_.shards;
+  meta["shards"] = shards();
   meta["world_size"] = comm_->world_size();
   json rows = json::array();
   for (const auto& s : log_) rows.push_back(stats_to_json(s));
@@ -305,28 +381,28 @@ json Trainer::load(const std::string& path) {
     throw DataError("checkpoint '" + path + "' holds a different model: " + meta["model"].dump());
   }
   const int64_t stored_shards = meta.value("shards", int64_t{1});
-  if (stored_shards != options_.shards) {
+  if (stored_shards != shards()) {
     throw UsageError(fmt::format("checkpoint '{}' was trained with {} shard(s) per batch (written by {} process(es)); "
                                  "this run has {}: resume it on a number of processes that divides {} "
                                  "(its shards keep their own random streams and buffer rows)",
-                                 path, stored_shards, meta.value("world_size", 1), options_.shards, stored_shards));
+                                 path, stored_shards, meta.value("world_size", 1), shards(), stored_shards));
   }
   try {
     core_.load(ar, "model", "optimizer");
     torch::Tensor rng;
-    if (options_.shards > 1) {
+    if (shards() > 1) {
       ar.read("rng_shards", rng);
     } else {
       ar.read("rng", rng);
       rng = rng.unsqueeze(0);
     }
-    if (rng.size(0) != options_.shards) throw DataError("checkpoint '" + path + "' has the wrong number of random streams");
+    if (rng.size(0) != shards()) throw DataError("checkpoint '" + path + "' has the wrong number of random streams");
     for (Shard& sh : shards_) sh.gen.set_state(rng[sh.index].clone());
     if (use_buffer_) {
       torch::Tensor b;
       ar.read("buffer", b);
       const int64_t block = shards_.front().buffer.size(0);
-      if (b.dim() != 2 || b.size(0) != block * options_.shards || b.size(1) != shards_.front().buffer.size(1)) {
+      if (b.dim() != 2 || b.size(0) != block * shards() || b.size(1) != shards_.front().buffer.size(1)) {
         throw DataError("checkpoint '" + path + "' has a buffer of the wrong shape");
       }
       for (Shard& sh : shards_) sh.buffer = b.narrow(0, sh.index * block, block).to(target_.options());

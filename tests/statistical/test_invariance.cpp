@@ -239,7 +239,7 @@ TEST(Invariance, LearnedAfterShortTraining) {
   auto target = make_target(kGauss6, kF64);
   TrainOptions o;
   o.batch = 512;
-  o.steps = 150;
+  o.budget.steps = 150;
   o.accept_target = 0.6;
   o.lr = 3e-3;
   o.seed = 4;

@@ -83,7 +83,7 @@ TEST(Config, OverridesFollowDottedPaths) {
 }
 
 TEST(Config, OptionStructsRejectUnknownKeysWrongTypesAndBadValues) {
-  EXPECT_EQ(TrainOptions::from_json({{"steps", 7}}).steps, 7);
+  EXPECT_EQ(TrainOptions::from_json({{"steps", 7}}).budget.steps, 7);
   EXPECT_EQ(TrainOptions::from_json(nlohmann::json::object()).batch, TrainOptions{}.batch);
   EXPECT_THROW(TrainOptions::from_json({{"stepz", 7}}), UsageError);
   EXPECT_THROW(TrainOptions::from_json({{"steps", "many"}}), UsageError);

@@ -123,7 +123,7 @@ json tiny_config_target() { return {{"name", "icg"}, {"dim", 10}}; }
 TrainOptions tiny_train(int64_t steps) {
   TrainOptions o;
   o.batch = 256;
-  o.steps = steps;
+  o.budget.steps = steps;
   o.accept_target = 0.7;
   o.checkpoint_every = 5;
   o.log_every = 1;

@@ -97,7 +97,7 @@ class GivenNoise : public ProposalModel {
 TrainOptions small_train(int64_t steps, int64_t shards) {
   TrainOptions o;
   o.batch = 32;
-  o.steps = steps;
+  o.budget.steps = steps;
   o.warmup_steps = 0;
   o.log_every = 1;
   o.seed = 5;
@@ -225,7 +225,7 @@ TEST(DataParallel, TwoRanksMatchOneProcessAndResumeOnIt) {
       std::vector<torch::Tensor> out = parameters_of(*model);
       out.push_back(torch::tensor({t.beta(), last_loss}, kF64));
       TrainOptions more = o;
-      more.steps = 6;
+      more.budget.steps = 6;
       for (int k = 0; k < 2; ++k) t.step();
       for (auto& p : parameters_of(*model)) out.push_back(p);
       return out;

@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "nmcmc/core/json.hpp"
 #include "nmcmc/flows/checkpoint.hpp"
 #include "nmcmc/io/draws.hpp"
 #include "nmcmc/kernels/factory.hpp"
@@ -25,65 +26,78 @@
 
 namespace nmcmc {
 
-struct TrainOptions {
-  double accept_target = 0.7;
-  double lr = 1e-3, min_lr = 1e-5;
-  int64_t batch = 8192, steps = 5000, warmup_steps = -1;  // -1: 2 % of steps (at most 200)
-  double beta = 1e-3, beta_min = 1e-3, beta_max = 1e3, rho = 0.03;
-  double clip = 10.0;
-  bool amsgrad = false;
-  std::string data = "auto";  // auto | exact | buffer
-  int64_t buffer_size = 0;    // 0: equal to the batch
-  double buffer_init_scale = 1.0;  // buffer chains start at N(0, scale^2 I)
-  bool stop_grad = false;     // stop the gradient at dU (for comparison)
-  uint64_t seed = 1;
-  int64_t checkpoint_every = 500;
-  int64_t log_every = 10;
-  // The warm-up that sets an affine preconditioner (model.precondition diag | dense; Note
-  // [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
-  // regularised covariance gives L and whose draws give m and the first bootstrap buffer.
-  SamplerKind precondition_sampler = SamplerKind::kNuts;  // nuts | hmc | mala
-  int64_t precondition_warmup = 500;          // adaptation iterations
-  int64_t precondition_draws = 0;             // draws after it (for m, L and the buffer); 0: auto, 100
+/// The warm-up that sets the affine preconditioner (model.precondition diag | dense | lowrank; Note
+/// [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
+/// regularised covariance gives L and whose draws give m and the first bootstrap buffer.
+struct PreconditionWarmup {
+  SamplerKind sampler = SamplerKind::kNuts;  // nuts | hmc | mala
+  int64_t warmup = 500;                       // adaptation iterations
+  std::optional<int64_t> draws;               // draws after it (for m, L and the buffer); unset: 100
                                               // (400 for lowrank, whose factors need them)
-  int64_t precondition_chains = 16;
-  // lowrank: a second stage that samples with the first fit as the metric and refits from its draws
-  bool precondition_refit = true;
-  bool eps_from_warmup = true;                // start eps at the warm-up's adapted step size
-  bool beta_from_warmup = true;               // then start beta where that eps is the objective's optimum
-  // Data parallelism (Note [Data parallelism]): each batch is split into `shards` blocks with a
-  // random stream each; N processes take shards / N each (0: one per process). A checkpoint
-  // resumes on any number of processes that divides its shard count.
-  int64_t shards = 0;
-  // The budget (Note [Training budget], services/train.hpp): stop before `steps` once the proposal
-  // entropy has stopped improving (its moving average gained less than `min_gain` nats per
-  // dimension in the last `patience` steps; 0: never), or after `max_seconds` of training steps
-  // (0: no limit). The result says why training stopped.
-  int64_t patience = 0;
+  int64_t chains = 16;
+  bool refit = true;             // lowrank: a second stage that samples with the first fit as the metric
+                                 // and refits from its draws
+  bool eps_from_warmup = true;   // start eps at the warm-up's adapted step size
+  bool beta_from_warmup = true;  // then start beta where that eps is the objective's optimum
+  /// Its draws when `draws` is unset, for a preconditioner of this kind.
+  int64_t draws_for(bool lowrank) const { return draws.value_or(lowrank ? 400 : 100); }
+};
+
+/// When training stops (Note [Training budget], services/train.hpp): after `steps`, or before them
+/// once the proposal entropy has stopped improving (its moving average gained less than `min_gain`
+/// nats per dimension in the last `patience` steps; unset: never), or after `max_seconds` of
+/// training steps (unset: no limit). The result says why training stopped.
+struct TrainBudget {
+  int64_t steps = 5000;
+  std::optional<int64_t> patience;
   double min_gain = 0.01;
-  double max_seconds = 0;
+  std::optional<double> max_seconds;
   // Starting from another data set's model (Note [Training from a previous model], services/
   // train_run.cpp): the preconditioner's warm-up, warm-started from the model's own metric, step
-  // size and chains, runs `from_warmup` iterations instead of precondition_warmup; the training
-  // steps then stop on a plateau of `from_patience` steps (then patience's, where the mixing check
-  // fails).
+  // size and chains, runs `from_warmup` iterations instead of PreconditionWarmup::warmup; the
+  // training steps then stop on a plateau of `from_patience` steps (then patience's, where the
+  // mixing check fails).
   int64_t from_warmup = 150;
   int64_t from_patience = 50;
   // Note [Training stops when it no longer pays] (services/train_run.cpp): every `probe_every`
   // steps a short run of the sampler projects the all-in gradients to `ess_goal` effective draws;
-  // training stops once that projection has not fallen for two probes (0: off).
-  double ess_goal = 0;
+  // training stops once that projection has not fallen for two probes (unset: off).
+  std::optional<double> ess_goal;
   int64_t probe_every = 200;
+};
+
+/// A config's "train" section: the optimisation, the preconditioner's warm-up and the budget.
+/// In JSON one flat object (configs/*.json, `--set train.KEY=VALUE`): the warm-up's keys are
+/// precondition_sampler, precondition_warmup, precondition_draws, precondition_chains,
+/// precondition_refit, eps_from_warmup and beta_from_warmup; the budget's steps, patience,
+/// min_gain, max_seconds, from_warmup, from_patience, ess_goal and probe_every. An unset value is
+/// null there; 0 (-1 for warmup_steps) reads as unset too, as "off" is written on a command line.
+struct TrainOptions {
+  double accept_target = 0.7;
+  double lr = 1e-3, min_lr = 1e-5;
+  int64_t batch = 8192;
+  std::optional<int64_t> warmup_steps;  // the learning rate's linear warm-up; unset: 2 % of steps (at most 200)
+  double beta = 1e-3, beta_min = 1e-3, beta_max = 1e3, rho = 0.03;
+  double clip = 10.0;
+  bool amsgrad = false;
+  std::string data = "auto";           // auto | exact | buffer
+  std::optional<int64_t> buffer_size;  // unset: equal to the batch
+  double buffer_init_scale = 1.0;      // buffer chains start at N(0, scale^2 I)
+  bool stop_grad = false;              // stop the gradient at dU (for comparison)
+  uint64_t seed = 1;
+  int64_t checkpoint_every = 500;
+  int64_t log_every = 10;
+  // Data parallelism (Note [Data parallelism]): each batch is split into `shards` blocks with a
+  // random stream each; N processes take shards / N each (unset: one per process). A checkpoint
+  // resumes on any number of processes that divides its shard count.
+  std::optional<int64_t> shards;
+  PreconditionWarmup precondition;
+  TrainBudget budget;
   nlohmann::json to_json() const;
   static TrainOptions from_json(const nlohmann::json& j);  // throws UsageError
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, accept_target, lr, min_lr, batch, steps, warmup_steps, beta,
-                                                beta_min, beta_max, rho, clip, amsgrad, data, buffer_size,
-                                                buffer_init_scale, stop_grad, seed, checkpoint_every, log_every,
-                                                precondition_sampler, precondition_warmup, precondition_draws,
-                                                precondition_chains, precondition_refit, eps_from_warmup, beta_from_warmup,
-                                                shards, patience, min_gain, max_seconds, from_warmup,
-                                                from_patience, ess_goal, probe_every)
+void to_json(nlohmann::json& j, const TrainOptions& o);
+void from_json(const nlohmann::json& j, TrainOptions& o);
 
 /// One logged training step.
 struct TrainStats {
@@ -111,7 +125,7 @@ class Trainer {
   bool stop_agreed() const { return stop_agreed_; }
   parallel::Communicator& comm() { return *comm_; }
   /// Shards per batch (resolved: at least 1).
-  int64_t shards() const { return options_.shards; }
+  int64_t shards() const { return *options_.shards; }
   /// Makes every rank's model, beta (and so the run) rank 0's: after a warm-up, before step 1.
   void broadcast_from_root() { core_.broadcast_from_root(*comm_); }
   int64_t current_step() const { return step_; }
