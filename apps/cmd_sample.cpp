@@ -91,6 +91,10 @@ Command add_sample_command(CLI::App& app) {
   add_enum_option(cmd, "--gemm", a->options.gemm,
                   "where the learned sampler's float32 GEMMs run (default: the model's model.gemm; auto: oneDNN "
                   "with one thread, LibTorch's BLAS otherwise)");
+  add_enum_option(cmd, "--engine", a->options.engine,
+                  "nmcmc's own copies of LibTorch paths (a TorchScript module's evaluator, the learned step, the "
+                  "flow's passes): auto takes each where it pays, native wherever it applies, libtorch never "
+                  "(docs/commands.md)");
   cmd->add_option("--step-size", a->options.step_size, "initial step size (default: found automatically)");
   cmd->add_option("--leapfrog", a->options.leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--max-depth", a->options.max_depth, "NUTS: maximum tree depth")->capture_default_str();

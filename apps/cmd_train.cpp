@@ -30,6 +30,7 @@ struct TrainArgs {
   std::optional<double> lr, min_lr;
   std::optional<uint64_t> seed;
   std::optional<std::string> transport, from;
+  std::optional<Engine> engine;
   std::optional<int64_t> transport_layers, transport_rounds;
   bool resume = false, quiet = false;
   ComputeArgs compute;
@@ -59,6 +60,7 @@ TrainConfig train_config(const TrainArgs& a, const CLI::App* cmd) {
   // (without --transport, parse_train_config refuses them unless the config's transport takes them)
   if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
   if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
+  if (a.engine) cfg["engine"] = *a.engine;  // Note [Native copies] (parse_train_config)
   for (const auto& s : a.sets) apply_override(cfg, s);
   return parse_train_config(cfg);
 }
@@ -256,6 +258,10 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "override train.seed");
   cmd->add_option("--set", a->sets, "override any value: section.key=value (e.g. model.hidden=64)");
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
+  add_enum_option(cmd, "--engine", a->engine,
+                  "nmcmc's own copies of LibTorch paths in training and in the model (a TorchScript module's "
+                  "evaluator, Adam's fused update, the learned step, the flow's passes and fit): auto takes each where "
+                  "it pays, native wherever it applies, libtorch never (model.engine, train.engine, transport.engine)");
   cmd->add_option("--from", a->from,
                   "start from a model trained on another data set of the same model (its checkpoint): its networks, "
                   "step size and beta; a short warm-up moves the affine map to the new data, then training goes on "

@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
     } else {
       auto proposal = std::make_shared<nmcmc::LearnedProposal>(sampler);
       sampler->eval();
-      sampler->set_native_step(!libtorch_step);
+      sampler->set_engine(libtorch_step ? nmcmc::Engine::kLibTorch : nmcmc::Engine::kAuto);
       nmcmc::MetropolisHastings kernel(proposal);
       at::Generator gen = nmcmc::make_generator(1);
       nmcmc::ChainState s = kernel.init(*target, target->has_sampler() ? target->sample(batch, gen) : torch::zeros({batch, target->dim()}));

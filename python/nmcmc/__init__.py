@@ -347,7 +347,8 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
            device: _Optional[str] = None, output: _Optional[str] = None, formats: _Optional[str] = None,
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: _Optional[str] = None,
            transport_layers: _Optional[int] = None, transport_rounds: _Optional[int] = None,
-           global_moves: _Optional[bool] = None, warm_start=None, progress: bool = True) -> Run:
+           global_moves: _Optional[bool] = None, warm_start=None, engine: _Optional[str] = None,
+           progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
@@ -371,6 +372,9 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     give a short `warmup` (e.g. 150); the metric is re-estimated only when `metric` is given
     (docs/commands.md, Warm starts). nuts, hmc and mala without a transport.
     step_size_per_chain: NUTS adapts each chain's step size, as Stan (default: one for all chains).
+    engine: nmcmc's own copies of LibTorch paths that the run meets (a TorchScript module's
+    evaluator, the learned step, the flow's passes and fit): "auto" each where it pays, "native"
+    wherever it applies, "libtorch" never (docs/commands.md, Native copies).
     Every argument left unset takes `nmcmc sample`'s default (sample_defaults()).
     Ctrl-C raises KeyboardInterrupt."""
     if sampler is None:
@@ -399,7 +403,8 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
              "chains": (chains, int), "warmup": (warmup, int), "draws": (draws, int), "seed": (seed, int),
              "init": (init, str), "device": (device, str), "formats": (formats, str), "transport": (transport, str),
              "global_moves": (global_moves, bool), "transport_layers": (transport_layers, int),
-             "transport_rounds": (transport_rounds, int), "step_size_per_chain": (step_size_per_chain, bool)}
+             "transport_rounds": (transport_rounds, int), "step_size_per_chain": (step_size_per_chain, bool),
+             "engine": (engine, str)}
     for key, (value, kind) in given.items():
         if value is not None:
             options[key] = kind(value)
@@ -481,7 +486,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
           model: _Optional[dict] = None, options: _Optional[dict] = None, dtype=None, device="cpu",
           output: _Optional[str] = None, resume: bool = False, progress: bool = True,
           transport: _Optional[str] = None, transport_layers: _Optional[int] = None,
-          transport_rounds: _Optional[int] = None, from_model=None, ess: _Optional[float] = None) -> Model:
+          transport_rounds: _Optional[int] = None, from_model=None, ess: _Optional[float] = None,
+          engine: _Optional[str] = None) -> Model:
     """Trains the learned sampler on `target` and returns the Model.
 
     config: a training config (dict or the path of a configs/*.json file) whose "target", "model"
@@ -505,7 +511,9 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     the map only and check that it still mixes; docs/commands.md, Training from a previous model).
     ess: the effective draws wanted (train.ess_goal): training stops once the projected all-in cost
     to reach them stops falling (model.training["probes"]; Note [Training stops when it no longer
-    pays]); 0: off."""
+    pays]); 0: off.
+    engine: nmcmc's own copies of LibTorch paths in training and in the model ("auto", "native",
+    "libtorch"; the config's "engine": docs/commands.md, Native copies)."""
     cfg = _load_config(config)
     if config is None:
         # Your own target: the defaults `nmcmc train --module` uses (the Langevin variant with the
@@ -541,6 +549,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         cfg.setdefault("transport", {})["rounds"] = int(transport_rounds)
     if ess is not None:
         cfg["train"]["ess_goal"] = float(ess)
+    if engine is not None:
+        cfg["engine"] = str(engine)
     if from_model is not None:
         if resume:
             raise ValueError("nmcmc.train: from_model= starts a new model; resume= continues this one")

@@ -432,3 +432,24 @@ def test_sample_and_compare_take_their_defaults_from_the_cpp_definition(tmp_path
     # what Python passes is read by the C++ definition: a misspelt key is named, not ignored
     with pytest.raises(ValueError, match="'chians' is unknown"):
         nmcmc._C.compare(json.dumps({"output": str(tmp_path), "chians": 4}), None)
+
+
+def quartic_energy(x):
+    return 0.5 * (x * x).sum(-1) + 0.1 * (x * x * x * x).sum(-1)
+
+
+def test_engine_reaches_a_module_and_is_recorded():
+    # Note [Native copies]: engine= runs a TorchScript target on LibTorch alone (or on nmcmc's own
+    # evaluator); the draws agree; a spec that names another engine is refused.
+    t = nmcmc.from_function(quartic_energy, dim=3, dtype="float64")
+    runs = {}
+    for e in ("native", "libtorch"):
+        runs[e] = nmcmc.sample(t, "nuts", engine=e, warmup=10, draws=20, step_size=0.5, adapt_step=False,
+                               progress=False)
+        assert runs[e].config["engine"]["kind"] == e and runs[e].config["native_copies"] == e
+    assert torch.allclose(runs["native"].draws, runs["libtorch"].draws, rtol=1e-9, atol=1e-9)
+    fixed = nmcmc.Target({**t.spec, "engine": "native"}, dtype="float64")
+    with pytest.raises(ValueError, match="differ"):
+        nmcmc.sample(fixed, "nuts", engine="libtorch", warmup=5, draws=5, progress=False)
+    with pytest.raises(ValueError, match="unknown engine"):
+        nmcmc.sample(t, "nuts", engine="gpu", warmup=5, draws=5, progress=False)

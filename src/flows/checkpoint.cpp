@@ -91,7 +91,8 @@ FlowTransport load_transport(torch::serialize::InputArchive& ar, const json& met
 
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<json>& target_spec,
                             torch::TensorOptions options, bool dtype_given,
-                            const std::optional<MatmulOption>& matmul, const std::optional<GemmBackend>& gemm) {
+                            const std::optional<MatmulOption>& matmul, const std::optional<GemmBackend>& gemm,
+                            const std::optional<Engine>& engine) {
   auto [sampler, meta] = load_model(model_path);
   FlowTransport transport(nullptr);
   if (meta.contains("transport")) {
@@ -100,6 +101,10 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
   }
   if (matmul) sampler->set_matmul(*matmul);
   if (gemm) sampler->set_gemm(*gemm);
+  if (engine) {  // Note [Native copies]
+    sampler->set_engine(*engine);
+    if (transport) transport->set_engine(*engine);
+  }
   const json trained_on = meta.at("target");
   bool other_data = false;
   json given;

@@ -50,6 +50,7 @@ LearnedOptions LearnedOptions::from_json(const nlohmann::json& j) {
     throw UsageError("model: learn_precondition needs precondition diag, dense, lowrank or auto");
   }
   if (o.precondition_rank < 1) throw UsageError("model: precondition_rank must be positive");
+  if (o.native_max_flops < 0) throw UsageError("model: native_max_flops must be non-negative");
   return o;
 }
 
@@ -414,8 +415,9 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
 }
 
 bool LearnedSamplerImpl::native_step_applies(const torch::Tensor& x) const {
-  return native_enabled_ && !torch::GradMode::is_enabled() && x.is_cpu() && x.dim() == 2 &&
-         x.size(0) * flops_per_step() <= kNativeStepMaxFlops && options_.variant != Variant::kFull &&
+  if (options_.engine == Engine::kLibTorch) return false;
+  const bool pays = options_.engine == Engine::kNative || x.size(0) * flops_per_step() <= options_.native_max_flops;
+  return !torch::GradMode::is_enabled() && x.is_cpu() && x.dim() == 2 && pays && options_.variant != Variant::kFull &&
          log_eps_.is_cpu() &&
          // model.matmul auto, or native (the model's dtype) when that is float64 as the pass is
          (options_.matmul == MatmulOption::kAuto ||

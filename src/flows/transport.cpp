@@ -155,6 +155,7 @@ void FlowTransportImpl::reset_layers() {
 }
 
 std::shared_ptr<const NativeFlowPass> FlowTransportImpl::native() const {
+  if (options_.engine == Engine::kLibTorch) return nullptr;
   std::lock_guard<std::mutex> lock(native_cache_->mutex);
   // The parameters are registered in the constructor and never replaced (to() and load() change
   // their data in place, which the stamp sees): one list, taken once (parameters() builds an

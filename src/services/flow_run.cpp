@@ -156,12 +156,12 @@ class FlowRun {
           const ProgressFn& progress)
       : target_(target), kernel_(kernel), options_(options), t_(t), rules_(t.rules), seed_(seed), progress_(progress),
         d_(target.dim()), lengths_(transport_round_lengths(options, t)), t_start_(Clock::now()),
-        flow_(FlowOptions().set_dim(d_).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed)),
+        flow_(FlowOptions().set_dim(d_).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed).set_engine(t.engine)),
         latent_(target, flow_),
         // The first of two rounds or more runs where T is still the identity and only sets the
         // affine base (Note [Transport warm-up]): on the affine map alone, the same values without
         // a pass through the (identity) coupling layers' graph.
-        first_latent_(target, FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed))),
+        first_latent_(target, FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed).set_engine(t.engine))),
         rk_(kernel, /*global_moves=*/false) {  // global moves once the flow is fitted (Note [Transport warm-up])
     if (t.kind != TransportKind::kFlow) throw UsageError("run_with_transport: transport must be flow");
     final_warmup_ = options.warmup - std::accumulate(lengths_.begin(), lengths_.end(), int64_t{0});
@@ -447,7 +447,7 @@ class FlowRun {
     const int64_t trials = 2 * (rules_.trial_warmup + rules_.trial_draws);
     choice_ = {{"chosen", "flow"}};
     if (abandoned_) {
-      out.flow = FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed_));  // the identity
+      out.flow = FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed_).set_engine(t_.engine));  // the identity
       affine_latent_.emplace(target_, out.flow);
       choice_ = {{"chosen", "none"}, {"why", "the restarted first round still ended far out (Note [Far out after the restart])"}};
       return true;
@@ -456,7 +456,7 @@ class FlowRun {
       if (t_.layers > 0) choice_["not_tried"] = "the warm-up is too short for the trials (or one round only)";
       return true;
     }
-    const auto [affine, affine_fit] = affine_estimate(last_px_, last_pg_, seed_of(seed_, SeedStream::kAffineCandidate));
+    auto [affine, affine_fit] = affine_estimate(last_px_, last_pg_, seed_of(seed_, SeedStream::kAffineCandidate));
     const bool per_chain = kernel_.max_tree_depth() > 0;  // NUTS: gradients per draw vary
     // One scale per coordinate for both trials' scores: the variance among the last fit's points.
     const torch::Tensor scale = last_px_.to(torch::kFloat64).var(0, /*unbiased=*/true).clamp_min(1e-300);
@@ -465,6 +465,7 @@ class FlowRun {
       out.result.complete = false;
       return false;
     }
+    affine->set_engine(t_.engine);
     affine_latent_.emplace(target_, affine);
     const Trial with_affine = trial(*affine_latent_, seed_of(seed_, SeedStream::kTrialAffine), scale, per_chain);
     if (!with_affine.complete) {

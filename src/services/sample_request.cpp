@@ -120,7 +120,7 @@ Made make_kernel(const SampleRequest& request, torch::TensorOptions options) {
     return m;
   }
   LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
-                                   options, a.dtype.has_value(), a.matmul, a.gemm);
+                                   options, a.dtype.has_value(), a.matmul, a.gemm, a.engine);
   m.kernel = std::make_unique<MetropolisHastings>(lr.proposal);
   m.target_spec = lr.target_spec;
   m.model_meta = lr.meta;
@@ -193,6 +193,7 @@ json record_config(const SampleRequest& request, const Target& target, MetricAda
                            {"global_moves", a.global_moves}};
   }
   if (metric != MetricAdapt::kUnit || nuts) config["metric"] = metric;
+  if (a.engine) config["native_copies"] = *a.engine;  // `--engine` (Note [Native copies])
   if (warm_start) {
     config["warm_start"] = {{"sampler", warm_start->sampler},
                             {"step_size", warm_start->step_size},
@@ -217,6 +218,11 @@ Prepared prepare(const SampleRequest& request) {
   const MetricAdapt metric = parse_enum<MetricAdapt>(a.metric.value_or(default_diag ? "diag" : "unit"));
   Made made = make_kernel(request, parse_tensor_options(a.dtype.value_or(stan ? "float64" : "float32"), a.device));
   const torch::TensorOptions& options = made.options;
+  if (a.engine) {  // Note [Native copies]: the run's engine over a model's own spec; a given spec must agree
+    json given = request.target;
+    set_target_engine(given, *a.engine);
+    set_target_engine(made.target_spec, *a.engine, /*replace=*/true);
+  }
   std::shared_ptr<Target> target = make_target(made.target_spec, options);
   std::optional<WarmStart> warm_start;
   torch::Tensor warm_metric;
@@ -315,6 +321,8 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     t.layers = a.transport_layers;
     t.rounds = a.transport_rounds;
     t.global_moves = a.global_moves;
+    t.engine = a.engine.value_or(Engine::kAuto);
+    t.fit.own_gradient = t.engine != Engine::kLibTorch;  // Note [Native copies]
     TransportRun tr = run_with_transport(*prep.target, *prep.kernel, run, t, a.seed, progress);
     out.result = std::move(tr.result);
     transport_report = std::move(tr.report);

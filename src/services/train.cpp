@@ -46,7 +46,7 @@ TrainConfig parse_train_config(const json& j) {
   if (!j.is_object()) throw UsageError("a training config must be a JSON object");
   for (auto& [key, value] : j.items()) {
     if (key != "name" && key != "target" && key != "model" && key != "train" && key != "dtype" && key != "eval" &&
-        key != "paper" && key != "transport" && key != "from") {
+        key != "paper" && key != "transport" && key != "from" && key != "engine") {
       throw UsageError("config: unknown section '" + key + "'");
     }
   }
@@ -70,8 +70,8 @@ TrainConfig parse_train_config(const json& j) {
     const json& t = j["transport"];
     if (!t.is_object()) throw UsageError("config: \"transport\" must be an object, e.g. {\"kind\": \"flow\"}");
     for (auto& [key, value] : t.items()) {
-      if (key != "kind" && key != "layers" && key != "hidden" && key != "rounds") {
-        throw UsageError("config: unknown transport option '" + key + "' (kind, layers, hidden, rounds)");
+      if (key != "kind" && key != "layers" && key != "hidden" && key != "rounds" && key != "engine") {
+        throw UsageError("config: unknown transport option '" + key + "' (kind, layers, hidden, rounds, engine)");
       }
     }
     try {
@@ -101,6 +101,14 @@ TrainConfig parse_train_config(const json& j) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted in the warm-up: "
                        "train.precondition_warmup must be at least 100");
     }
+  }
+  if (j.contains("engine") && !j["engine"].is_null()) {
+    // Note [Native copies]: one engine for every copy the training and its model meet
+    const Engine e = j["engine"].get<Engine>();
+    c.model.engine = e;
+    c.train.engine = e;
+    c.transport.engine = e;
+    set_target_engine(c.target, e);
   }
   return c;
 }
@@ -265,6 +273,8 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   t.layers = tt.layers;
   t.hidden = tt.hidden;
   t.rounds = tt.rounds;
+  t.engine = tt.engine;
+  t.fit.own_gradient = tt.engine != Engine::kLibTorch;  // Note [Native copies]
   // The learned sampler trains in the transport's latent space: an identity there leaves it the raw
   // posterior (kidiq's momiq regression trained so: R-hat 1.15). Where the rounds do not
   // arrive, Note [The transported warm-up starts at the posterior] below runs them again instead.

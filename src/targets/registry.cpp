@@ -371,6 +371,15 @@ void resolve_target_paths(json& spec, const std::string& base_dir) {
   }
 }
 
+void set_target_engine(json& spec, Engine engine, bool replace) {
+  if (!spec.is_object() || spec.value("name", std::string()) != "torchscript") return;
+  const std::string name = enum_name(engine);
+  if (!replace && spec.contains("engine") && spec["engine"] != name) {
+    throw UsageError("--engine " + name + " and the target's \"engine\": " + spec["engine"].dump() + " differ");
+  }
+  spec["engine"] = name;
+}
+
 std::unique_ptr<Target> make_target(const json& spec, torch::TensorOptions options) {
   if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
     throw UsageError("a target spec needs a \"name\" (see `nmcmc targets`)");

@@ -103,7 +103,7 @@ double FusedAdam::clip_and_step(double max_norm, double pre_scale) {
 torch::Tensor FusedAdam::step(LossClosure closure) {
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
-    bool fused = !o.amsgrad() && o.weight_decay() == 0;
+    bool fused = fused_ && !o.amsgrad() && o.weight_decay() == 0;
     for (auto& p : group.params()) fused = fused && (!p.grad().defined() || fusable(p, p.grad()));
     if (!fused) {  // torch's Adam, on gradients scaled in place
       if (grad_scale_ != 1.0) {

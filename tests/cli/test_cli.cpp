@@ -821,6 +821,76 @@ TEST(Cli, TorchScriptModuleWithNamesAndBadModules) {
 }
 
 
+namespace {
+/// The "# key = value" header lines of a Stan CSV file.
+std::vector<std::string> csv_header(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("#", 0) == 0) out.push_back(line);
+  }
+  return out;
+}
+bool has_line(const std::vector<std::string>& lines, const std::string& line) {
+  return std::find(lines.begin(), lines.end(), line) != lines.end();
+}
+/// Whether two runs' draws agree to `tol` (relative), value by value.
+void expect_same_draws(const std::string& a, const std::string& b, double tol) {
+  const nmcmc::StanCsv x = nmcmc::read_stan_csv(a), y = nmcmc::read_stan_csv(b);
+  ASSERT_EQ(x.columns, y.columns);
+  ASSERT_TRUE(x.values.sizes() == y.values.sizes()) << a << " " << b;
+  const torch::Tensor scale = 1 + x.values.abs();
+  EXPECT_LE(((x.values - y.values).abs() / scale).max().item<double>(), tol) << a << " " << b;
+}
+}  // namespace
+
+TEST(Cli, EngineSwitchesEveryNativeCopy) {
+  // Note [Native copies]: --engine libtorch runs a TorchScript module, the learned step and training
+  // on LibTorch alone, native takes every copy where it applies; the draws agree (in the CSV's
+  // digits), and a spec that names another engine is refused.
+  const std::string dir = ::testing::TempDir() + "cli_engine";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    torch::jit::Module m("quartic");
+    m.register_attribute("dim", c10::IntType::get(), int64_t{3});
+    m.define("def forward(self, x):\n    return 0.5 * (x * x).sum(-1) + 0.1 * (x * x * x * x).sum(-1)\n");
+    m.save(dir + "/m.pt");
+  }
+  // A fixed step (no adaptation): rounding in the energy does not grow over a short run.
+  const std::string nuts = "sample --module " + dir + "/m.pt --dtype float64 --chains 2 --warmup 10 --draws 30 "
+                           "--step-size 0.8 --no-adapt -q -o ";
+  for (const std::string e : {"native", "libtorch"}) {
+    CliRun r = run(nuts + dir + "/nuts_" + e + " --engine " + e);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto header = csv_header(dir + "/nuts_" + e + "/chain_1.csv");
+    EXPECT_TRUE(has_line(header, "# engine.kind = " + e)) << e;
+    EXPECT_TRUE(has_line(header, "# native_copies = " + e)) << e;
+  }
+  expect_same_draws(dir + "/nuts_native/chain_1.csv", dir + "/nuts_libtorch/chain_1.csv", 1e-7);
+
+  CliRun t = run("train --module " + dir + "/m.pt --dtype float64 --steps 30 --engine libtorch "
+                 "--set train.precondition_warmup=100 --set train.precondition_chains=4 -q -o " + dir + "/t.pt");
+  ASSERT_EQ(t.code, 0) << t.out;
+  for (const std::string e : {"native", "libtorch"}) {
+    CliRun r = run("sample --sampler learned --model " + dir + "/t.pt --chains 4 --warmup 20 --draws 40 -q -o " + dir +
+                   "/learned_" + e + " --engine " + e);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto header = csv_header(dir + "/learned_" + e + "/chain_1.csv");
+    EXPECT_TRUE(has_line(header, "# model.options.engine = libtorch")) << e;  // as trained
+    EXPECT_TRUE(has_line(header, "# engine.kind = " + e)) << e;              // the run's: over the model's
+  }
+  expect_same_draws(dir + "/learned_native/chain_1.csv", dir + "/learned_libtorch/chain_1.csv", 1e-7);
+
+  CliRun differ = run("sample --target-json '{\"name\": \"torchscript\", \"module\": \"" + dir +
+                      "/m.pt\", \"engine\": \"native\"}' --engine libtorch --draws 5 --warmup 5 -q");
+  EXPECT_EQ(differ.code, 64) << differ.out;
+  EXPECT_NE(differ.out.find("differ"), std::string::npos) << differ.out;
+  CliRun bad = run("sample --target icg --engine gpu --draws 5 --warmup 5 -q");
+  EXPECT_EQ(bad.code, 64) << bad.out;
+  EXPECT_NE(bad.out.find("auto"), std::string::npos) << bad.out;  // the choices
+}
+
 TEST(Cli, CtrlCInWarmUpWritesNothing) {
   // The output directory exists once the stop handler is in place (the run creates it before
   // warm-up); a warm-up of 10^8 iterations is then certainly under way when SIGINT lands.

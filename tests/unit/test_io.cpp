@@ -8,6 +8,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/io/draws.hpp"
+#include "nmcmc/services/train.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "nmcmc/io/netcdf.hpp"
 #include "nmcmc/io/stan_csv.hpp"
@@ -80,6 +81,51 @@ TEST(Config, OverridesFollowDottedPaths) {
   EXPECT_EQ(c["data"], "fashion-mnist");  // not JSON: taken as a string
   EXPECT_EQ(c["name"], "quoted");
   for (const char* bad : {"nokey", "=3", "a..b=1", "train.steps.x=1"}) EXPECT_THROW(apply_override(c, bad), UsageError) << bad;
+}
+
+TEST(Config, TrainOptionsComeInPartsWithUnsetValues) {
+  // The flat "train" object reads into the optimisation, the preconditioner's warm-up and the budget.
+  const TrainOptions o = TrainOptions::from_json({{"patience", 200}, {"max_seconds", 90}, {"precondition_warmup", 300},
+                                                  {"eps_from_warmup", false}, {"from_patience", 7}, {"batch", 64}});
+  EXPECT_EQ(o.budget.patience, std::optional<int64_t>(200));
+  EXPECT_EQ(o.budget.max_seconds, std::optional<double>(90));
+  EXPECT_EQ(o.budget.from_patience, 7);
+  EXPECT_EQ(o.precondition.warmup, 300);
+  EXPECT_FALSE(o.precondition.eps_from_warmup);
+  EXPECT_EQ(o.batch, 64);
+  // Unset is null in JSON; 0 (-1 for warmup_steps) reads as unset, as a command line writes "off".
+  for (const nlohmann::json& off : {nlohmann::json(0), nlohmann::json(nullptr)}) {
+    const TrainOptions u = TrainOptions::from_json({{"patience", off}, {"max_seconds", off}, {"ess_goal", off},
+                                                    {"precondition_draws", off}, {"buffer_size", off}, {"shards", off}});
+    EXPECT_FALSE(u.budget.patience || u.budget.max_seconds || u.budget.ess_goal || u.precondition.draws ||
+                 u.buffer_size || u.shards);
+  }
+  EXPECT_FALSE(TrainOptions::from_json({{"warmup_steps", -1}}).warmup_steps);
+  EXPECT_EQ(TrainOptions::from_json({{"warmup_steps", 5}}).warmup_steps, std::optional<int64_t>(5));
+  EXPECT_EQ(PreconditionWarmup().draws_for(false), 100);
+  EXPECT_EQ(PreconditionWarmup().draws_for(true), 400);
+  const nlohmann::json j = o.to_json();
+  EXPECT_EQ(j["precondition_warmup"], 300);
+  EXPECT_TRUE(j["ess_goal"].is_null());
+  EXPECT_FALSE(j.contains("budget") || j.contains("precondition"));
+  EXPECT_EQ(TrainOptions::from_json(j).to_json(), j);
+  EXPECT_THROW(TrainOptions::from_json({{"patience", -3}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"max_seconds", -1.0}}), UsageError);
+}
+
+TEST(Config, OneEngineForEveryNativeCopyOfATraining) {
+  // Note [Native copies]: a config's "engine" reaches the model, the optimiser, the flow and a
+  // TorchScript target; a target that names another is refused.
+  nlohmann::json cfg = {{"target", {{"name", "torchscript"}, {"module", "m.pt"}}}, {"engine", "libtorch"}};
+  const TrainConfig c = parse_train_config(cfg);
+  EXPECT_EQ(c.model.engine, Engine::kLibTorch);
+  EXPECT_EQ(c.train.engine, Engine::kLibTorch);
+  EXPECT_EQ(c.transport.engine, Engine::kLibTorch);
+  EXPECT_EQ(c.target["engine"], "libtorch");
+  EXPECT_EQ(parse_train_config({{"target", {{"name", "icg"}}}}).model.engine, Engine::kAuto);
+  cfg["target"]["engine"] = "native";
+  EXPECT_THROW(parse_train_config(cfg), UsageError);
+  EXPECT_THROW(parse_train_config({{"target", {{"name", "icg"}}}, {"engine", "gpu"}}), UsageError);
 }
 
 TEST(Config, OptionStructsRejectUnknownKeysWrongTypesAndBadValues) {

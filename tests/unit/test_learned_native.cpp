@@ -146,9 +146,16 @@ TEST(NativeStep, ProposeTakesItExactlyWhereItApplies) {
     Proposed n = s->propose_native(*t, small, grad.narrow(0, 0, 4), z0);
     EXPECT_TRUE(torch::equal(p.x_new, n.x_new));
     EXPECT_TRUE(torch::equal(p.log_q_rev, n.log_q_rev));
-    s->set_native_step(false);
+    // Note [Native copies]: libtorch never takes it; native takes it past the flops rule too.
+    s->set_engine(Engine::kLibTorch);
     EXPECT_FALSE(s->native_step_applies(small));
-    s->set_native_step(true);
+    s->set_engine(Engine::kNative);
+    EXPECT_TRUE(s->native_step_applies(x));
+    s->set_engine(Engine::kAuto);
+    EXPECT_FALSE(s->native_step_applies(x));
+    s->set_native_max_flops((most + 1) * s->flops_per_step());  // a threshold set for this machine
+    EXPECT_TRUE(s->native_step_applies(x));
+    s->set_native_max_flops(kNativeStepMaxFlops);
     s->set_matmul(MatmulOption::kBFloat16);  // asked for bfloat16 GEMMs: LibTorch's
     EXPECT_FALSE(s->native_step_applies(small));
     s->set_matmul(MatmulOption::kNative);  // the model's dtype: float64, as the pass

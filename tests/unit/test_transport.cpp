@@ -265,6 +265,11 @@ TEST(Transport, NativePassEqualsTheGraph) {
   FlowTransport f32(FlowOptions().set_dim(3).set_layers(2));
   f32->to(torch::kFloat32);
   EXPECT_TRUE(f32->native() == nullptr);
+  // Note [Native copies]: engine libtorch never takes it
+  FlowTransport lt(FlowOptions().set_dim(3).set_layers(2).set_engine(Engine::kLibTorch));
+  EXPECT_TRUE(lt->native() == nullptr);
+  lt->set_engine(Engine::kNative);
+  EXPECT_TRUE(lt->native() != nullptr);
 }
 
 TEST(Transport, OwnFisherGradientEqualsAutograd) {

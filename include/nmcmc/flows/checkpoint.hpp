@@ -62,10 +62,12 @@ struct LearnedRun {
 /// with the same parameters (Note [Training from a previous model]: other_data, target_spec the
 /// given one; its affine map is then the old posterior's, and the run checks the fit). The model runs in `options`' dtype
 /// when `dtype_given`, else in the dtype it was trained in; its networks multiply as `matmul`
-/// and `gemm` say when given, else as its checkpoint says (Note [Linear-layer policy]).
+/// and `gemm` say when given, else as its checkpoint says (Note [Linear-layer policy]); its step and
+/// its flow's passes run on `engine` when given, else on the checkpoint's (Note [Native copies]).
 LearnedRun load_learned_run(const std::string& model_path, const std::optional<nlohmann::json>& target_spec,
                             torch::TensorOptions options, bool dtype_given,
                             const std::optional<MatmulOption>& matmul = std::nullopt,
-                            const std::optional<GemmBackend>& gemm = std::nullopt);
+                            const std::optional<GemmBackend>& gemm = std::nullopt,
+                            const std::optional<Engine>& engine = std::nullopt);
 
 }  // namespace nmcmc

@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/core/engine.hpp"
 #include "nmcmc/core/enum_names.hpp"
 #include "nmcmc/flows/model.hpp"
 #include "nmcmc/flows/native_step.hpp"
@@ -139,6 +140,8 @@ struct LearnedOptions {
   int64_t precondition_rank = 16;     // lowrank: k factors (at most D - 1)
   MatmulOption matmul = MatmulOption::kAuto;  // the networks' GEMMs' precision (Note [Bfloat16 matmul])
   GemmBackend gemm = GemmBackend::kAuto;      // where their float32 GEMMs run (Note [oneDNN GEMM])
+  Engine engine = Engine::kAuto;              // the sampling step's native pass (Note [Native copies])
+  int64_t native_max_flops = kNativeStepMaxFlops;  // auto: the native pass up to this many network flops a step
   LearnedOptions& set_dim(int64_t d) { dim = d; return *this; }
   LearnedOptions& set_variant(Variant v) { variant = v; return *this; }
   LearnedOptions& set_hidden(int64_t h) { hidden = h; return *this; }
@@ -152,6 +155,8 @@ struct LearnedOptions {
   LearnedOptions& set_precondition_rank(int64_t k) { precondition_rank = k; return *this; }
   LearnedOptions& set_matmul(MatmulOption m) { matmul = m; return *this; }
   LearnedOptions& set_gemm(GemmBackend g) { gemm = g; return *this; }
+  LearnedOptions& set_engine(Engine e) { engine = e; return *this; }
+  LearnedOptions& set_native_max_flops(int64_t f) { native_max_flops = f; return *this; }
   /// The networks' linear-layer policy (Note [Linear-layer policy]).
   LinearPolicy linear_policy() const;
   nlohmann::json to_json() const;
@@ -159,7 +164,7 @@ struct LearnedOptions {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LearnedOptions, dim, variant, hidden, steps, shared_layers, activation,
                                                 eps, mask_seed, precondition, learn_precondition, precondition_rank, matmul,
-                                                gemm)
+                                                gemm, engine, native_max_flops)
 
 /// An MLP whose first and last layers have separate weights per sub-step k and whose middle
 /// layers are shared. The output layer starts at zero. With `tanh_last`, the last hidden
@@ -233,15 +238,18 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   Proposed propose_from(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0,
                         bool create_graph);
   /// Note [The learned step's native pass]: whether propose() takes it for a batch x (a CPU batch
-  /// of at most kNativeStepMaxFlops network flops, no autograd graph, the langevin or no-grad
+  /// of at most native_max_flops network flops under engine auto, no autograd graph, the langevin or no-grad
   /// variant, model.matmul auto (or native for a float64 model: the pass runs in float64), and
-  /// not switched off with set_native_step).
+  /// model.engine not libtorch; Note [Native copies]).
   bool native_step_applies(const torch::Tensor& x) const;
   /// propose_from(target, x, grad, z0, false) by the native pass (the same kernel; the values
   /// agree to rounding). The variant must be langevin or no-grad and x on the CPU.
   Proposed propose_native(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0);
-  /// Lets propose() take the native pass where it applies (the default) or never (A/B benchmarks).
-  void set_native_step(bool on) { native_enabled_ = on; }
+  /// Which pass propose() takes (Note [Native copies]): auto (the default) the native pass where it
+  /// applies and the batch is within native_max_flops, native wherever it applies, libtorch never.
+  void set_engine(Engine engine) { options_.engine = engine; }
+  /// engine auto's threshold (model.native_max_flops), measured for another CPU.
+  void set_native_max_flops(int64_t flops) { options_.native_max_flops = flops; }
 
   /// log q(x_to | x_from) by the inverse pass (an independent route to the same density the
   /// forward pass gives). For the Langevin variant `grad_from` is dU(x_from).
@@ -309,7 +317,6 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   StepMLP net_sqt_{nullptr}, net_r_{nullptr}, net_drift_{nullptr};
   // Note [The learned step's native pass]: the copy, and the parameters' and buffers' storage and
   // version counters it was made from (remade when they change).
-  bool native_enabled_ = true;
   std::shared_ptr<const NativeLearnedStep> native_;
   std::vector<std::pair<const void*, int64_t>> native_key_;
 };

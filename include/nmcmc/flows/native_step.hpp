@@ -21,7 +21,7 @@
 // chains' dtype before the target sees it, as the LibTorch path's x' is. The values agree with
 // propose_from to rounding (tests/unit/test_learned_native.cpp: 1e-12 in float64); the proposal
 // is the same Markov kernel. Taken by LearnedSamplerImpl::propose where it applies
-// (native_step_applies: a CPU batch of at most kNativeStepMaxFlops network flops, no autograd
+// (native_step_applies: a CPU batch of at most model.native_max_flops network flops, no autograd
 // graph, the gradient-free coupling variants (langevin, no-grad), model.matmul auto, or native
 // for a float64 model: a model told to multiply in bfloat16 or in float32 does so); the copy is
 // remade when a parameter or buffer changed (their version counters and storage).
@@ -38,8 +38,9 @@ namespace nmcmc {
 
 class Target;
 
-/// Up to this many network flops per step (chains x LearnedSamplerImpl::flops_per_step()) a
-/// sampling step takes the native pass (Note [The learned step's native pass]). Measured on a
+/// The default of LearnedOptions::native_max_flops: up to this many network flops per step (chains x
+/// LearnedSamplerImpl::flops_per_step()) a sampling step takes the native pass under engine auto
+/// (Note [The learned step's native pass], Note [Native copies]). Measured on a
 /// 2-vCPU Intel Xeon (AVX-512), per step, native / LibTorch: arK (D = 7, width 64) 136 / 427 us at
 /// 4 chains (0.45 Mflop), 1082 / 965 at 64 (7.2 Mflop); German (D = 25, width 128) 334 / 862 at 4
 /// (2 Mflop), 778 / 687 at 16 (8 Mflop); ICG (D = 100, width 256) 1024 / 613 at 4 (9.6 Mflop):

@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/core/engine.hpp"
 #include "nmcmc/core/target.hpp"
 #include "nmcmc/flows/native_flow.hpp"
 
@@ -61,12 +62,14 @@ struct FlowOptions {
   int64_t hidden = 0;       // conditioner width; 0: clamp(2 D, 32, 256)
   double max_log_scale = 3.0;  // a: one layer's |log-scale| bound
   uint64_t mask_seed = 0;
+  Engine engine = Engine::kAuto;  // its passes in plain loops where they apply (Note [Native copies])
   FlowOptions& set_dim(int64_t d) { dim = d; return *this; }
   FlowOptions& set_layers(int64_t k) { layers = k; return *this; }
   FlowOptions& set_hidden(int64_t h) { hidden = h; return *this; }
   FlowOptions& set_mask_seed(uint64_t s) { mask_seed = s; return *this; }
+  FlowOptions& set_engine(Engine e) { engine = e; return *this; }
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FlowOptions, dim, layers, hidden, max_log_scale, mask_seed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FlowOptions, dim, layers, hidden, max_log_scale, mask_seed, engine)
 
 /// Above this many dimensions the flow's base map is diagonal (a dense L costs O(D^2) per pass).
 constexpr int64_t kMaxDenseBase = 1000;
@@ -112,8 +115,13 @@ class FlowTransportImpl : public torch::nn::Module {
   torch::Tensor fisher_terms(const torch::Tensor& x, const torch::Tensor& g, bool accumulate_grad) const;
   /// The weights as a NativeFlowPass (Note [The flow's native pass]), copied again whenever a
   /// parameter has changed since the last call (the tensors' version counters see every in-place
-  /// change: an optimiser's step, a load, the setters); null unless they are float64 on the CPU.
+  /// change: an optimiser's step, a load, the setters); null unless they are float64 on the CPU,
+  /// and with engine libtorch (Note [Native copies]).
   std::shared_ptr<const NativeFlowPass> native() const;
+  /// Which pass the pulled-back target takes (Note [Native copies]; auto and native alike: the
+  /// native pass wherever it applies).
+  void set_engine(Engine engine) { options_.engine = engine; }
+  Engine engine() const { return options_.engine; }
 
  private:
   struct NativeCache {

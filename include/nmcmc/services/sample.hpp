@@ -47,6 +47,9 @@ struct SampleOptions {
   std::optional<MatmulOption> matmul;  // the learned sampler's GEMMs' precision; unset: the checkpoint's
                                        // model.matmul
   std::optional<GemmBackend> gemm;     // where they run; unset: the checkpoint's model.gemm
+  std::optional<Engine> engine;        // Note [Native copies]: every native copy the run meets (a
+                                       // TorchScript target's evaluator, the learned step, the flow's
+                                       // passes and fit); unset: each its own default (auto)
   std::optional<std::string> output;   // directory for the draws and summary.json
   std::string formats = "csv,netcdf";  // which draw files with output: csv, netcdf or csv,netcdf
   TransportKind transport = TransportKind::kNone;  // flow: run on the target pulled back through a
@@ -62,7 +65,7 @@ struct SampleOptions {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
                                                 no_adapt, step_size_per_chain, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
-                                                dtype, device, matmul, gemm, output, formats, transport,
+                                                dtype, device, matmul, gemm, engine, output, formats, transport,
                                                 transport_layers, transport_rounds, global_moves, warm_start)
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.

@@ -24,8 +24,9 @@ struct TrainTransport {
   int64_t layers = kDefaultTransportLayers;  // coupling layers
   int64_t hidden = 0;                         // their width (0: clamp(2 D, 32, 256))
   int64_t rounds = kTrainTransportRounds;     // fits during the warm-up
+  Engine engine = Engine::kAuto;              // the flow's passes and fit (Note [Native copies])
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainTransport, kind, layers, hidden, rounds)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainTransport, kind, layers, hidden, rounds, engine)
 
 /// A training configuration: configs/*.json hold {"name", "target", "model", "train", "dtype"}.
 struct TrainConfig {
@@ -40,7 +41,8 @@ struct TrainConfig {
   std::string from;
   nlohmann::json to_json() const;
 };
-/// Parses and validates a configuration (UsageError on bad values).
+/// Parses and validates a configuration (UsageError on bad values). A top-level "engine" (Note
+/// [Native copies]) sets model.engine, train.engine, transport.engine and a TorchScript target's.
 TrainConfig parse_train_config(const nlohmann::json& j);
 
 /// Note [Training budget]

@@ -137,6 +137,7 @@ struct TransportOptions {
   double fit_fraction = 0.5;     // of the warm-up spent in the fitting rounds
   int64_t max_points = 16000;    // the most recent states kept for fitting
   bool global_moves = false;     // independence proposals from the flow after every step
+  Engine engine = Engine::kAuto;  // the flow's passes (Note [Native copies]); libtorch: with fit.own_gradient false
   FitOptions fit;
   /// Above 0: when the first round's fit (the affine base from its states) ends above this
   /// held-out loss per coordinate, the run stops there with TransportRun::far_out set (the

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "nmcmc/core/engine.hpp"
 #include "nmcmc/core/target.hpp"
 
 namespace nmcmc {
@@ -150,6 +151,11 @@ void resolve_target_paths(nlohmann::json& spec, const std::string& base_dir);
 /// Missing options take their defaults; the returned target's spec() is complete.
 /// Throws UsageError for unknown names or bad option values, DataError for bad data files.
 std::unique_ptr<Target> make_target(const nlohmann::json& spec, torch::TensorOptions options);
+
+/// Note [Native copies]: a TorchScript target's spec told to run on `engine` ("engine": its name);
+/// other targets' specs unchanged. UsageError where the spec names another engine, unless
+/// `replace` (a spec from a checkpoint, which the run's engine overrides).
+void set_target_engine(nlohmann::json& spec, Engine engine, bool replace = false);
 
 /// Where shipped data live: the directory given to set_data_directory, else the source tree's
 /// data/, else the installed share/nmcmc/data.

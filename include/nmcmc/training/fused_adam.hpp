@@ -31,9 +31,13 @@ class FusedAdam : public torch::optim::Adam {
   /// with the gradients times pre_scale, scaled to norm at most `max_norm` (clip_grad_norm_'s
   /// coefficient). Returns that norm (not finite: no step).
   double clip_and_step(double max_norm, double pre_scale = 1.0);
+  /// false: every step is torch's Adam::step on the gradients scaled in place (engine libtorch,
+  /// Note [Native copies]); true (the default): the fused pass where it applies.
+  void set_fused(bool on) { fused_ = on; }
 
  private:
   double grad_scale_ = 1.0;  // applied to the gradients by the fused update
+  bool fused_ = true;
 };
 
 /// The total 2-norm of the gradients of `params` (those that have one), summed in float64.

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "nmcmc/parallel/communicator.hpp"
+#include "nmcmc/core/engine.hpp"
 #include "nmcmc/training/fused_adam.hpp"
 #include "nmcmc/training/objective.hpp"
 
@@ -85,6 +86,8 @@ class ProposalTrainer {
   void broadcast_from_root(parallel::Communicator& comm);
 
   void set_learning_rate(double lr);
+  /// The optimiser's update: the fused pass (auto, native) or torch's Adam (libtorch); Note [Native copies].
+  void set_engine(Engine engine) { optimizer_->set_fused(engine != Engine::kLibTorch); }
   ProposalModel& model() { return *model_; }
   const ProposalModel& model() const { return *model_; }
   std::shared_ptr<ProposalModel> model_ptr() const { return model_; }
