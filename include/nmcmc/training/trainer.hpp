@@ -39,8 +39,9 @@ struct PreconditionWarmup {
                                  // and refits from its draws
   bool eps_from_warmup = true;   // start eps at the warm-up's adapted step size
   bool beta_from_warmup = true;  // then start beta where that eps is the objective's optimum
-  /// Its draws when `draws` is unset, for a preconditioner of this kind.
-  int64_t draws_for(bool lowrank) const { return draws.value_or(lowrank ? 400 : 100); }
+  /// Its draws for a preconditioner of this kind: `draws`, or where it is unset (or 0, as JSON
+  /// reads it) the default.
+  int64_t draws_for(bool lowrank) const { return draws.value_or(0) > 0 ? *draws : lowrank ? 400 : 100; }
 };
 
 /// When training stops (Note [Training budget], services/train.hpp): after `steps`, or before them
