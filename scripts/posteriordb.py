@@ -408,7 +408,7 @@ def main() -> int:
     c.add_argument("--stan", action="store_true", help="posteriordb's Stan programs (all 46) instead of the ports")
     c.add_argument("--suite", choices=["posteriordb", "gym", "large"], default="posteriordb",
                    help="gym: Inference Gym's posteriors with their published ground truth (inference_gym/; Stan programs); "
-                        "large: the large suite, 26-175 parameters with a reference today (Note [The large suite]; Stan programs)")
+                        "large: the large suite, 26-670 parameters with a reference today (Note [The large suite]; Stan programs)")
     c.add_argument("--metric", default="diag",
                    help="nuts: diag (Stan's default), dense, fisher-diag or fisher-lowrank (from draws and gradients)")
     c.add_argument("--transport", choices=["none", "flow", "auto"], default=None,
