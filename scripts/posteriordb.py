@@ -380,7 +380,11 @@ def one(nmcmc, p, ref, row, args, t0):
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
                 "density_failures": s.get("density_failures", 0), "worst_mean_mcse": z, "worst_sd_ratio": sd,
                 "worst_sd_se": zs})
-    worst = max(s["parameters"], key=lambda q: q["rhat"] if q["rhat"] == q["rhat"] else float("inf"), default=None)
+    def rhat_of(q):  # R-hat is null (NaN) for a constant (sd 0: never the worst) and for a stuck chain (the worst)
+        if q["rhat"] is not None and q["rhat"] == q["rhat"]:
+            return q["rhat"]
+        return float("inf") if q["sd"] > 0 else float("-inf")
+    worst = max(s["parameters"], key=rhat_of, default=None)
     if worst is not None:  # which quantity mixes worst: where a sampler that does not converge fails
         row["worst_rhat_quantity"] = worst["name"]
     if s["max_rhat"] > 1.01:
