@@ -237,6 +237,17 @@ def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd
     return not why, worst_z, worst_sd, why, worst_zs
 
 
+def worst_rhat_quantity(parameters: list):
+    """The name of the quantity with the largest R-hat (None for none). R-hat is null (NaN) for a
+    constant (sd 0: never the worst) and for a quantity whose chains did not move (the worst)."""
+    def rhat_of(q):
+        if q["rhat"] is not None and q["rhat"] == q["rhat"]:
+            return q["rhat"]
+        return float("inf") if q["sd"] > 0 else float("-inf")
+    worst = max(parameters, key=rhat_of, default=None)
+    return None if worst is None else worst["name"]
+
+
 def ports_vs_stan(only) -> int:
     """Each port against Stan's own density: U_port - U_stan constant and the gradients equal, at
     the reference draws (unconstrained, the port's order, which is Stan's)."""
@@ -380,13 +391,9 @@ def one(nmcmc, p, ref, row, args, t0):
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
                 "density_failures": s.get("density_failures", 0), "worst_mean_mcse": z, "worst_sd_ratio": sd,
                 "worst_sd_se": zs})
-    def rhat_of(q):  # R-hat is null (NaN) for a constant (sd 0: never the worst) and for a stuck chain (the worst)
-        if q["rhat"] is not None and q["rhat"] == q["rhat"]:
-            return q["rhat"]
-        return float("inf") if q["sd"] > 0 else float("-inf")
-    worst = max(s["parameters"], key=rhat_of, default=None)
+    worst = worst_rhat_quantity(s["parameters"])
     if worst is not None:  # which quantity mixes worst: where a sampler that does not converge fails
-        row["worst_rhat_quantity"] = worst["name"]
+        row["worst_rhat_quantity"] = worst
     if s["max_rhat"] > 1.01:
         ok, why = False, why + [f"R-hat {s['max_rhat']:.3f}"]
     if s["min_ess_bulk"] < 400:

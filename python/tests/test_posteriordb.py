@@ -196,3 +196,13 @@ def test_transport_drops_transient_states_from_the_fits_pool():
             assert x["drift"]["affine_all"] <= 100 * x["drift"]["affine_recent"], x["drift"]
     assert rounds[-1]["fit"]["loss_end"] < 0.02, rounds[-1]["fit"]
     assert r.summary["max_rhat"] < 1.01
+
+
+def test_the_worst_mixing_quantity_skips_constants():
+    # A correlation matrix's diagonal is constant: its R-hat is null, and it is never the worst;
+    # a quantity whose chains never moved has a null R-hat too, and is.
+    q = [{"name": "a", "rhat": 1.001, "sd": 1.0}, {"name": "Omega.1.1", "rhat": None, "sd": 0.0},
+         {"name": "b", "rhat": 1.02, "sd": 2.0}]
+    assert posteriordb.worst_rhat_quantity(q) == "b"
+    assert posteriordb.worst_rhat_quantity(q + [{"name": "stuck", "rhat": None, "sd": 0.5}]) == "stuck"
+    assert posteriordb.worst_rhat_quantity([]) is None
