@@ -260,8 +260,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
   add_enum_option(cmd, "--engine", a->engine,
                   "nmcmc's own copies of LibTorch paths in training and in the model (a TorchScript module's "
-                  "evaluator, Adam's fused update, the learned step, the flow's passes and fit): auto takes each where "
-                  "it pays, native wherever it applies, libtorch never (model.engine, train.engine, transport.engine)");
+                  "evaluator, the learned step, the flow's passes and fit): auto takes each where it pays, native "
+                  "wherever it applies, libtorch never (model.engine, transport.engine)");
   cmd->add_option("--from", a->from,
                   "start from a model trained on another data set of the same model (its checkpoint): its networks, "
                   "step size and beta; a short warm-up moves the affine map to the new data, then training goes on "

@@ -7,9 +7,6 @@
 //   nmcmc_bench fit --target-json '{"name":"funnel","dim":5}' --points 2000 --steps 200 [--layers 8]
 //                        (seconds per step of the flow's Fisher fit, Note [The fit's own gradient], against
 //                        LibTorch's double back-propagation; same points, same steps)
-//   nmcmc_bench adam --config configs/funnel1.json [--reps 50] [--libtorch-adam]   (seconds per optimiser
-//                        step, gradient clipping included, on the learned sampler's parameters: the fused
-//                        update of Note [Fused Adam] against torch's Adam)
 //   nmcmc_bench summary  --draws 200000 --chains 64 --phi 0.5 [--simple]   (seconds per parameter of the
 //                        Stan summary on AR(1) draws; --simple also times the whole-tensor reference)
 #include <CLI/CLI.hpp>
@@ -34,7 +31,6 @@
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 #include "nmcmc/targets/targets.hpp"
-#include "nmcmc/training/fused_adam.hpp"
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -138,12 +134,6 @@ int main(int argc, char** argv) {
   fit->add_option("--layers", layers);
   fit->add_option("--hidden", hidden);
   fit->add_option("--threads", threads);
-  auto* adam = app.add_subcommand("adam", "seconds per optimiser step (clipping included): the fused update against torch's Adam");
-  bool libtorch_adam = false;
-  adam->add_option("--config", config)->required();
-  adam->add_option("--reps", reps);
-  adam->add_option("--threads", threads);
-  adam->add_flag("--libtorch-adam", libtorch_adam, "torch's Adam::step (A/B of Note [Fused Adam])");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(threads);
 
@@ -284,27 +274,6 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  if (*adam) {
-    LearnedSetup setup(config, batch, matmul, gemm, keep_zero_rows);
-    auto& sampler = setup.sampler;
-    auto params = sampler->parameters();
-    int64_t numel = 0;
-    for (auto& p : params) {
-      p.mutable_grad() = torch::randn_like(p) * 1e-3;
-      numel += p.numel();
-    }
-    nmcmc::FusedAdam opt(params, torch::optim::AdamOptions(1e-4));
-    opt.set_fused(!libtorch_adam);
-    std::vector<double> times;
-    for (int64_t r = 0; r < reps + 1; ++r) {
-      auto t0 = Clock::now();
-      opt.clip_and_step(1.0);
-      if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    std::cout << json{{"bench", "adam"}, {"config", config}, {"parameters", numel}, {"fused", !libtorch_adam},
-                      {"seconds_per_step", median(times)}, {"reps", reps}, {"threads", threads}}.dump() << std::endl;
-    return 0;
-  }
   if (*learned) {
     const uint64_t skipped_before = nmcmc::test_hooks::zero_gradient_rows_skipped();
     LearnedSetup setup(config, batch, matmul, gemm, keep_zero_rows);

@@ -106,7 +106,6 @@ TrainConfig parse_train_config(const json& j) {
     // Note [Native copies]: one engine for every copy the training and its model meet
     const Engine e = j["engine"].get<Engine>();
     c.model.engine = e;
-    c.train.engine = e;
     c.transport.engine = e;
     set_target_engine(c.target, e);
   }

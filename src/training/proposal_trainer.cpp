@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "nmcmc/nn/deferred_linear.hpp"
-#include "nmcmc/training/fused_adam.hpp"
 
 namespace nmcmc {
 
@@ -36,7 +35,7 @@ ProposalTrainer::ProposalTrainer(std::shared_ptr<ProposalModel> model, const tor
                                  BetaController beta, double clip)
     : model_(std::move(model)), beta_(beta), clip_(clip) {
   TORCH_CHECK(model_, "ProposalTrainer needs a model");
-  optimizer_ = std::make_unique<FusedAdam>(model_->module().parameters(), adam);  // Note [Fused Adam]
+  optimizer_ = std::make_unique<torch::optim::Adam>(model_->module().parameters(), adam);
 }
 
 void ProposalTrainer::set_learning_rate(double lr) {
@@ -95,8 +94,11 @@ TrainingStep ProposalTrainer::step(Target& target, const std::vector<ShardInput>
   out.entropy = totals[2];
   out.stop = totals[3] > 0;
   out.skipped = true;
-  // Clipped and stepped in one pass (Note [Fused Adam]).
-  if (!skip && std::isfinite(optimizer_->clip_and_step(clip_))) out.skipped = false;
+  // Gradients clipped to total norm clip_; a non-finite norm takes no step.
+  if (!skip && std::isfinite(torch::nn::utils::clip_grad_norm_(module.parameters(), clip_))) {
+    optimizer_->step();
+    out.skipped = false;
+  }
   clear_grads(module);
   beta_.update(out.accept);
   return out;

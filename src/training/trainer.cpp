@@ -45,7 +45,6 @@ void to_json(json& j, const TrainOptions& o) {
            {"rho", o.rho}, {"clip", o.clip}, {"amsgrad", o.amsgrad}, {"data", o.data}, {"buffer_size", o.buffer_size},
            {"buffer_init_scale", o.buffer_init_scale}, {"stop_grad", o.stop_grad}, {"seed", o.seed},
            {"checkpoint_every", o.checkpoint_every}, {"log_every", o.log_every}, {"shards", o.shards},
-           {"engine", o.engine},
            {"precondition_sampler", p.sampler}, {"precondition_warmup", p.warmup}, {"precondition_draws", p.draws},
            {"precondition_chains", p.chains}, {"precondition_refit", p.refit}, {"eps_from_warmup", p.eps_from_warmup},
            {"beta_from_warmup", p.beta_from_warmup},
@@ -77,7 +76,6 @@ void from_json(const json& j, TrainOptions& o) {
   take(j, "checkpoint_every", o.checkpoint_every);
   take(j, "log_every", o.log_every);
   take(j, "shards", o.shards, int64_t{0});
-  take(j, "engine", o.engine);
   take(j, "precondition_sampler", p.sampler);
   take(j, "precondition_warmup", p.warmup);
   take(j, "precondition_draws", p.draws, int64_t{0});
@@ -147,7 +145,6 @@ Trainer::Trainer(Target& target, std::shared_ptr<ProposalModel> model, TrainOpti
             BetaController(options_.beta, options_.beta_min, options_.beta_max, options_.rho, options_.accept_target),
             options_.clip),
       comm_(comm ? std::move(comm) : parallel::single_process()) {
-  core_.set_engine(options_.engine);
   if (!options_.warmup_steps) options_.warmup_steps = std::min<int64_t>(200, options_.budget.steps / 50);
   use_buffer_ = options_.data == "buffer" || (options_.data == "auto" && !target.has_sampler());
   if (options_.data == "exact" && !target.has_sampler()) {

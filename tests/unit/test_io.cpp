@@ -114,12 +114,11 @@ TEST(Config, TrainOptionsComeInPartsWithUnsetValues) {
 }
 
 TEST(Config, OneEngineForEveryNativeCopyOfATraining) {
-  // Note [Native copies]: a config's "engine" reaches the model, the optimiser, the flow and a
+  // Note [Native copies]: a config's "engine" reaches the model, the flow and a
   // TorchScript target; a target that names another is refused.
   nlohmann::json cfg = {{"target", {{"name", "torchscript"}, {"module", "m.pt"}}}, {"engine", "libtorch"}};
   const TrainConfig c = parse_train_config(cfg);
   EXPECT_EQ(c.model.engine, Engine::kLibTorch);
-  EXPECT_EQ(c.train.engine, Engine::kLibTorch);
   EXPECT_EQ(c.transport.engine, Engine::kLibTorch);
   EXPECT_EQ(c.target["engine"], "libtorch");
   EXPECT_EQ(parse_train_config({{"target", {{"name", "icg"}}}}).model.engine, Engine::kAuto);

@@ -1,6 +1,5 @@
 // The training step's speed-ups must not change what it computes: deferred weight gradients
-// (Note [Deferred weight gradients]) equal autograd's, FusedAdam (Note [Fused Adam]) equals
-// torch's Adam and reads and writes its checkpoints, and a whole ProposalTrainer step equals the
+// (Note [Deferred weight gradients]) equal autograd's, and a whole ProposalTrainer step equals the
 // plain one (autograd, clipping, torch's Adam) in float64.
 // Over 500 lines: each speed-up has its own equality test here, and the objective its gradient check.
 #include <gtest/gtest.h>
@@ -20,7 +19,6 @@
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/nn/onednn_gemm.hpp"
 #include "nmcmc/targets/targets.hpp"
-#include "nmcmc/training/fused_adam.hpp"
 #include "nmcmc/training/objective.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
 #include "stats.hpp"
@@ -212,113 +210,7 @@ TEST(DeferredWeightGrads, ZeroGradientRowsAreLeftOutExactly) {
   EXPECT_EQ(LinearPolicy().zero_rows_min_layer, int64_t{1} << 16);
 }
 
-// FusedAdam takes torch's Adam steps (float64 to rounding, float32 to a few ulps) and its state
-// is torch's: saved by one, loaded by the other, the runs continue identically.
-TEST(FusedAdam, EqualsTorchAdamAndSharesItsCheckpoints) {
-  for (auto dtype : {torch::kFloat64, torch::kFloat32}) {
-    SCOPED_TRACE(c10::toString(dtype));
-    const double tol = dtype == torch::kFloat64 ? 1e-13 : 1e-5;
-    at::Generator gen = make_generator(2);
-    auto opts = torch::TensorOptions().dtype(dtype);
-    std::vector<torch::Tensor> a, b;
-    std::vector<torch::Tensor> initial;
-    for (int64_t n : {1, 7, 1000}) {
-      torch::Tensor p = torch::randn({n}, gen, opts);
-      initial.push_back(p.clone());
-      a.push_back(p.clone().requires_grad_());
-      b.push_back(p.clone().requires_grad_());
-    }
-    auto options = torch::optim::AdamOptions(1e-2).betas(std::make_tuple(0.8, 0.99)).eps(1e-6);
-    torch::optim::Adam reference(a, options);
-    FusedAdam fused(b, options);
-    std::vector<torch::Tensor> e;  // Note [Native copies]: engine libtorch is torch's Adam, bit for bit
-    for (auto& p : initial) e.push_back(p.clone().requires_grad_());
-    FusedAdam unfused(e, options);
-    unfused.set_fused(false);
-    auto run = [&](torch::optim::Adam& opt, std::vector<torch::Tensor>& ps, int64_t seed, int steps) {
-      at::Generator g = make_generator(static_cast<uint64_t>(seed));
-      for (int s = 0; s < steps; ++s) {
-        for (size_t k = 0; k < ps.size(); ++k) {
-          if (k == 1 && s % 3 == 0) {
-            ps[k].mutable_grad() = torch::Tensor();  // a parameter without gradient is skipped
-          } else {
-            ps[k].mutable_grad() = torch::randn(ps[k].sizes(), g, opts) * (1.0 + s);
-          }
-        }
-        opt.step();
-      }
-    };
-    run(reference, a, 4, 25);
-    run(fused, b, 4, 25);
-    run(unfused, e, 4, 25);
-    for (size_t k = 0; k < a.size(); ++k) {
-      EXPECT_TRUE(torch::equal(a[k], e[k])) << k;
-      const double scale = 1.0 + a[k].abs().max().item<double>();
-      EXPECT_LE((a[k] - b[k]).abs().max().item<double>(), tol * scale) << k;
-      // 25 steps of lr 1e-2 moved every parameter far more than the tolerance.
-      EXPECT_GT((a[k] - initial[k]).abs().max().item<double>(), 1e3 * tol * scale) << k;
-    }
-
-    // Checkpoint: fused -> torch's Adam, and continue both.
-    std::stringstream buffer;
-    {
-      torch::serialize::OutputArchive out;
-      fused.save(out);
-      out.save_to(buffer);
-    }
-    std::vector<torch::Tensor> c;
-    for (auto& p : b) c.push_back(p.detach().clone().requires_grad_());
-    torch::optim::Adam restored(c, options);
-    {
-      torch::serialize::InputArchive in;
-      in.load_from(buffer);
-      restored.load(in);
-    }
-    run(restored, c, 8, 5);
-    run(fused, b, 8, 5);
-    for (size_t k = 0; k < b.size(); ++k) {
-      const double scale = 1.0 + b[k].abs().max().item<double>();
-      EXPECT_LE((b[k] - c[k]).abs().max().item<double>(), tol * scale) << k;
-    }
-  }
-}
-
-// clip_and_step is clip_grad_norm_ followed by step(): on the fused path and on torch's (amsgrad),
-// clipping or not, with a pre-scale (the sharded step's mean); a non-finite norm takes no step.
-TEST(FusedAdam, ClipAndStepEqualsClipGradNormThenStep) {
-  for (bool amsgrad : {false, true}) {
-    for (double max_norm : {0.3, 1e6}) {
-      SCOPED_TRACE(std::string(amsgrad ? "amsgrad " : "fused ") + std::to_string(max_norm));
-      at::Generator gen = make_generator(4);
-      std::vector<torch::Tensor> a, b;
-      for (int64_t n : {3, 50}) {
-        torch::Tensor p = torch::randn({n}, gen, kF64);
-        a.push_back(p.clone().requires_grad_());
-        b.push_back(p.clone().requires_grad_());
-      }
-      auto options = torch::optim::AdamOptions(1e-2).amsgrad(amsgrad);
-      torch::optim::Adam reference(a, options);
-      FusedAdam fused(b, options);
-      for (int s = 0; s < 3; ++s) {
-        for (size_t k = 0; k < a.size(); ++k) {
-          torch::Tensor g = torch::randn(a[k].sizes(), gen, kF64);
-          a[k].mutable_grad() = 0.5 * g;
-          b[k].mutable_grad() = g.clone();
-        }
-        const double ref_norm = torch::nn::utils::clip_grad_norm_(a, max_norm);
-        reference.step();
-        EXPECT_NEAR(fused.clip_and_step(max_norm, 0.5), ref_norm, 1e-12 * ref_norm);
-      }
-      for (size_t k = 0; k < a.size(); ++k) EXPECT_LE((a[k] - b[k]).abs().max().item<double>(), 1e-12) << k;
-      torch::Tensor before = b[1].detach().clone();
-      b[1].mutable_grad()[3] = std::numeric_limits<double>::quiet_NaN();
-      EXPECT_FALSE(std::isfinite(fused.clip_and_step(max_norm)));
-      EXPECT_TRUE(torch::equal(b[1].detach(), before));
-    }
-  }
-}
-
-// A whole training step (deferred weight gradients, zero-gradient rows left out, FusedAdam,
+// A whole training step (deferred weight gradients, zero-gradient rows left out,
 // gradients dropped rather than zeroed) equals the plain one: the objective, autograd's backward pass, clip_grad_norm_ and
 // torch's Adam, for the full and the Langevin variant in float64.
 TEST(ProposalTrainer, StepEqualsThePlainAutogradStep) {

@@ -2,7 +2,7 @@
 /// Which implementation runs a hot path that has a hand-written copy beside LibTorch.
 //
 // Note [Native copies]
-// Five hot paths have a copy of their own beside LibTorch's, each kept because a benchmark showed it
+// Four hot paths have a copy of their own beside LibTorch's, each kept because a benchmark showed it
 // pays where it is taken (BENCHMARKS "Speed of the implementation"), each computing what its
 // LibTorch path computes (to rounding) and held to it by a test that runs both:
 //   TorchScript energies     nmcmc's evaluator (Note [Native engine]; targets/script_program.cpp);
@@ -13,8 +13,6 @@
 //                            pass]); FlowOptions::engine; test Transport.NativePassEqualsTheGraph.
 //   the flow fit's gradient  the Fisher loss's gradient written out (Note [The fit's own gradient]);
 //                            FitOptions::own_gradient; test Transport.OwnFisherGradientEqualsAutograd.
-//   Adam's update            one fused pass per parameter (Note [Fused Adam]); TrainOptions::engine
-//                            (train.engine); tests FusedAdam.*.
 // One choice, Engine, says which runs: `auto` takes the copy where it applies and its rule says it
 // pays (the learned step: at most LearnedOptions::native_max_flops network flops per step, a
 // threshold measured on one CPU and settable per machine); `native` takes it wherever it applies

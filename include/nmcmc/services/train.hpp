@@ -42,7 +42,7 @@ struct TrainConfig {
   nlohmann::json to_json() const;
 };
 /// Parses and validates a configuration (UsageError on bad values). A top-level "engine" (Note
-/// [Native copies]) sets model.engine, train.engine, transport.engine and a TorchScript target's.
+/// [Native copies]) sets model.engine, transport.engine and a TorchScript target's.
 TrainConfig parse_train_config(const nlohmann::json& j);
 
 /// Note [Training budget]

@@ -22,7 +22,6 @@
 
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/core/engine.hpp"
-#include "nmcmc/training/fused_adam.hpp"
 #include "nmcmc/training/objective.hpp"
 
 namespace nmcmc {
@@ -86,8 +85,6 @@ class ProposalTrainer {
   void broadcast_from_root(parallel::Communicator& comm);
 
   void set_learning_rate(double lr);
-  /// The optimiser's update: the fused pass (auto, native) or torch's Adam (libtorch); Note [Native copies].
-  void set_engine(Engine engine) { optimizer_->set_fused(engine != Engine::kLibTorch); }
   ProposalModel& model() { return *model_; }
   const ProposalModel& model() const { return *model_; }
   std::shared_ptr<ProposalModel> model_ptr() const { return model_; }
@@ -102,7 +99,7 @@ class ProposalTrainer {
 
  private:
   std::shared_ptr<ProposalModel> model_;
-  std::unique_ptr<FusedAdam> optimizer_;
+  std::unique_ptr<torch::optim::Adam> optimizer_;
   BetaController beta_;
   double clip_;
 };

@@ -92,7 +92,6 @@ struct TrainOptions {
   // random stream each; N processes take shards / N each (unset: one per process). A checkpoint
   // resumes on any number of processes that divides its shard count.
   std::optional<int64_t> shards;
-  Engine engine = Engine::kAuto;  // Adam's update: fused (auto, native) or torch's (libtorch); Note [Native copies]
   PreconditionWarmup precondition;
   TrainBudget budget;
   nlohmann::json to_json() const;
