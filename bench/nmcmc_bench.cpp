@@ -89,9 +89,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "native", "bfloat16"}));
   learned->add_option("--gemm", gemm, "the model's gemm option (default: the config's, else auto; A/B of the backends)")
       ->check(CLI::IsMember({"auto", "onednn", "libtorch"}));
-  bool keep_zero_rows = false, libtorch_step = false;
+  bool keep_zero_rows = false, libtorch_step = false, native_step = false;
   learned->add_flag("--keep-zero-rows", keep_zero_rows,
                     "multiply every row in the backward pass, also those of zero gradient (Note [Zero-gradient rows]; A/B)");
+  learned->add_flag("--native-step", native_step,
+                    "sample: the native pass wherever it applies, past model.native_max_flops too (engine native)");
   learned->add_flag("--libtorch-step", libtorch_step,
                     "sample: every step through LibTorch (A/B of Note [The learned step's native pass])");
   learned->add_option("--trace", trace, "write a chrome trace of the timed steps (LibTorch's profiler) to this file");
@@ -293,7 +295,9 @@ int main(int argc, char** argv) {
     } else {
       auto proposal = std::make_shared<nmcmc::LearnedProposal>(sampler);
       sampler->eval();
-      sampler->set_engine(libtorch_step ? nmcmc::Engine::kLibTorch : nmcmc::Engine::kAuto);
+      sampler->set_engine(libtorch_step ? nmcmc::Engine::kLibTorch
+                          : native_step ? nmcmc::Engine::kNative
+                                        : nmcmc::Engine::kAuto);
       nmcmc::MetropolisHastings kernel(proposal);
       at::Generator gen = nmcmc::make_generator(1);
       nmcmc::ChainState s = kernel.init(*target, target->has_sampler() ? target->sample(batch, gen) : torch::zeros({batch, target->dim()}));
@@ -312,7 +316,7 @@ int main(int argc, char** argv) {
     // Training: forward + backward + double backward ~ 3x the flops of the two passes.
     const double flops = flops_per_row * static_cast<double>(batch) * (mode == "train" ? 3.0 : 1.0);
     json out = {{"bench", "learned"}, {"config", cfg.name}, {"mode", mode}, {"batch", batch}, {"threads", threads},
-                {"seconds_per_step", sec}, {"network_gflops_per_s", flops / sec / 1e9},
+                {"seconds_per_step", sec}, {"network_flops_per_step", flops}, {"network_gflops_per_s", flops / sec / 1e9},
                 {"peak_rss_mb", peak_rss_mb()}, {"reps", reps}, {"matmul", sampler->options().matmul},
                 {"native_step", mode != "train" && [&] {
                    torch::NoGradGuard no_grad;  // as a sampling step runs
