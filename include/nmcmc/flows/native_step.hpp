@@ -45,7 +45,8 @@ class Target;
 /// 4 chains (0.45 Mflop), 1082 / 965 at 64 (7.2 Mflop); German (D = 25, width 128) 334 / 862 at 4
 /// (2 Mflop), 778 / 687 at 16 (8 Mflop); ICG (D = 100, width 256) 1024 / 613 at 4 (9.6 Mflop):
 /// above a few Mflop LibTorch's float32 GEMMs, which read half the bytes of weights and reuse
-/// them across rows, win.
+/// them across rows, win. On a 2-vCPU AMD EPYC (Zen 4) the crossover is 4-6 Mflop as well
+/// (`bash bench/native_threshold.sh`, BENCHMARKS "Speed of the implementation").
 constexpr int64_t kNativeStepMaxFlops = 4'000'000;
 
 /// A tensor's values as float64 in row-major order (detached, on the CPU): how the native
