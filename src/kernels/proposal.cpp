@@ -81,6 +81,13 @@ std::pair<ChainState, StepInfo> mh_accept(const ChainState& current, const Propo
   return {next, info};
 }
 
+ProposalResult normal_independence_proposal(Target& target, const ChainState& state, at::Generator& gen) {
+  torch::Tensor z = randn(state.x.sizes(), gen, state.x.options());
+  EnergyGrad eg = target.energy_and_grad(z);
+  torch::Tensor log_q_ratio = 0.5 * (z.to(torch::kFloat64).pow(2).sum(1) - state.x.to(torch::kFloat64).pow(2).sum(1));
+  return {{z, eg.energy, eg.grad}, log_q_ratio};
+}
+
 std::pair<ChainState, StepInfo> MetropolisHastings::step(Target& target, const ChainState& state,
                                                          at::Generator& gen) {
   const int64_t g0 = target.grad_evals(), e0 = target.energy_evals();

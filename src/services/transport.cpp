@@ -85,20 +85,11 @@ LatentResidual latent_residual(const TransportedTarget& latent, const torch::Ten
 
 std::pair<ChainState, StepInfo> TransportKernel::step(Target& target, const ChainState& state, at::Generator& gen) {
   auto [next, info] = inner_->step(target, state, gen);
-  if (global_) {
-    torch::Tensor z = torch::randn(next.x.sizes(), gen, next.x.options());
-    EnergyGrad eg = target.energy_and_grad(z);
-    torch::Tensor log_a = global_log_ratio(next.energy.to(torch::kFloat64), eg.energy.to(torch::kFloat64),
-                                           next.x.to(torch::kFloat64), z.to(torch::kFloat64));
-    torch::Tensor ok = torch::isfinite(log_a) & torch::isfinite(eg.grad).all(1);
-    torch::Tensor u = torch::rand({z.size(0)}, gen, kF64);
-    torch::Tensor accept = ok & (u.log() < log_a);
-    torch::Tensor a = accept.unsqueeze(1);
-    next.x = torch::where(a, z, next.x);
-    next.grad = torch::where(a, eg.grad, next.grad);
-    next.energy = torch::where(accept, eg.energy, next.energy);
-    global_tries_ += z.size(0);
-    global_accepts_ += accept.sum().item<int64_t>();
+  if (global_) {  // an independence proposal under the one Metropolis-Hastings decision
+    const auto [moved, decided] = mh_accept(next, global_proposal(target, next, gen), gen);
+    global_tries_ += next.x.size(0);
+    global_accepts_ += decided.accepted.sum().item<int64_t>();
+    next = moved;
     info.n_grad += 1;
     info.n_energy += 1;
     if (info.n_grad_chain.defined()) info.n_grad_chain = info.n_grad_chain + 1;
@@ -114,10 +105,8 @@ std::pair<ChainState, StepInfo> TransportKernel::step(Target& target, const Chai
   return {next, info};
 }
 
-torch::Tensor TransportKernel::global_log_ratio(const torch::Tensor& u_old, const torch::Tensor& u_new,
-                                                const torch::Tensor& z_old, const torch::Tensor& z_new) const {
-  // log a = U(z) - U(z') + log N(z) - log N(z')   (q(z) / q(z') of the independence proposal)
-  return u_old - u_new + 0.5 * (z_new.pow(2).sum(1) - z_old.pow(2).sum(1));
+ProposalResult TransportKernel::global_proposal(Target& target, const ChainState& state, at::Generator& gen) const {
+  return normal_independence_proposal(target, state, gen);
 }
 
 std::pair<torch::Tensor, torch::Tensor> TransportKernel::take() {

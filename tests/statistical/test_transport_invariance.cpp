@@ -60,9 +60,10 @@ class GlobalWithoutQRatio : public TransportKernel {
   using TransportKernel::TransportKernel;
 
  protected:
-  torch::Tensor global_log_ratio(const torch::Tensor& u_old, const torch::Tensor& u_new, const torch::Tensor&,
-                                 const torch::Tensor&) const override {
-    return u_old - u_new;
+  ProposalResult global_proposal(Target& target, const ChainState& state, at::Generator& gen) const override {
+    ProposalResult r = TransportKernel::global_proposal(target, state, gen);
+    r.log_q_ratio = torch::zeros_like(r.log_q_ratio);
+    return r;
   }
 };
 

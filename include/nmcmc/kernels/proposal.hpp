@@ -73,4 +73,10 @@ torch::Tensor log_acceptance(const torch::Tensor& energy, const torch::Tensor& e
 std::pair<ChainState, StepInfo> mh_accept(const ChainState& current, const ProposalResult& proposal,
                                           at::Generator& gen);
 
+/// The independence proposal from N(0, I) (a flow transport's global move, Note [Transport
+/// warm-up]): every chain proposes z' ~ N(0, I) with its energy and gradient, and
+///   log q ratio = log N(x) - log N(z') = (|z'|^2 - |x|^2) / 2     (float64, [C]);
+/// decided by mh_accept like every other proposal.
+ProposalResult normal_independence_proposal(Target& target, const ChainState& state, at::Generator& gen);
+
 }  // namespace nmcmc

@@ -49,6 +49,7 @@
 #include "nmcmc/core/enum_names.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/kernel.hpp"
+#include "nmcmc/kernels/proposal.hpp"
 #include "nmcmc/kernels/run.hpp"
 
 namespace nmcmc {
@@ -181,9 +182,8 @@ class TransportKernel : public TuningFrom<Kernel> {
 
  protected:
   Tunable& tuned() const override { return *inner_; }
-  /// log of the independence step's acceptance ratio [C] float64 (tests replace it with broken ones).
-  virtual torch::Tensor global_log_ratio(const torch::Tensor& u_old, const torch::Tensor& u_new,
-                                         const torch::Tensor& z_old, const torch::Tensor& z_new) const;
+  /// The global move's proposal: normal_independence_proposal (tests replace it with broken ones).
+  virtual ProposalResult global_proposal(Target& target, const ChainState& state, at::Generator& gen) const;
 
  private:
   Kernel* inner_;
