@@ -342,7 +342,15 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   if (!prep.learned && a.transport == TransportKind::kNone && world == 1 && out.result.complete) {
     adaptation = WarmStart::record(out.result, parameter_labels(*prep.target), prep.config["sampler"].get<std::string>());
   }
-  if (mapped) out.result = mapped->take_result();
+  if (mapped) {
+    // The mapped result is the last run_sampler's (a transport's final run): its draws in Stan's
+    // names; the warm-up's figures stay the whole run's (a transport adds its rounds, fits and trials).
+    SampleResult m = mapped->take_result();
+    m.grads_warmup = out.result.grads_warmup;
+    m.energies_warmup = out.result.energies_warmup;
+    m.seconds_warmup = out.result.seconds_warmup;
+    out.result = std::move(m);
+  }
   SampleResult& r = out.result;
   if (!r.draws.defined() || r.draws.size(0) == 0) return out;  // stopped before any draw
   if (world > 1) {
