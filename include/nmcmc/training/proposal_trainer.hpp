@@ -21,7 +21,6 @@
 #include <string>
 
 #include "nmcmc/parallel/communicator.hpp"
-#include "nmcmc/core/engine.hpp"
 #include "nmcmc/training/objective.hpp"
 
 namespace nmcmc {
