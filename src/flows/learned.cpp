@@ -5,6 +5,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/core/transform.hpp"
 #include "nmcmc/nn/activations.hpp"
 #include "nmcmc/nn/deferred_linear.hpp"
 #include "nmcmc/io/config.hpp"
@@ -114,67 +115,14 @@ LearnedSamplerImpl::LearnedSamplerImpl(const LearnedOptions& o) : options_(o) {
 // ------------------------------------------------------------------ preconditioner
 
 namespace {
-/// x = m + L y with L = L0 M (dense: L0 lower triangular, M lower triangular or, undefined, the
-/// identity) or L = diag(scale); Note [Affine preconditioner].
-struct Affine {
-  torch::Tensor m, l, l2, scale;  // [D]; L0 [D, D] when dense; M [D, D] or undefined; diag(L) [D] when diagonal
-  torch::Tensor log_det;          // float64 scalar
-  torch::Tensor q, t;             // lowrank: Q [D, k], t [k]; L = diag(scale) (I + Q diag(exp(t) - 1) Q^T)
-  bool dense() const { return l.defined(); }
-  bool lowrank() const { return q.defined(); }
-  torch::Tensor factor(const torch::Tensor& y, double sign) const {  // rows: y (I + Q diag(exp(sign t) - 1) Q^T)
-    return y + (y.matmul(q) * torch::expm1(sign * t)).matmul(q.t());
-  }
-  static torch::Tensor solve_right(const torch::Tensor& a, const torch::Tensor& b) {  // rows solve x A = b
-    return torch::linalg_solve_triangular(a, b, /*upper=*/false, /*left=*/false);
-  }
-  torch::Tensor to_latent(const torch::Tensor& x) const {  // y = L^-1 (x - m): rows solve y L^T = x - m
-    if (lowrank()) return factor((x - m) / scale, -1.0);
-    if (!dense()) return (x - m) / scale;
-    torch::Tensor u = torch::linalg_solve_triangular(l.t(), x - m, /*upper=*/true, /*left=*/false);
-    return l2.defined() ? torch::linalg_solve_triangular(l2.t(), u, /*upper=*/true, /*left=*/false) : u;
-  }
-  torch::Tensor from_latent(const torch::Tensor& y) const {
-    if (lowrank()) return m + factor(y, 1.0) * scale;
-    if (!dense()) return m + y * scale;
-    return m + (l2.defined() ? y.matmul(l2.t()) : y).matmul(l.t());
-  }
-  torch::Tensor latent_grad(const torch::Tensor& g) const {  // L^T dU as rows: g L0 M
-    if (lowrank()) return factor(g * scale, 1.0);
-    if (!dense()) return g * scale;
-    torch::Tensor v = g.matmul(l);
-    return l2.defined() ? v.matmul(l2) : v;
-  }
-  torch::Tensor ambient_grad(const torch::Tensor& gy) const {  // rows solve g L0 M = gy
-    if (lowrank()) return factor(gy, -1.0) / scale;
-    if (!dense()) return gy / scale;
-    return solve_right(l, l2.defined() ? solve_right(l2, gy) : gy);
-  }
-};
+/// The view a preconditioned proposal runs on: U(m + L y), gradient L^T dU, the constant log|det L|
+/// carried in the proposal's own densities (Note [Affine preconditioner]).
+TransformedTarget latent_view(Target& target, const AffineTransform& a) {
+  return TransformedTarget(target, std::make_shared<AffineTransform>(a), Jacobian::kOmit);
+}
 
-/// The target seen in the flow's coordinates: U_y(y) = U(m + L y), dU_y = L^T dU. Every
-/// evaluation is one (counted) evaluation of the real target.
-class LatentTarget : public Target {
- public:
-  LatentTarget(Target& inner, Affine a) : Target(inner.options()), inner_(&inner), a_(std::move(a)) {}
-  std::string name() const override { return inner_->name(); }
-  int64_t dim() const override { return inner_->dim(); }
-  nlohmann::json spec() const override { return inner_->spec(); }
-
- protected:
-  torch::Tensor compute_energy(const torch::Tensor& y) const override { return inner_->energy(a_.from_latent(y)); }
-  EnergyGrad compute_energy_and_grad(const torch::Tensor& y, bool create_graph) const override {
-    EnergyGrad eg = inner_->energy_and_grad(a_.from_latent(y), create_graph);
-    return {eg.energy, a_.latent_grad(eg.grad)};
-  }
-
- private:
-  Target* inner_;
-  Affine a_;
-};
-
-Affine dense_affine(const torch::Tensor& m, const torch::Tensor& l) {
-  return {m, l, torch::Tensor(), torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64), {}, {}};
+AffineTransform dense_affine(const torch::Tensor& m, const torch::Tensor& l) {
+  return AffineTransform::dense(m, l, torch::Tensor(), l.diagonal().abs().log().sum().to(torch::kFloat64));
 }
 }  // namespace
 
@@ -296,27 +244,26 @@ void LearnedSamplerImpl::set_low_rank_preconditioner(const torch::Tensor& shift,
 }
 
 namespace {
-Affine model_affine(const torch::Tensor& m, const torch::Tensor& base, const torch::Tensor& log_scale,
-                    const torch::Tensor& lower, bool learned, const torch::Tensor& directions = {},
-                    const torch::Tensor& log_eigen = {}) {
+AffineTransform model_affine(const torch::Tensor& m, const torch::Tensor& base, const torch::Tensor& log_scale,
+                             const torch::Tensor& lower, bool learned, const torch::Tensor& directions = {},
+                             const torch::Tensor& log_eigen = {}) {
   if (directions.defined()) {
-    return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), (log_scale.sum() + log_eigen.sum()).to(torch::kFloat64),
-            directions, log_eigen};
+    return AffineTransform::low_rank(m, log_scale.exp(), directions, log_eigen,
+                                     (log_scale.sum() + log_eigen.sum()).to(torch::kFloat64));
   }
-  if (!base.defined()) return {m, torch::Tensor(), torch::Tensor(), log_scale.exp(), log_scale.sum().to(torch::kFloat64), {}, {}};
+  if (!base.defined()) return AffineTransform::diagonal(m, log_scale.exp(), log_scale.sum().to(torch::kFloat64));
   torch::Tensor log_det = base.diagonal().log().sum().to(torch::kFloat64);
-  if (!learned) return {m, base, torch::Tensor(), torch::Tensor(), log_det, {}, {}};
-  return {m, base, torch::tril(lower, -1) + torch::diag_embed(log_scale.exp()), torch::Tensor(),
-          log_det + log_scale.sum().to(torch::kFloat64), {}, {}};
+  if (!learned) return AffineTransform::dense(m, base, torch::Tensor(), log_det);
+  return AffineTransform::dense(m, base, torch::tril(lower, -1) + torch::diag_embed(log_scale.exp()),
+                                log_det + log_scale.sum().to(torch::kFloat64));
 }
 }  // namespace
 
 torch::Tensor LearnedSamplerImpl::precondition_matrix() const {
   if (!preconditioned()) return torch::eye(options_.dim, log_eps_.options());
-  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_);
-  if (a.lowrank()) return a.from_latent(torch::eye(options_.dim, a.scale.options())).sub(a.m).t();  // columns L e_i
-  if (!a.dense()) return torch::diag_embed(a.scale);
-  return a.l2.defined() ? a.l.matmul(a.l2) : a.l;
+  return model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_,
+                      pre_log_eigen_)
+      .matrix();
 }
 
 torch::Tensor LearnedSamplerImpl::precondition_shift() const {
@@ -325,7 +272,7 @@ torch::Tensor LearnedSamplerImpl::precondition_shift() const {
 
 torch::Tensor LearnedSamplerImpl::precondition_log_det() const {
   if (!preconditioned()) return torch::zeros({}, torch::kFloat64);
-  return model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_).log_det;
+  return model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_).log_det();
 }
 
 torch::Tensor LearnedSamplerImpl::to_latent(const torch::Tensor& x) const {
@@ -452,23 +399,23 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_native(Target& target, 
     na.dim = d;
     if (preconditioned()) {
       auto f64 = [](const torch::Tensor& t) { return t.defined() ? t.detach().to(torch::kCPU, torch::kFloat64) : t; };
-      Affine a = model_affine(f64(pre_shift_), f64(pre_base_), f64(pre_log_scale_), f64(pre_lower_),
+      AffineTransform a = model_affine(f64(pre_shift_), f64(pre_base_), f64(pre_log_scale_), f64(pre_lower_),
                               options_.learn_precondition, f64(pre_directions_), f64(pre_log_eigen_));
-      na.m = native_rows(a.m);
-      na.log_det = a.log_det.item<double>();
-      if (a.lowrank()) {
+      na.m = native_rows(a.shift());
+      na.log_det = a.log_det().item<double>();
+      if (a.is_low_rank()) {
         na.kind = NativeAffine::Kind::kLowRank;
-        na.rank = a.q.size(1);
-        na.scale = native_rows(a.scale);
-        na.q = native_rows(a.q);
-        na.em1_t = native_rows(torch::expm1(a.t));
-        na.em1_nt = native_rows(torch::expm1(-a.t));
-      } else if (a.dense()) {
+        na.rank = a.directions().size(1);
+        na.scale = native_rows(a.scale());
+        na.q = native_rows(a.directions());
+        na.em1_t = native_rows(torch::expm1(a.log_eigen()));
+        na.em1_nt = native_rows(torch::expm1(-a.log_eigen()));
+      } else if (a.is_dense()) {
         na.kind = NativeAffine::Kind::kDense;
-        na.lower = native_rows(a.l2.defined() ? a.l.matmul(a.l2) : a.l);
+        na.lower = native_rows(a.matrix());
       } else {
         na.kind = NativeAffine::Kind::kDiag;
-        na.scale = native_rows(a.scale);
+        na.scale = native_rows(a.scale());
       }
     }
     native_ = std::move(n);
@@ -484,15 +431,15 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_from(Target& target, co
   TORCH_CHECK(x.dim() == 2 && x.size(1) == d && z0.sizes() == x.sizes(), "learned sampler: expected x and z0 [C, ", d,
               "], got ", x.sizes(), " and ", z0.sizes());
   if (!preconditioned()) return propose_latent(target, x, grad, z0, create_graph);
-  Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_);
-  LatentTarget view(target, a);
+  AffineTransform a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition, pre_directions_, pre_log_eigen_);
+  TransformedTarget view = latent_view(target, a);
   Proposed p = propose_latent(view, a.to_latent(x), grad.defined() ? a.latent_grad(grad) : grad, z0, create_graph);
   p.x_new = a.from_latent(p.x_new);
   if (p.grad_new.defined()) p.grad_new = a.ambient_grad(p.grad_new);
-  p.log_det = p.log_det + a.log_det;
-  p.log_det_rev = p.log_det_rev + a.log_det;
-  p.log_q_fwd = p.log_q_fwd - a.log_det;
-  p.log_q_rev = p.log_q_rev - a.log_det;
+  p.log_det = p.log_det + a.log_det();
+  p.log_det_rev = p.log_det_rev + a.log_det();
+  p.log_q_fwd = p.log_q_fwd - a.log_det();
+  p.log_q_rev = p.log_q_rev - a.log_det();
   return p;
 }
 
@@ -526,12 +473,12 @@ torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tenso
                                               const torch::Tensor& x_to) {
   if (!preconditioned()) return log_density_latent(target, x_from, grad_from, x_to);
   if (options_.precondition == Precondition::kLowRank) {
-    Affine a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition,
-                            pre_directions_, pre_log_eigen_);
-    LatentTarget view(target, a);
+    AffineTransform a = model_affine(pre_shift_, pre_base_, pre_log_scale_, pre_lower_, options_.learn_precondition,
+                                     pre_directions_, pre_log_eigen_);
+    TransformedTarget view = latent_view(target, a);
     return log_density_latent(view, a.to_latent(x_from), grad_from.defined() ? a.latent_grad(grad_from) : grad_from,
                               a.to_latent(x_to)) -
-           a.log_det;
+           a.log_det();
   }
   return log_density_with(target, x_from, grad_from, x_to, precondition_matrix());
 }
@@ -539,11 +486,11 @@ torch::Tensor LearnedSamplerImpl::log_density(Target& target, const torch::Tenso
 torch::Tensor LearnedSamplerImpl::log_density_with(Target& target, const torch::Tensor& x_from,
                                                    const torch::Tensor& grad_from, const torch::Tensor& x_to,
                                                    const torch::Tensor& l) {
-  Affine a = dense_affine(pre_shift_, l);
-  LatentTarget view(target, a);
+  AffineTransform a = dense_affine(pre_shift_, l);
+  TransformedTarget view = latent_view(target, a);
   return log_density_latent(view, a.to_latent(x_from), grad_from.defined() ? a.latent_grad(grad_from) : grad_from,
                             a.to_latent(x_to)) -
-         a.log_det;
+         a.log_det();
 }
 
 torch::Tensor LearnedSamplerImpl::log_density_latent(Target& target, const torch::Tensor& x_from,

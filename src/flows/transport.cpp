@@ -222,161 +222,88 @@ std::shared_ptr<const NativeFlowPass> FlowTransportImpl::native() const {
   return pass;
 }
 
-TransportedTarget::TransportedTarget(Target& inner, FlowTransport flow)
-    : Target(inner.options()), inner_(&inner), flow_(std::move(flow)) {
-  TORCH_CHECK(flow_->dim() == inner.dim(), "TransportedTarget: the flow has dimension ", flow_->dim(),
-              ", the target ", inner.dim());
+namespace {
+torch::Tensor f64(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); }
+}  // namespace
+
+TransformPass FlowTransform::forward(const torch::Tensor& z) const {
+  TransportPass p = flow_->forward(f64(z));
+  return {p.out, p.log_det};
 }
 
-torch::Tensor TransportedTarget::to_ambient(const torch::Tensor& z) const {
+TransformPass FlowTransform::inverse(const torch::Tensor& x) const {
+  TransportPass p = flow_->inverse(f64(x));
+  return {p.out, p.log_det};
+}
+
+std::pair<torch::Tensor, torch::Tensor> FlowTransform::latent_pairs(const torch::Tensor& x, const torch::Tensor& g) const {
+  return Transform::latent_pairs(f64(x), f64(g));
+}
+
+std::pair<torch::Tensor, torch::Tensor> FlowTransform::ambient_pairs(const torch::Tensor& z, const torch::Tensor& g_z) const {
+  return Transform::ambient_pairs(f64(z), f64(g_z));
+}
+
+torch::Tensor FlowTransform::pulled_energy(Target& inner, const torch::Tensor& z, bool jacobian) const {
+  auto pass = jacobian ? flow_->native() : nullptr;
+  if (!pass) return Transform::pulled_energy(inner, z, jacobian);
+  // Note [The flow's native pass]
   torch::NoGradGuard no_grad;
-  return flow_->forward(z.to(torch::kCPU, torch::kFloat64)).out.to(inner_->options());
+  torch::Tensor zc = f64(z).contiguous();
+  const int64_t n = zc.size(0);
+  torch::Tensor x = torch::empty({n, dim()}, kF64), ld = torch::empty({n}, kF64);
+  pass->forward(zc.data_ptr<double>(), n, x.data_ptr<double>(), ld.data_ptr<double>(), nullptr);
+  torch::Tensor u = f64(inner.energy(x.to(inner.options())));
+  return (u - ld).to(inner.options());
 }
 
-torch::Tensor TransportedTarget::to_latent(const torch::Tensor& x) const {
-  torch::NoGradGuard no_grad;
-  return flow_->inverse(x.to(torch::kCPU, torch::kFloat64)).out.to(options_);
-}
-
-torch::Tensor TransportedTarget::log_det(const torch::Tensor& z) const {
-  torch::NoGradGuard no_grad;
-  return flow_->forward(z.to(torch::kCPU, torch::kFloat64)).log_det;
-}
-
-std::pair<torch::Tensor, torch::Tensor> TransportedTarget::ambient_pairs(const torch::Tensor& z,
-                                                                         const torch::Tensor& g_z) const {
-  torch::AutoGradMode enable(true);
-  torch::Tensor zl = z.to(torch::kCPU, torch::kFloat64).detach().requires_grad_(true);
-  TransportPass fwd = flow_->forward(zl);
-  // Without coupling layers log|det| does not depend on z (allow_unused: its gradient is zero).
-  torch::Tensor grad_ld = torch::autograd::grad({fwd.log_det.sum()}, {zl}, {}, c10::nullopt, false, /*allow_unused=*/true)[0];
-  if (!grad_ld.defined()) grad_ld = torch::zeros_like(zl);
-  torch::Tensor x = fwd.out.detach().requires_grad_(true);
-  torch::Tensor z_back = flow_->inverse(x).out;
-  torch::Tensor v = g_z.to(torch::kCPU, torch::kFloat64) + grad_ld;
-  torch::Tensor g = torch::autograd::grad({z_back}, {x}, {v})[0];  // J^-T v
-  return {x.detach(), g.detach()};
-}
-
-std::pair<torch::Tensor, torch::Tensor> TransportedTarget::latent_pairs(const torch::Tensor& x_in,
-                                                                        const torch::Tensor& g_in) const {
-  torch::Tensor x = x_in.to(torch::kCPU, torch::kFloat64), g = g_in.to(torch::kCPU, torch::kFloat64);
-  const torch::Tensor ok = torch::isfinite(x).all(1) & torch::isfinite(g).all(1);
-  x = x.index({ok});
-  g = g.index({ok});
-  torch::Tensor z;
-  {
-    torch::NoGradGuard no_grad;
-    z = flow_->inverse(x).out;
-  }
-  torch::AutoGradMode enable(true);
-  z = z.detach().requires_grad_(true);
-  const TransportPass fwd = flow_->forward(z);
-  std::vector<torch::Tensor> outs{fwd.out}, vs{g};
-  if (fwd.log_det.requires_grad()) {  // without coupling layers log|det| does not depend on z
-    outs.push_back(fwd.log_det);
-    vs.push_back(-torch::ones_like(fwd.log_det));
-  }
-  torch::Tensor gz = torch::autograd::grad(outs, {z}, vs, c10::nullopt, false, /*allow_unused=*/true)[0];
-  if (!gz.defined()) gz = torch::zeros_like(z);
-  return {z.detach(), gz.detach()};
-}
-
-torch::Tensor TransportedTarget::compute_energy(const torch::Tensor& z) const {
-  torch::NoGradGuard no_grad;
-  if (auto pass = flow_->native()) {
-    // Note [The flow's native pass]
-    torch::Tensor zc = z.to(torch::kCPU, torch::kFloat64).contiguous();
-    const int64_t n = zc.size(0);
-    torch::Tensor x = torch::empty({n, dim()}, kF64), ld = torch::empty({n}, kF64);
-    pass->forward(zc.data_ptr<double>(), n, x.data_ptr<double>(), ld.data_ptr<double>(), nullptr);
-    torch::Tensor u = inner_->energy(x.to(inner_->options())).to(torch::kCPU, torch::kFloat64);
-    return (u - ld).to(options_);
-  }
-  TransportPass fwd = flow_->forward(z.to(torch::kCPU, torch::kFloat64));
-  torch::Tensor u = inner_->energy(fwd.out.to(inner_->options())).to(torch::kCPU, torch::kFloat64);
-  return (u - fwd.log_det).to(options_);
-}
-
-EnergyGrad TransportedTarget::compute_energy_and_grad(const torch::Tensor& z, bool create_graph) const {
-  torch::AutoGradMode enable(true);
-  if (create_graph) {
-    // Training through the gradient (the learned proposal in the latent space): grad U_z =
-    // J^T g(T(z)) - grad log|det| as a differentiable function of z, by one vector-Jacobian
-    // product whose vector g carries its own graph (the inner target's create_graph).
-    torch::Tensor zl = z.to(torch::kCPU, torch::kFloat64);
-    if (!zl.requires_grad()) zl = zl.detach().requires_grad_(true);
-    TransportPass fwd = flow_->forward(zl);
-    EnergyGrad eg = inner_->energy_and_grad(fwd.out.to(inner_->options()), true);
-    torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
-    // Without coupling layers (the affine map the trials can keep) and with the parameters frozen,
-    // as training freezes them, log|det| does not depend on z and has no graph: asking for its
-    // gradient threw, and training counted every proposal as a failed density.
-    std::vector<torch::Tensor> outs{fwd.out}, vs{g};
-    if (fwd.log_det.requires_grad()) {
-      outs.push_back(fwd.log_det);
-      vs.push_back(-torch::ones_like(fwd.log_det));
-    }
-    torch::Tensor gz = torch::autograd::grad(outs, {zl}, vs, /*retain_graph=*/true, /*create_graph=*/true,
-                                             /*allow_unused=*/true)[0];
-    if (!gz.defined()) gz = torch::zeros_like(zl);
-    torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det;
-    return {u.to(options_), gz.to(options_)};
-  }
+EnergyGrad FlowTransform::pulled_energy_and_grad(Target& inner, const torch::Tensor& z, bool create_graph,
+                                                 bool jacobian) const {
+  // Training through the gradient (the learned proposal in the latent space) takes the graph.
+  if (create_graph || !jacobian) return Transform::pulled_energy_and_grad(inner, f64(z), create_graph, jacobian);
   if (flow_->layers() == 0) {
     // The affine map alone (Note [The flow or its affine base], the transport's first round): the
-    // same values as the graph below, without one (a graph through the flow cost ~10x the pass).
+    // same values as the graph, without one (a graph through the flow cost ~10x the pass).
     torch::NoGradGuard no_grad;
-    TransportPass fwd = flow_->forward(z.to(torch::kCPU, torch::kFloat64));
-    EnergyGrad eg = inner_->energy_and_grad(fwd.out.to(inner_->options()), false);
-    torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
+    TransportPass fwd = flow_->forward(f64(z));
+    EnergyGrad eg = inner.energy_and_grad(fwd.out.to(inner.options()), false);
+    torch::Tensor g = f64(eg.grad);
     torch::Tensor gz = flow_->affine_pull_back(g.nan_to_num(0.0, 0.0, 0.0));
     gz = gz.masked_fill((~(torch::isfinite(g).all(1))).unsqueeze(1), std::numeric_limits<double>::quiet_NaN());
-    torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det;
-    return {u.to(options_), gz.to(options_)};
+    torch::Tensor u = f64(eg.energy) - fwd.log_det;
+    return {u.to(inner.options()), gz.to(inner.options())};
   }
-  if (auto pass = flow_->native()) {
-    // Note [The flow's native pass]: the same values as the graph below, with as few tensor
-    // operations around the pass as can be (each costs microseconds; the pass at D = 5 about 30).
-    torch::NoGradGuard no_grad;
-    torch::Tensor zc = z.detach().to(torch::kCPU, torch::kFloat64).contiguous();
-    const int64_t n = zc.size(0), d = dim();
-    torch::Tensor x = torch::empty({n, d}, kF64);
-    std::vector<double> ld(n);
-    NativeFlowPass::Tape tape;
-    pass->forward(zc.data_ptr<double>(), n, x.data_ptr<double>(), ld.data(), &tape);
-    EnergyGrad eg = inner_->energy_and_grad(x.to(inner_->options()), false);
-    torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64).contiguous();
-    torch::Tensor e = eg.energy.to(torch::kCPU, torch::kFloat64).contiguous();
-    std::vector<double> gv(g.data_ptr<double>(), g.data_ptr<double>() + n * d);
-    std::vector<char> bad(n, 0);
-    for (int64_t c = 0; c < n; ++c) {
-      for (int64_t j = 0; j < d; ++j) bad[c] |= !std::isfinite(gv[c * d + j]);
-      if (bad[c]) std::fill(gv.begin() + c * d, gv.begin() + (c + 1) * d, 0.0);
-    }
-    torch::Tensor gz = torch::empty({n, d}, kF64), u = torch::empty({n}, kF64);
-    pass->pull_back(tape, gv.data(), gz.data_ptr<double>());
-    double* gzp = gz.data_ptr<double>();
-    double* up = u.data_ptr<double>();
-    const double* ep = e.data_ptr<double>();
-    for (int64_t c = 0; c < n; ++c) {
-      // A failed row (NaN) stays NaN; the kernels reject it.
-      if (bad[c]) std::fill(gzp + c * d, gzp + (c + 1) * d, std::numeric_limits<double>::quiet_NaN());
-      up[c] = ep[c] - ld[c];
-    }
-    return {u.to(options_), gz.to(options_)};
+  auto pass = flow_->native();
+  if (!pass) return Transform::pulled_energy_and_grad(inner, f64(z), false, true);
+  // Note [The flow's native pass]: the same values as the graph, with as few tensor operations
+  // around the pass as can be (each costs microseconds; the pass at D = 5 about 30).
+  torch::NoGradGuard no_grad;
+  torch::Tensor zc = f64(z.detach()).contiguous();
+  const int64_t n = zc.size(0), d = dim();
+  torch::Tensor x = torch::empty({n, d}, kF64);
+  std::vector<double> ld(n);
+  NativeFlowPass::Tape tape;
+  pass->forward(zc.data_ptr<double>(), n, x.data_ptr<double>(), ld.data(), &tape);
+  EnergyGrad eg = inner.energy_and_grad(x.to(inner.options()), false);
+  torch::Tensor g = f64(eg.grad).contiguous();
+  torch::Tensor e = f64(eg.energy).contiguous();
+  std::vector<double> gv(g.data_ptr<double>(), g.data_ptr<double>() + n * d);
+  std::vector<char> bad(n, 0);
+  for (int64_t c = 0; c < n; ++c) {
+    for (int64_t j = 0; j < d; ++j) bad[c] |= !std::isfinite(gv[c * d + j]);
+    if (bad[c]) std::fill(gv.begin() + c * d, gv.begin() + (c + 1) * d, 0.0);
   }
-  torch::Tensor zl = z.detach().to(torch::kCPU, torch::kFloat64).requires_grad_(true);
-  TransportPass fwd = flow_->forward(zl);
-  EnergyGrad eg = inner_->energy_and_grad(fwd.out.detach().to(inner_->options()), false);
-  torch::Tensor g = eg.grad.to(torch::kCPU, torch::kFloat64);
-  // A failed row (NaN) stays NaN; the kernels reject it.
-  torch::Tensor s = (fwd.out * g.nan_to_num(0.0, 0.0, 0.0)).sum() - fwd.log_det.sum();
-  torch::Tensor gz = torch::autograd::grad({s}, {zl})[0];
-  torch::Tensor bad = ~(torch::isfinite(g).all(1));
-  gz = gz.masked_fill(bad.unsqueeze(1), std::numeric_limits<double>::quiet_NaN());
-  torch::Tensor u = eg.energy.to(torch::kCPU, torch::kFloat64) - fwd.log_det.detach();
-  return {u.to(options_), gz.to(options_)};
+  torch::Tensor gz = torch::empty({n, d}, kF64), u = torch::empty({n}, kF64);
+  pass->pull_back(tape, gv.data(), gz.data_ptr<double>());
+  double* gzp = gz.data_ptr<double>();
+  double* up = u.data_ptr<double>();
+  const double* ep = e.data_ptr<double>();
+  for (int64_t c = 0; c < n; ++c) {
+    // A failed row (NaN) stays NaN; the kernels reject it.
+    if (bad[c]) std::fill(gzp + c * d, gzp + (c + 1) * d, std::numeric_limits<double>::quiet_NaN());
+    up[c] = ep[c] - ld[c];
+  }
+  return {u.to(inner.options()), gz.to(inner.options())};
 }
 
 }  // namespace nmcmc

@@ -145,4 +145,26 @@ torch::Tensor Metric::mass_quadratic(const torch::Tensor& v) const {
   return v64;
 }
 
+AffineTransform metric_transform(const Metric& metric, int64_t dim) {
+  // diag: M^{-1} [D]; dense: M^{-1} [D, D]; low rank: S^2 [D]
+  const torch::Tensor s2 = metric.kind() == MetricKind::kLowRank ? metric.scale2() : metric.inv_mass();
+  switch (metric.kind()) {
+    case MetricKind::kUnit: return AffineTransform::identity(dim);
+    case MetricKind::kDiag:
+      return AffineTransform::diagonal(torch::zeros({dim}, s2.options()), s2.sqrt(),
+                                       0.5 * s2.log().sum().to(torch::kFloat64));
+    case MetricKind::kDense: {
+      torch::Tensor l = torch::linalg_cholesky(s2);
+      return AffineTransform::dense(torch::zeros({dim}, s2.options()), l, torch::Tensor(),
+                                    l.diagonal().log().sum().to(torch::kFloat64));
+    }
+    case MetricKind::kLowRank: {
+      torch::Tensor t = 0.5 * metric.eigenvalues().log();
+      return AffineTransform::low_rank(torch::zeros({dim}, s2.options()), s2.sqrt(), metric.basis(), t,
+                                       (0.5 * s2.log().sum() + t.sum()).to(torch::kFloat64));
+    }
+  }
+  TORCH_CHECK(false, "metric_transform: unknown metric form");
+}
+
 }  // namespace nmcmc

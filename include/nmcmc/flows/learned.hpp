@@ -25,7 +25,8 @@
 //
 // Note [Affine preconditioner]
 // With precondition = diag or dense, everything above runs in coordinates y = L^-1 (x - m), on
-// the target U_y(y) = U(m + L y), whose gradient is L^T dU(x) (a Target view; each view
+// the target U_y(y) = U(m + L y), whose gradient is L^T dU(x) (a TransformedTarget on the
+// AffineTransform with its constant log-determinant left out, Note [Transform]; each view
 // evaluation is one evaluation of the real target). L is lower triangular with a positive
 // diagonal: diag: L = diag(exp(s)); dense: L = L0 M with L0 from the warm-up (fixed) and, when
 // learned, M = tril(B, -1) + diag(exp(s)) starting at I, so that the optimiser moves L in

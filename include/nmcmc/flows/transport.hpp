@@ -51,6 +51,7 @@
 
 #include "nmcmc/core/engine.hpp"
 #include "nmcmc/core/target.hpp"
+#include "nmcmc/core/transform.hpp"
 #include "nmcmc/flows/native_flow.hpp"
 
 namespace nmcmc {
@@ -185,38 +186,34 @@ torch::Tensor fisher_loss(const FlowTransportImpl& flow, const torch::Tensor& x,
 FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x, const torch::Tensor& g,
                         const FitOptions& options);
 
-/// The target pulled back through T: U_z(z) = U(T(z)) - log|det dT/dz| (Note [Flow transport]).
-/// Every evaluation is one (counted) evaluation of the inner target. It keeps a reference to the
-/// flow, which must not change while a kernel runs on it.
-class TransportedTarget : public Target {
+/// The flow as a Transform (Note [Transform]): its passes in float64 on the CPU, the pulled-back
+/// energy by the native pass where it applies (Note [The flow's native pass]) and in closed form
+/// without coupling layers, by LibTorch's graph otherwise. It shares the flow, which must not
+/// change while a kernel runs on it.
+class FlowTransform : public Transform {
  public:
-  TransportedTarget(Target& inner, FlowTransport flow);
-  std::string name() const override { return inner_->name(); }
-  int64_t dim() const override { return inner_->dim(); }
-  nlohmann::json spec() const override { return inner_->spec(); }
-  std::vector<std::string> parameter_names() const override { return inner_->parameter_names(); }
-  /// z [n, D] (any dtype) -> x = T(z) in the inner target's dtype.
-  torch::Tensor to_ambient(const torch::Tensor& z) const;
-  /// x -> z = T^-1(x) in the target's dtype.
-  torch::Tensor to_latent(const torch::Tensor& x) const;
-  /// log|det dT/dz| [n] float64 at z.
-  torch::Tensor log_det(const torch::Tensor& z) const;
-  /// The ambient energy gradient dU(T(z)) from the latent one g_z = grad U_z(z), without a target
-  /// evaluation: dU = J^-T (g_z + grad log|det|), by back-propagation through T^-1. Rows [n, D];
-  /// returns (x, dU(x)) float64.
-  std::pair<torch::Tensor, torch::Tensor> ambient_pairs(const torch::Tensor& z, const torch::Tensor& g_z) const;
-  /// The other way: positions x with energy gradients g = dU(x) [n, D] as latent pairs (z = T^-1(x),
-  /// grad U_z(z) = J^T g - grad_z log|det dT/dz|), without a target evaluation (one graph through
-  /// T); rows with a non-finite x or g are dropped. Float64.
-  std::pair<torch::Tensor, torch::Tensor> latent_pairs(const torch::Tensor& x, const torch::Tensor& g) const;
-
- protected:
-  torch::Tensor compute_energy(const torch::Tensor& z) const override;
-  EnergyGrad compute_energy_and_grad(const torch::Tensor& z, bool create_graph) const override;
+  explicit FlowTransform(FlowTransport flow) : flow_(std::move(flow)) {}
+  const FlowTransport& flow() const { return flow_; }
+  int64_t dim() const override { return flow_->dim(); }
+  TransformPass forward(const torch::Tensor& z) const override;
+  TransformPass inverse(const torch::Tensor& x) const override;
+  bool constant_log_det() const override { return flow_->layers() == 0; }
+  torch::Tensor pulled_energy(Target& inner, const torch::Tensor& z, bool jacobian) const override;
+  EnergyGrad pulled_energy_and_grad(Target& inner, const torch::Tensor& z, bool create_graph,
+                                    bool jacobian) const override;
+  std::pair<torch::Tensor, torch::Tensor> latent_pairs(const torch::Tensor& x, const torch::Tensor& g) const override;
+  std::pair<torch::Tensor, torch::Tensor> ambient_pairs(const torch::Tensor& z, const torch::Tensor& g_z) const override;
 
  private:
-  Target* inner_;
   FlowTransport flow_;
+};
+
+/// The target pulled back through the flow T: U_z(z) = U(T(z)) - log|det dT/dz| (Note [Flow
+/// transport]): the one TransformedTarget on a FlowTransform.
+class TransportedTarget : public TransformedTarget {
+ public:
+  TransportedTarget(Target& inner, FlowTransport flow)
+      : TransformedTarget(inner, std::make_shared<FlowTransform>(std::move(flow))) {}
 };
 
 }  // namespace nmcmc

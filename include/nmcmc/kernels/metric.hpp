@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nmcmc/core/enum_names.hpp"
+#include "nmcmc/core/transform.hpp"
 
 namespace nmcmc {
 
@@ -97,5 +98,12 @@ class Metric {
   torch::Tensor basis_;        // low-rank: U [D, K]
   torch::Tensor eigenvalues_;  // low-rank: Lambda [K]
 };
+
+/// The metric as a change of variables (Note [Transform]): x = L y with M^{-1} = L L^T: the
+/// identity (unit), sqrt(M^{-1}) (diagonal), its Cholesky factor (dense), the symmetric root
+/// S (I + U (Lambda^{1/2} - I) U^T) (low rank), in the metric's dtype. HMC, MALA and random-walk
+/// Metropolis with this metric on U are the same samplers as with the unit metric on U(L y), up to
+/// rounding (the kernels keep the metric's own products). `dim` sizes the unit metric's identity.
+AffineTransform metric_transform(const Metric& metric, int64_t dim);
 
 }  // namespace nmcmc

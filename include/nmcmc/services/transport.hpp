@@ -11,7 +11,7 @@
 // fitted as below). After each later round the flow is fitted again (its base re-estimated after
 // the second round, then warm-started) to every state the chains have visited since the first -
 // positions and energy gradients, stored as the kernel carries them, mapped back to x without a
-// target evaluation (TransportedTarget::ambient_pairs). Coupling layers fitted to transient states
+// target evaluation (TransformedTarget::ambient_pairs, core/transform.hpp). Coupling layers fitted to transient states
 // far in the tails (a time series' first states, 100+ posterior sds out) made latent spaces in
 // which NUTS needed 100x smaller steps. A later round can still be in the transient (kidiq's
 // interaction regression at seed 1: the chains took about 130 iterations to arrive, and its
