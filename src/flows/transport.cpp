@@ -109,6 +109,13 @@ TransportPass FlowTransportImpl::inverse(const torch::Tensor& x) const {
   return {y, log_det};
 }
 
+AffineTransform FlowTransportImpl::base() const {
+  torch::NoGradGuard no_grad;
+  torch::Tensor log_det = log_scale_.sum().to(torch::kFloat64);
+  if (dense_base()) return AffineTransform::dense(shift_.detach(), base_matrix().detach(), torch::Tensor(), log_det);
+  return AffineTransform::diagonal(shift_.detach(), log_scale_.exp().detach(), log_det);
+}
+
 torch::Tensor FlowTransportImpl::base_matrix() const {
   return torch::tril(lower_, -1) + torch::diag(torch::exp(log_scale_));
 }

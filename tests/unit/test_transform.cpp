@@ -166,3 +166,15 @@ TEST(Transform, AMetricIsHmcWithTheUnitMetricOnItsTransform) {
     EXPECT_LT(max_diff(hamiltonian(Metric(), end_y), hamiltonian(metric, end_x)), 1e-10) << name;
   }
 }
+
+TEST(Transform, TheFlowsBaseIsAnAffineTransform) {
+  auto target = make_target({{"name", "funnel"}, {"dim", kD}, {"sigma", 1}}, kF64);
+  at::Generator gen = make_generator(12);
+  FlowTransport flow(FlowOptions().set_dim(kD).set_layers(0));
+  flow->set_base_cholesky(torch::randn({kD}, gen, kF64), lower(gen));
+  torch::Tensor z = torch::randn({6, kD}, gen, kF64);
+  // Without coupling layers the flow is its base map: the same operations, whichever computes them.
+  expect_same_operations(FlowTransform(flow), flow->base(), *target, z, "a flow without layers and its base");
+  flow->set_base(torch::randn({kD}, gen, kF64), torch::randn({kD}, gen, kF64) * 0.3);
+  expect_same_operations(FlowTransform(flow), flow->base(), *target, z, "the same with a diagonal base");
+}

@@ -98,6 +98,10 @@ class FlowTransportImpl : public torch::nn::Module {
   void set_base_cholesky(const torch::Tensor& shift, const torch::Tensor& lower);
   /// Whether L may be dense (D <= kMaxDenseBase).
   bool dense_base() const { return lower_.defined(); }
+  /// The base map x = mu + L y as a value (Note [Transform]), detached: dense, or diagonal above
+  /// kMaxDenseBase. The flow's passes compute it in place (the same products, except that the
+  /// diagonal inverse multiplies by exp(-s) where the affine map divides by exp(s)).
+  AffineTransform base() const;
   /// The coupling layers (0: T is the affine base map alone).
   int64_t layers() const { return static_cast<int64_t>(nets_.size()); }
   /// For a flow without coupling layers, J^T g = g L by rows (the latent gradient of x . g), as
