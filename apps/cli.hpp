@@ -33,6 +33,17 @@ CLI::Validator enum_validator() {
       "", "");
 }
 
+/// CLI11's check for a seed: a whole number from 0 to 2^64 - 1 (CLI11 alone reads -1 into an
+/// unsigned option as 2^64 - 1, silently).
+inline CLI::Validator seed_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+        return digits ? std::string() : "a seed is a non-negative whole number, got '" + s + "'";
+      },
+      "", "");
+}
+
 /// An option that takes one of an enum's names (core/enum_names.hpp): a name that is not one of
 /// them is refused at parsing with the choices ("--sampler: unknown sampler 'gibbs' (choose ...)").
 template <typename E>

@@ -56,7 +56,7 @@ Command add_compare_command(CLI::App& app) {
   cmd->add_option("--chains", a->options.chains, "chains per sampler")->capture_default_str();
   cmd->add_option("--warmup", a->options.warmup, "warm-up steps")->capture_default_str();
   cmd->add_option("--draws", a->options.draws, "draws per chain")->capture_default_str();
-  cmd->add_option("--seed", a->options.seed, "random seed")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "random seed (a non-negative integer)")->check(cli::seed_validator())->capture_default_str();
   cmd->add_option("--nuts-metrics", a->nuts_metrics,
                   "NUTS's metrics, comma-separated (default: diag,dense,fisher-diag,fisher-lowrank; dense up to D = 1000); "
                   "the learned sampler is compared with the best")

@@ -17,7 +17,7 @@ Command add_reference_command(CLI::App& app) {
   cmd->add_option("--warmup", a->warmup)->capture_default_str();
   cmd->add_option("--draws", a->draws)->capture_default_str();
   cmd->add_option("--leapfrog", a->leapfrog)->capture_default_str();
-  cmd->add_option("--seed", a->seed)->capture_default_str();
+  cmd->add_option("--seed", a->seed, "random seed (a non-negative integer)")->check(cli::seed_validator())->capture_default_str();
   cmd->add_option("--jitter", a->jitter, "HMC step-size jitter")->capture_default_str();
   cmd->add_option("--threads", *threads)->capture_default_str();
   return {cmd, [a, threads] {

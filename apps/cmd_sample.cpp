@@ -114,7 +114,7 @@ Command add_sample_command(CLI::App& app) {
   cmd->add_option("--chains", a->options.chains, "number of chains")->capture_default_str();
   cmd->add_option("--warmup", a->options.warmup, "warm-up (adaptation) steps")->capture_default_str();
   cmd->add_option("--draws", a->options.draws, "draws kept per chain")->capture_default_str();
-  cmd->add_option("--seed", a->options.seed, "random seed")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "random seed (a non-negative integer)")->check(cli::seed_validator())->capture_default_str();
   cmd->add_option("--target-accept", a->options.target_accept, "accept-rate target of step-size adaptation (default: per sampler)");
   cmd->add_flag("--adapt-mass", a->options.adapt_mass, "adapt a diagonal mass matrix over Stan's warm-up windows (= --metric diag)");
   cmd->add_flag("--no-adapt", a->options.no_adapt, "keep --step-size fixed during warm-up");

@@ -255,7 +255,7 @@ Command add_train_command(CLI::App& app) {
                   "cost to reach them stops falling (Note [Training stops when it no longer pays])");
   cmd->add_option("--lr", a->lr, "override train.lr");
   cmd->add_option("--min-lr", a->min_lr, "override train.min_lr");
-  cmd->add_option("--seed", a->seed, "override train.seed");
+  cmd->add_option("--seed", a->seed, "override train.seed (a non-negative integer)")->check(cli::seed_validator());
   cmd->add_option("--set", a->sets, "override any value: section.key=value (e.g. model.hidden=64)");
   cmd->add_flag("--resume", a->resume, "continue from OUTPUT if it exists");
   add_enum_option(cmd, "--engine", a->engine,

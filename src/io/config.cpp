@@ -1,5 +1,6 @@
 #include "nmcmc/io/config.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -49,7 +50,18 @@ void check_known_keys(const json& given, const json& known, const std::string& w
   if (!given.is_object()) throw UsageError(what + " must be a JSON object");
   for (auto& [key, value] : given.items()) {
     if (!known.contains(key)) throw UsageError(what + ": option '" + key + "' is unknown");
-    if (known[key].is_object() && value.is_object()) check_known_keys(value, known[key], what + "." + key);
+    const json& k = known[key];
+    if (k.is_object() && value.is_object()) check_known_keys(value, k, what + "." + key);
+    // JSON's conversions would wrap a negative number into an unsigned option (a seed of -1
+    // becomes 2^64 - 1) and truncate a fraction into an integer one: refused instead.
+    if (k.is_number_integer() && value.is_number_float() && value.get<double>() != std::floor(value.get<double>())) {
+      throw UsageError(what + ": option '" + key + "' must be a whole number, got " + value.dump());
+    }
+    const bool negative = (value.is_number_integer() && !value.is_number_unsigned() && value.get<int64_t>() < 0) ||
+                          (value.is_number_float() && value.get<double>() < 0);
+    if (k.is_number_unsigned() && negative) {
+      throw UsageError(what + ": option '" + key + "' must be a non-negative integer, got " + value.dump());
+    }
   }
 }
 

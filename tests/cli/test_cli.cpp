@@ -192,6 +192,8 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --target funnel --sigma inf", 64, "sigma"},
            {"sample --target-accept 0", 64, "target-accept"},
            {"sample --step-size 0", 64, "step-size"},
+           {"sample --seed -1", 64, "seed"},
+           {"train --target icg --dim 3 --seed -2", 64, "seed"},
            {"sample --sampler mala --no-adapt", 64, "--no-adapt needs --step-size"},
            {"sample --sampler hmc --step-size-per-chain", 64, "--step-size-per-chain goes with --sampler nuts"},
            {"sample --label-column 2", 64, "--label-column goes with --data-file"},

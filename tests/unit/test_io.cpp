@@ -8,6 +8,7 @@
 #include "nmcmc/io/atomic_file.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/io/draws.hpp"
+#include "nmcmc/services/sample.hpp"
 #include "nmcmc/services/train.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "nmcmc/io/netcdf.hpp"
@@ -137,6 +138,13 @@ TEST(Config, OptionStructsRejectUnknownKeysWrongTypesAndBadValues) {
   EXPECT_EQ(LearnedOptions::from_json({{"variant", "langevin"}}).variant, Variant::kLangevin);
   EXPECT_THROW(LearnedOptions::from_json({{"variant", "fancy"}}), UsageError);  // never a default variant
   EXPECT_THROW(LearnedOptions::from_json({{"hidden", -1}}), UsageError);  // 0: sized to D by train() (Note [Training budget])
+  // JSON's own conversions would wrap -1 into an unsigned seed (2^64 - 1) and truncate 64.5 to 64.
+  EXPECT_THROW(TrainOptions::from_json({{"seed", -1}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"seed", 2.5}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"batch", 64.5}}), UsageError);
+  EXPECT_EQ(TrainOptions::from_json({{"batch", 128.0}}).batch, 128);  // a whole number written as one
+  EXPECT_THROW(sample_options_from_json({{"seed", -1}}), UsageError);
+  EXPECT_EQ(sample_options_from_json({{"seed", 7}}).seed, 7u);
   // The JSON round trip is exact (checkpoints compare it).
   LearnedOptions lo = LearnedOptions().set_hidden(17).set_variant(Variant::kNoGrad).set_mask_seed(5);
   EXPECT_EQ(LearnedOptions::from_json(lo.to_json()).to_json(), lo.to_json());
