@@ -233,15 +233,9 @@ namespace {
 torch::Tensor f64(const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); }
 }  // namespace
 
-TransformPass FlowTransform::forward(const torch::Tensor& z) const {
-  TransportPass p = flow_->forward(f64(z));
-  return {p.out, p.log_det};
-}
+TransformPass FlowTransform::forward(const torch::Tensor& z) const { return flow_->forward(f64(z)); }
 
-TransformPass FlowTransform::inverse(const torch::Tensor& x) const {
-  TransportPass p = flow_->inverse(f64(x));
-  return {p.out, p.log_det};
-}
+TransformPass FlowTransform::inverse(const torch::Tensor& x) const { return flow_->inverse(f64(x)); }
 
 std::pair<torch::Tensor, torch::Tensor> FlowTransform::latent_pairs(const torch::Tensor& x, const torch::Tensor& g) const {
   return Transform::latent_pairs(f64(x), f64(g));

@@ -75,11 +75,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(FlowOptions, dim, layers, hidden
 /// Above this many dimensions the flow's base map is diagonal (a dense L costs O(D^2) per pass).
 constexpr int64_t kMaxDenseBase = 1000;
 
-/// x and log|det dT/dz| [C] of a pass (or z and log|det dT^-1/dx| for the inverse).
-struct TransportPass {
-  torch::Tensor out;
-  torch::Tensor log_det;
-};
+/// x and log|det dT/dz| [C] of a pass (or z and log|det dT^-1/dx| for the inverse): a
+/// Transform's pass (Note [Transform]).
+using TransportPass = TransformPass;
 
 /// Note [Flow transport]. Parameters and passes are float64 on the CPU.
 class FlowTransportImpl : public torch::nn::Module {
