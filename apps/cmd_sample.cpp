@@ -55,6 +55,12 @@ int run(SampleArgs a, const CLI::App* cmd) {
                                          f.value("accept", 0.0), f.value("trained_accept", 0.0));
     if (!f.value("fits", true)) std::cerr << "nmcmc: WARNING: " << line << ": " << f.value("note", "") << "\n";
     else if (other) std::cout << line << "\n";
+    const json check = f.value("training_check", json());
+    if (check.is_object() && !check.value("passes", true)) {  // Note [The mixing check]
+      std::cerr << "nmcmc: WARNING: this model did not mix in its training's check (" << check.value("why", "")
+                << "): do not trust these draws without the R-hat and ESS above; train on (nmcmc train --from MODEL) "
+                   "or use NUTS\n";
+    }
   }
   const SampleOptions& o = a.options;
   if (o.output) {

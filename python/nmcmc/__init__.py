@@ -418,7 +418,13 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
             warm_start = warm_start.summary["adaptation"]
         options["warm_start"] = warm_start if isinstance(warm_start, dict) else _os.fspath(warm_start)
     request = {"target": None if target is None else _spec_of(target), "options": options}
-    return Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
+    run = Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
+    check = ((run.summary or {}).get("model_fit") or {}).get("training_check") or {}
+    if check and not check.get("passes", True):  # Note [The mixing check]
+        _warnings.warn(f"nmcmc.sample: this model did not mix in its training's check ({check.get('why')}): do not "
+                       f"trust these draws without their R-hat and ESS; train on (from_model=) or use NUTS",
+                       RuntimeWarning)
+    return run
 
 
 def tune_allocator() -> str:

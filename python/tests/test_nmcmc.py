@@ -5,6 +5,7 @@ import json
 import math
 import os
 import subprocess
+import warnings
 from typing import List
 
 import pytest
@@ -293,6 +294,14 @@ def test_train_checks_that_its_sampler_mixes(tmp_path):
         bad = nmcmc.train(t, steps=2, model={"precondition": "none", "learn_precondition": False}, progress=False,
                           output=str(tmp_path / "bad.pt"))
     assert not bad.training["check"]["passes"] and "R-hat" in bad.training["check"]["why"]
+    # sampling with it says so again; with the model that mixed it does not
+    with pytest.warns(RuntimeWarning, match="did not mix in its training's check"):
+        run = nmcmc.sample(sampler="learned", model=bad, chains=2, warmup=0, draws=20, progress=False)
+    assert run.summary["model_fit"]["training_check"]["passes"] is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        run = nmcmc.sample(sampler="learned", model=good, chains=2, warmup=0, draws=20, progress=False)
+    assert run.summary["model_fit"]["training_check"]["passes"] is True
 
 
 def test_training_budget_stops_early_and_says_why(tmp_path):

@@ -377,6 +377,12 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
                        : "the model does not fit this target as it fitted its training's: re-adapt it (nmcmc train "
                          "--from MODEL --steps 0) or train on (nmcmc train --from MODEL)"}};
     if (prep.other_data) f["trained_on"] = prep.model_meta.value("target", json());
+    // Note [The mixing check]: a model whose training ended with a check that failed is said to be
+    // one again here, where its draws are used.
+    if (check.is_object() && check.contains("passes")) {
+      f["training_check"] = {{"passes", check.value("passes", false)}, {"why", check.value("why", "")},
+                             {"max_rhat", check.value("max_rhat", json())}};
+    }
   }
   if (gq_failures->first > 0) {
     out.summary["generated_quantities_failures"] = gq_failures->first;

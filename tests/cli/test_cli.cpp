@@ -418,6 +418,14 @@ TEST(Cli, TrainChecksThatItsSamplerMixes) {
   EXPECT_EQ(bad.code, 0) << bad.out;  // the model is written: more steps may mend it
   EXPECT_NE(bad.out.find("WARNING: the trained sampler does not mix (max R-hat"), std::string::npos) << bad.out;
   EXPECT_TRUE(fs::exists(dir + "bad.pt"));
+  // Sampling says it again, where the draws are used; a model that mixed is not warned about.
+  CliRun bad_sample = run("sample --sampler learned --model " + dir + "bad.pt --chains 2 --draws 20 --warmup 0 -q");
+  EXPECT_EQ(bad_sample.code, 0) << bad_sample.out;
+  EXPECT_NE(bad_sample.out.find("WARNING: this model did not mix in its training's check (max R-hat"), std::string::npos)
+      << bad_sample.out;
+  CliRun good_sample = run("sample --sampler learned --model " + dir + "good.pt --chains 2 --draws 20 --warmup 0 -q");
+  EXPECT_EQ(good_sample.code, 0) << good_sample.out;
+  EXPECT_EQ(good_sample.out.find("did not mix"), std::string::npos) << good_sample.out;
   // Note [A long warm-up shortens training]: where the time limit comes before the sampler mixes,
   // training goes on for another max_seconds, three times at most (here 0.3 s each: far too short
   // for icg without a preconditioner on any machine).
