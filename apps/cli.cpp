@@ -264,4 +264,19 @@ TrainProgressFn train_progress(bool quiet, const std::string& indent) {
   };
 }
 
+void add_transport_options(CLI::App* cmd, TransportChoice& choice, const std::string& kind_help, bool sampling,
+                           int64_t default_rounds) {
+  CLI::Option* kind = add_enum_option(cmd, "--transport", choice.kind, kind_help);
+  if (!sampling) kind->default_str("");  // training's default is its config's (auto without one)
+  cmd->add_option("--transport-layers", choice.layers,
+                  fmt::format("the flow's coupling layers (default {})", kDefaultTransportLayers));
+  cmd->add_option("--transport-rounds", choice.rounds,
+                  fmt::format("the flow's fits during the warm-up (default {})", default_rounds));
+  if (sampling) {
+    cmd->add_flag("--global-moves", choice.global_moves,
+                  "with --transport flow (or auto where it fits one): an independence move from the flow after "
+                  "every step (exact; jumps between modes)");
+  }
+}
+
 }  // namespace nmcmc::cli

@@ -62,6 +62,12 @@ CLI::Option* add_enum_option(CLI::App* cmd, const std::string& name, std::option
   return o;
 }
 
+/// --transport (its help: `kind_help`), --transport-layers, --transport-rounds and, where the
+/// command samples, --global-moves, bound to one TransportChoice (Note [The transport's options]);
+/// `default_rounds` is the command's. Unset numbers stay unset.
+void add_transport_options(CLI::App* cmd, TransportChoice& choice, const std::string& kind_help, bool sampling,
+                           int64_t default_rounds);
+
 /// The whole command line, as typed (recorded in outputs).
 const std::string& command_line();
 void set_command_line(int argc, char** argv);

@@ -61,9 +61,10 @@ Command add_compare_command(CLI::App& app) {
                   "NUTS's metrics, comma-separated (default: diag,dense,fisher-diag,fisher-lowrank; dense up to D = 1000); "
                   "the learned sampler is compared with the best")
       ->delimiter(',');
-  add_enum_option(cmd, "--transport", a->options.transport,
-                  "flow: also NUTS on the target pulled back through a flow fitted in warm-up (nuts_flow); auto: "
-                  "also NUTS with the flow only where its warm-up's draws are far from any Gaussian (nuts_auto)");
+  add_transport_options(cmd, a->options.transport,
+                        "flow: also NUTS on the target pulled back through a flow fitted in warm-up (nuts_flow); auto: "
+                        "also NUTS with the flow only where its warm-up's draws are far from any Gaussian (nuts_auto)",
+                        /*sampling=*/true, kDefaultTransportRounds);
   cmd->add_option("--leapfrog", a->options.hmc_leapfrog, "HMC leapfrog steps")->capture_default_str();
   cmd->add_option("--warm-start", a->warm_start,
                   "a previous run of the same model on other data (its output directory or summary.json): adds "

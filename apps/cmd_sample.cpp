@@ -108,14 +108,11 @@ Command add_sample_command(CLI::App& app) {
                   "unit | diag | dense | fisher-diag | fisher-lowrank: the metric adapted over Stan's warm-up "
                   "windows, from the draws (diag, dense: Stan's) or from draws and gradients (fisher-*: nutpie's; "
                   "docs/metrics.md); default: diag for nuts, unit for the others");
-  add_enum_option(cmd, "--transport", a->options.transport,
-                  "none | flow | auto: sample the target pulled back through a normalizing flow fitted during "
-                  "warm-up from the chains' draws and gradients; auto: only where the warm-up's draws are far "
-                  "from any Gaussian, else as none (docs/transport.md)");
-  cmd->add_option("--transport-layers", a->options.transport_layers, "the flow's coupling layers")->capture_default_str();
-  cmd->add_option("--transport-rounds", a->options.transport_rounds, "the flow's fits during warm-up")->capture_default_str();
-  cmd->add_flag("--global-moves", a->options.global_moves,
-                "with --transport flow (or auto where it fits one): an independence move from the flow after every step (exact; jumps between modes)");
+  add_transport_options(cmd, a->options.transport,
+                        "none | flow | auto: sample the target pulled back through a normalizing flow fitted during "
+                        "warm-up from the chains' draws and gradients; auto: only where the warm-up's draws are far "
+                        "from any Gaussian, else as none (docs/transport.md)",
+                        /*sampling=*/true, kDefaultTransportRounds);
   cmd->add_option("--jitter", a->options.jitter, "HMC: per-chain step-size jitter j, eps * (1 + j U(-1,1))")->capture_default_str();
   cmd->add_option("--chains", a->options.chains, "number of chains")->capture_default_str();
   cmd->add_option("--warmup", a->options.warmup, "warm-up (adaptation) steps")->capture_default_str();

@@ -29,9 +29,9 @@ struct TrainArgs {
   std::optional<double> ess;
   std::optional<double> lr, min_lr;
   std::optional<uint64_t> seed;
-  std::optional<std::string> transport, from;
+  std::optional<std::string> from;
+  TransportChoice transport;  // its kind replaces the config's where --transport is given
   std::optional<Engine> engine;
-  std::optional<int64_t> transport_layers, transport_rounds;
   bool resume = false, quiet = false;
   ComputeArgs compute;
   DistArgs dist;
@@ -52,14 +52,15 @@ TrainConfig train_config(const TrainArgs& a, const CLI::App* cmd) {
   if (a.min_lr) cfg["train"]["min_lr"] = *a.min_lr;
   if (a.seed) cfg["train"]["seed"] = *a.seed;
   if (a.compute.dtype) cfg["dtype"] = *a.compute.dtype;
-  if (a.transport) cfg["transport"] = json{{"kind", parse_enum<TransportKind>(*a.transport)}};
+  if (cmd->count("--transport")) cfg["transport"] = json{{"kind", a.transport.kind}};
   if (a.from) {
     if (a.resume) throw UsageError("--from starts a new model from another data set's; --resume continues this one");
     cfg["from"] = *a.from;
   }
   // (without --transport, parse_train_config refuses them unless the config's transport takes them)
-  if (a.transport_layers) cfg["transport"]["layers"] = *a.transport_layers;
-  if (a.transport_rounds) cfg["transport"]["rounds"] = *a.transport_rounds;
+  if (cfg.contains("transport") && cfg["transport"].is_string()) cfg["transport"] = json{{"kind", cfg["transport"]}};
+  if (a.transport.layers) cfg["transport"]["layers"] = *a.transport.layers;
+  if (a.transport.rounds) cfg["transport"]["rounds"] = *a.transport.rounds;
   if (a.engine) cfg["engine"] = *a.engine;  // Note [Native copies] (parse_train_config)
   for (const auto& s : a.sets) apply_override(cfg, s);
   return parse_train_config(cfg);
@@ -267,12 +268,11 @@ Command add_train_command(CLI::App& app) {
                   "step size and beta; a short warm-up moves the affine map to the new data, then training goes on "
                   "until its entropy stops improving (train.from_warmup, train.from_patience); --steps 0: re-adapt "
                   "the map only and check that the sampler still mixes");
-  cmd->add_option("--transport", a->transport,
-                  "flow: fit a normalizing flow in the warm-up and train the proposal in its latent space "
-                  "(docs/transport.md); none: the affine preconditioner only; auto (the default without a "
-                  "config): the flow where the affine map does not fit the posterior");
-  cmd->add_option("--transport-layers", a->transport_layers, "the flow's coupling layers (default 8)");
-  cmd->add_option("--transport-rounds", a->transport_rounds, "its fits during the warm-up (default 4)");
+  add_transport_options(cmd, a->transport,
+                        "flow: fit a normalizing flow in the warm-up and train the proposal in its latent space "
+                        "(docs/transport.md); none: the affine preconditioner only; auto (the default without a "
+                        "config): the flow where the affine map does not fit the posterior",
+                        /*sampling=*/false, kTrainTransportRounds);
   a->compute.add(cmd, "float32 | float64 (default: the config's)");
   a->dist.add(cmd);
   cmd->add_flag("--quiet,-q", a->quiet, "no progress line");

@@ -332,6 +332,13 @@ def _spec_of(t) -> dict:
     raise ValueError("nmcmc: give a Target (nmcmc.target, from_module, from_function) or a spec dict")
 
 
+def _transport_choice(kind=None, layers=None, rounds=None, global_moves=None) -> dict:
+    """Note [The transport's options]: the keyword arguments as the one JSON form of a transport
+    choice, with only what was given (the C++ definition holds the defaults and the rules)."""
+    given = {"kind": (kind, str), "layers": (layers, int), "rounds": (rounds, int), "global_moves": (global_moves, bool)}
+    return {key: cast(value) for key, (value, cast) in given.items() if value is not None}
+
+
 def sample_defaults() -> dict:
     """sample()'s options as nmcmc's C++ definition (SampleOptions, the same as `nmcmc sample`'s)
     sets them: what an argument left unset takes."""
@@ -401,13 +408,14 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
                "output": None if output is None else _os.fspath(output), "matmul": matmul, "gemm": gemm}
     given = {"jitter": (jitter, float), "leapfrog": (leapfrog, int), "max_depth": (max_depth, int),
              "chains": (chains, int), "warmup": (warmup, int), "draws": (draws, int), "seed": (seed, int),
-             "init": (init, str), "device": (device, str), "formats": (formats, str), "transport": (transport, str),
-             "global_moves": (global_moves, bool), "transport_layers": (transport_layers, int),
-             "transport_rounds": (transport_rounds, int), "step_size_per_chain": (step_size_per_chain, bool),
-             "engine": (engine, str)}
+             "init": (init, str), "device": (device, str), "formats": (formats, str),
+             "step_size_per_chain": (step_size_per_chain, bool), "engine": (engine, str)}
     for key, (value, kind) in given.items():
         if value is not None:
             options[key] = kind(value)
+    choice = _transport_choice(transport, transport_layers, transport_rounds, global_moves)
+    if choice:
+        options["transport"] = choice
     if adapt_step is not None:
         options["no_adapt"] = not adapt_step
     if warm_start is not None:
@@ -544,15 +552,12 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
         cfg["train"]["batch"] = int(batch)
     if dtype is not None:
         cfg["dtype"] = _dtype_name(dtype)
-    if transport is not None:
-        if transport not in ("flow", "auto", "none"):
-            raise ValueError(f"nmcmc.train: transport must be 'flow', 'auto' or 'none', not {transport!r}")
-        cfg["transport"] = {"kind": transport}
-    # (without a transport the C++ parser refuses them, as for the command line)
-    if transport_layers is not None:
-        cfg.setdefault("transport", {})["layers"] = int(transport_layers)
-    if transport_rounds is not None:
-        cfg.setdefault("transport", {})["rounds"] = int(transport_rounds)
+    # As the command line: a given kind replaces the config's transport, layers and rounds are set
+    # on it (without a transport the C++ parser refuses them).
+    choice = _transport_choice(transport, transport_layers, transport_rounds)
+    if choice:
+        base = {} if transport is not None else cfg.get("transport") or {}
+        cfg["transport"] = {**({"kind": base} if isinstance(base, str) else base), **choice}
     if ess is not None:
         cfg["train"]["ess_goal"] = float(ess)
     if engine is not None:

@@ -5,7 +5,7 @@ import os as _os
 import tempfile as _tempfile
 from typing import Optional as _Optional
 
-from . import Model, Run, _C, _Progress, _dtype_name, _spec_of
+from . import Model, Run, _C, _Progress, _dtype_name, _spec_of, _transport_choice
 
 
 def compare_defaults() -> dict:
@@ -17,8 +17,9 @@ def compare_defaults() -> dict:
 def compare(target=None, *, model=None, config=None, chains: _Optional[int] = None, warmup: _Optional[int] = None,
             draws: _Optional[int] = None, seed: _Optional[int] = None, dtype: _Optional[str] = None,
             hmc_leapfrog: _Optional[int] = None, output: _Optional[str] = None, nuts_metrics=None,
-            transport: _Optional[str] = None, warm_start=None, warm_warmup: _Optional[int] = None,
-            progress: bool = True) -> dict:
+            transport: _Optional[str] = None, transport_layers: _Optional[int] = None,
+            transport_rounds: _Optional[int] = None, global_moves: _Optional[bool] = None, warm_start=None,
+            warm_warmup: _Optional[int] = None, progress: bool = True) -> dict:
     """Runs NUTS (with each metric in `nuts_metrics`: by default diag, dense, fisher-diag and
     fisher-lowrank), HMC, MALA and (with `model`, or `config` to train one first) the learned
     sampler on the same target with the same chains, warm-up and draws; returns what compare.json
@@ -27,7 +28,8 @@ def compare(target=None, *, model=None, config=None, chains: _Optional[int] = No
     training counted; the learned sampler's "vs_best_nuts": ratios and break-evens in gradients
     and seconds against the best NUTS). transport="flow" adds NUTS on the target pulled back
     through a flow fitted in warm-up ("nuts_flow"); "auto" adds NUTS with the flow only where its
-    warm-up's draws are far from any Gaussian ("nuts_auto"). warm_start (a previous Run of the same
+    warm-up's draws are far from any Gaussian ("nuts_auto"); transport_layers, transport_rounds and
+    global_moves as for nmcmc.sample. warm_start (a previous Run of the same
     model on other data, its output directory or its "adaptation" record) adds "nuts_warm": NUTS
     started where it ended, with its step size and metric, after warm_warmup (150) iterations.
     result["table"] is the markdown. Writes compare.json, compare.md and the trace figure into `output` (a temporary
@@ -66,8 +68,9 @@ def compare(target=None, *, model=None, config=None, chains: _Optional[int] = No
         opts["warm_start"] = warm_start if isinstance(warm_start, dict) else _os.fspath(warm_start)
     if warm_warmup is not None:
         opts["warm_warmup"] = int(warm_warmup)
-    if transport is not None:
-        opts["transport"] = str(transport)
+    choice = _transport_choice(transport, transport_layers, transport_rounds, global_moves)
+    if choice:
+        opts["transport"] = choice
     result = _json.loads(_C.compare(_json.dumps(opts), _Progress(progress)))
     result["table"] = _C.compare_table(_json.dumps(result))
     result["output"] = _os.fspath(output)

@@ -145,7 +145,7 @@ def test_train_with_a_flow_transport_and_sample_in_its_latent_space(tmp_path):
     x = run.draws.reshape(-1, 2)
     assert torch.allclose(run.lp.reshape(-1), -Banana()(x), atol=1e-8)
     # (the defaults' transport is auto, which takes them; with none they are an error)
-    with pytest.raises(ValueError, match="go with transport flow or auto"):
+    with pytest.raises(ValueError, match="go with --transport flow or auto"):
         nmcmc.train(t, transport="none", transport_layers=2, steps=1, progress=False)
     with pytest.raises(ValueError, match="transport"):
         nmcmc.train(t, transport="spline", steps=1, progress=False)

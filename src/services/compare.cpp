@@ -191,6 +191,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
   };
   if (o.model && o.config) throw UsageError("compare: give --model or --config, not both");
   if (o.dtype != "float32" && o.dtype != "float64") throw UsageError("compare: dtype must be float32 or float64");
+  check_transport_choice(o.transport, /*sampling=*/true, "compare");  // Note [The transport's options]
   if (root) ensure_directory(o.output);
   comm->barrier();
   const auto options = torch::TensorOptions().dtype(o.dtype == "float64" ? torch::kFloat64 : torch::kFloat32);
@@ -253,15 +254,14 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
       run("nuts_warm", nuts, RunOptions(base).set_warmup(o.warm_warmup).set_target_accept(0.8).set_init_x(w.positions.to(target->options())));
       results["samplers"]["nuts_warm"]["warm_start"] = {{"sampler", w.sampler}, {"warmup", o.warm_warmup}};
     }
-    if (o.transport != TransportKind::kNone) {
+    if (o.transport.kind != TransportKind::kNone) {
       if (comm->world_size() > 1) throw UsageError("compare: --transport runs in one process");
       // NUTS through the flow (`nuts_flow`), or with auto (`nuts_auto`) where Note [Choosing the
       // transport] takes it (its transport record says which ran).
-      const std::string name = o.transport == TransportKind::kAuto ? "nuts_auto" : "nuts_flow";
+      const std::string name = o.transport.kind == TransportKind::kAuto ? "nuts_auto" : "nuts_flow";
       tell("-- " + name);
       Nuts nuts;
-      TransportOptions t;
-      t.kind = o.transport;
+      const TransportOptions t = transport_options(o.transport, kDefaultTransportRounds);
       TransportRun tr = run_with_transport(*target, nuts, RunOptions(base).set_metric(MetricAdapt::kDiag).set_target_accept(0.8),
                                            t, o.seed, sample_progress);
       if (!tr.result.complete) throw Stopped{};

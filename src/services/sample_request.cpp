@@ -45,7 +45,7 @@ struct SampleRule {
 };
 
 bool is_learned(const SampleOptions& a) { return a.sampler == SamplerKind::kLearned; }
-bool has_transport(const SampleOptions& a) { return a.transport != TransportKind::kNone; }
+bool has_transport(const SampleOptions& a) { return a.transport.kind != TransportKind::kNone; }
 
 const SampleRule kSampleRules[] = {
     {[](const SampleOptions& a, const SampleRequest&) { return a.metric && a.adapt_mass && *a.metric != "diag"; },
@@ -59,11 +59,6 @@ const SampleRule kSampleRules[] = {
      "(nmcmc train --transport flow) and samples in it"},
     {[](const SampleOptions& a, const SampleRequest&) { return has_transport(a) && a.sampler == SamplerKind::kRwm; },
      "--transport works from gradients: use nuts, hmc or mala (rwm computes none)"},
-    {[](const SampleOptions& a, const SampleRequest&) {
-       return !has_transport(a) && (a.global_moves || a.transport_layers != kDefaultTransportLayers ||
-                                    a.transport_rounds != kDefaultTransportRounds);
-     },
-     "--global-moves, --transport-layers and --transport-rounds go with --transport flow or auto"},
     {[](const SampleOptions& a, const SampleRequest&) { return is_learned(a) && !a.model; },
      "--sampler learned needs --model FILE (from `nmcmc train`)"},
     {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.model; },
@@ -90,6 +85,7 @@ const SampleRule kSampleRules[] = {
 };
 
 void check_rules(const SampleRequest& request) {
+  check_transport_choice(request.options.transport, /*sampling=*/true, "sample");  // Note [The transport's options]
   for (const SampleRule& rule : kSampleRules) {
     if (rule.broken(request.options, request)) throw UsageError(rule.message);
   }
@@ -187,10 +183,8 @@ json record_config(const SampleRequest& request, const Target& target, MetricAda
     config["engine"] = {{"kind", module->engine()}, {"note", module->engine_note()}};  // Note [Native engine]
   }
   if (has_transport(a)) {
-    config["transport"] = {{"kind", a.transport},
-                           {"layers", a.transport_layers},
-                           {"rounds", a.transport_rounds},
-                           {"global_moves", a.global_moves}};
+    const TransportOptions t = transport_options(a.transport, kDefaultTransportRounds);
+    config["transport"] = {{"kind", t.kind}, {"layers", t.layers}, {"rounds", t.rounds}, {"global_moves", t.global_moves}};
   }
   if (metric != MetricAdapt::kUnit || nuts) config["metric"] = metric;
   if (a.engine) config["native_copies"] = *a.engine;  // `--engine` (Note [Native copies])
@@ -284,7 +278,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     // ranks' mapped draws are not gathered yet.
     throw UsageError("a Stan program samples in one process (not under nmcmc launch yet)");
   }
-  if ((a.transport != TransportKind::kNone || prep.latent) && world > 1) {
+  if ((has_transport(a) || prep.latent) && world > 1) {
     throw UsageError(prep.latent ? "a model trained with a flow transport samples in one process"
                                  : "--transport runs in one process");
   }
@@ -315,14 +309,10 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     run.sink = mapped.get();
   }
   json transport_report;
-  if (a.transport != TransportKind::kNone) {
-    TransportOptions t;
-    t.kind = a.transport;
-    t.layers = a.transport_layers;
-    t.rounds = a.transport_rounds;
-    t.global_moves = a.global_moves;
-    t.engine = a.engine.value_or(Engine::kAuto);
-    t.fit.own_gradient = t.engine != Engine::kLibTorch;  // Note [Native copies]
+  if (has_transport(a)) {
+    TransportChoice choice = a.transport;
+    if (a.engine) choice.engine = *a.engine;  // the run's engine (Note [Native copies])
+    const TransportOptions t = transport_options(choice, kDefaultTransportRounds);
     TransportRun tr = run_with_transport(*prep.target, *prep.kernel, run, t, a.seed, progress);
     out.result = std::move(tr.result);
     transport_report = std::move(tr.report);
@@ -339,7 +329,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   }
   // Note [Warm starts]: where the chains ended, in the space they move in (before mapping).
   json adaptation;
-  if (!prep.learned && a.transport == TransportKind::kNone && world == 1 && out.result.complete) {
+  if (!prep.learned && !has_transport(a) && world == 1 && out.result.complete) {
     adaptation = WarmStart::record(out.result, parameter_labels(*prep.target), prep.config["sampler"].get<std::string>());
   }
   if (mapped) {

@@ -67,27 +67,18 @@ TrainConfig parse_train_config(const json& j) {
   c.dtype = j.value("dtype", std::string("float32"));
   if (c.dtype != "float32" && c.dtype != "float64") throw UsageError("config: dtype must be float32 or float64");
   if (j.contains("transport") && !j["transport"].is_null()) {
-    const json& t = j["transport"];
-    if (!t.is_object()) throw UsageError("config: \"transport\" must be an object, e.g. {\"kind\": \"flow\"}");
-    for (auto& [key, value] : t.items()) {
-      if (key != "kind" && key != "layers" && key != "hidden" && key != "rounds" && key != "engine") {
-        throw UsageError("config: unknown transport option '" + key + "' (kind, layers, hidden, rounds, engine)");
-      }
-    }
     try {
-      c.transport = t.get<TrainTransport>();
-    } catch (const UsageError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw UsageError(std::string("config: transport: ") + e.what());
+      c.transport = j["transport"].get<TransportChoice>();
+    } catch (const UsageError& e) {
+      throw UsageError(std::string("config: ") + e.what());
     }
-    if (c.transport.kind == TransportKind::kNone && (t.contains("layers") || t.contains("hidden") || t.contains("rounds"))) {
-      throw UsageError("transport.layers, .hidden and .rounds (--transport-layers, --transport-rounds) go with transport "
-                       "flow or auto (--transport)");
+    check_transport_choice(c.transport, /*sampling=*/false, "config");  // Note [The transport's options]
+    if (c.transport.kind != TransportKind::kNone) {  // recorded with the values it trains with
+      const TransportOptions t = transport_options(c.transport, kTrainTransportRounds);
+      c.transport.layers = t.layers;
+      c.transport.hidden = t.hidden;
+      c.transport.rounds = t.rounds;
     }
-    if (c.transport.layers < 0) throw UsageError("config: transport.layers must be non-negative");
-    if (c.transport.hidden < 0) throw UsageError("config: transport.hidden must be non-negative");
-    if (c.transport.rounds < 1) throw UsageError("config: transport.rounds must be at least 1");
     if (c.transport.kind != TransportKind::kNone &&
         (c.train.precondition.sampler == SamplerKind::kRwm || c.train.precondition.sampler == SamplerKind::kLearned)) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted from gradients: "
@@ -250,7 +241,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   return record;
 }
 
-json warm_up_transport(Target& model_target, const TrainTransport& tt, const TrainOptions& o, FlowTransport& flow,
+json warm_up_transport(Target& model_target, const TransportChoice& tt, const TrainOptions& o, FlowTransport& flow,
                        torch::Tensor& latent_draws, const TrainProgressFn& progress,
                        const std::function<bool()>& should_stop, const torch::Tensor& start) {
   // In float64, as the affine warm-up (Note [Training budget]).
@@ -267,13 +258,7 @@ json warm_up_transport(Target& model_target, const TrainTransport& tt, const Tra
   ro.metric = MetricAdapt::kDiag;
   ro.target_accept = default_target_accept(o.precondition.sampler);
   ro.should_stop = should_stop;
-  TransportOptions t;
-  t.kind = tt.kind;
-  t.layers = tt.layers;
-  t.hidden = tt.hidden;
-  t.rounds = tt.rounds;
-  t.engine = tt.engine;
-  t.fit.own_gradient = tt.engine != Engine::kLibTorch;  // Note [Native copies]
+  TransportOptions t = transport_options(tt, kTrainTransportRounds);
   // The learned sampler trains in the transport's latent space: an identity there leaves it the raw
   // posterior (kidiq's momiq regression trained so: R-hat 1.15). Where the rounds do not
   // arrive, Note [The transported warm-up starts at the posterior] below runs them again instead.

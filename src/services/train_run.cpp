@@ -214,7 +214,7 @@ class TrainRun {
       if (meta.contains("preconditioner")) transport_record_ = meta["preconditioner"];
       return true;
     }
-    TrainTransport tt = config_.transport;
+    TransportChoice tt = config_.transport;
     tt.kind = TransportKind::kFlow;
     transport_record_ = warm_up_transport(*target_, tt, config_.train, flow_, latent_draws_, progress_, should_stop_, affine_end_);
     if (!auto_record_.is_null()) {  // all-in: the affine warm-up that chose the flow is paid too

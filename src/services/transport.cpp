@@ -12,6 +12,7 @@
 
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
+#include "nmcmc/io/config.hpp"
 #include "flow_run.hpp"
 
 namespace nmcmc {
@@ -248,6 +249,65 @@ std::vector<int64_t> transport_round_lengths(const RunOptions& options, const Tr
     throw UsageError("--warmup is too short for " + std::to_string(t.rounds) + " transport rounds");
   }
   return lengths;
+}
+
+void to_json(nlohmann::json& j, const TransportChoice& c) {
+  j = {{"kind", c.kind}, {"layers", c.layers}, {"hidden", c.hidden}, {"rounds", c.rounds},
+       {"global_moves", c.global_moves}, {"engine", c.engine}};
+}
+
+void from_json(const nlohmann::json& j, TransportChoice& c) {
+  c = TransportChoice();
+  if (j.is_string()) {
+    c.kind = j.get<TransportKind>();
+    return;
+  }
+  if (!j.is_object()) throw UsageError("transport: give a kind (\"flow\") or an object such as {\"kind\": \"flow\"}");
+  check_known_keys(j, nlohmann::json(TransportChoice()), "transport");
+  auto whole = [&j](const char* key, std::optional<int64_t>& to) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    if (!j[key].is_number_integer()) throw UsageError(std::string("transport.") + key + " must be a whole number, got " + j[key].dump());
+    to = j[key].get<int64_t>();
+  };
+  whole("layers", c.layers);
+  whole("hidden", c.hidden);
+  whole("rounds", c.rounds);
+  try {
+    if (j.contains("kind")) c.kind = j["kind"].get<TransportKind>();
+    if (j.contains("global_moves")) c.global_moves = j["global_moves"].get<bool>();
+    if (j.contains("engine")) c.engine = j["engine"].get<Engine>();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UsageError(std::string("transport: ") + e.what());
+  }
+}
+
+void check_transport_choice(const TransportChoice& c, bool sampling, const std::string& what) {
+  const bool flags = c.layers || c.hidden || c.rounds || c.global_moves;
+  if (c.kind == TransportKind::kNone && flags) {
+    throw UsageError(what + ": " + (sampling ? "--global-moves, " : "") +
+                     "--transport-layers and --transport-rounds (transport.layers, .hidden, .rounds) go with "
+                     "--transport flow or auto");
+  }
+  if (c.global_moves && !sampling) {
+    throw UsageError(what + ": global moves are a sampling run's (nmcmc sample --global-moves); training does not take them");
+  }
+  if (c.layers && *c.layers < 0) throw UsageError(what + ": --transport-layers must be non-negative");
+  if (c.hidden && *c.hidden < 0) throw UsageError(what + ": transport.hidden must be non-negative");
+  if (c.rounds && (*c.rounds < 1 || *c.rounds > 30)) throw UsageError(what + ": --transport-rounds must be between 1 and 30");
+}
+
+TransportOptions transport_options(const TransportChoice& c, int64_t default_rounds) {
+  TransportOptions t;
+  t.kind = c.kind;
+  t.layers = c.layers.value_or(kDefaultTransportLayers);
+  t.hidden = c.hidden.value_or(0);
+  t.rounds = c.rounds.value_or(default_rounds);
+  t.global_moves = c.global_moves;
+  t.engine = c.engine;
+  t.fit.own_gradient = c.engine != Engine::kLibTorch;  // Note [Native copies]
+  return t;
 }
 
 namespace {

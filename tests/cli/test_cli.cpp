@@ -210,6 +210,10 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --transport teleport", 64, "transport"},
            {"sample --global-moves", 64, "go with --transport flow"},
            {"sample --transport-layers 2", 64, "go with --transport flow"},
+           {"sample --transport-layers 8", 64, "go with --transport flow"},  // the default value, given, is given
+           {"sample --transport flow --transport-rounds 0", 64, "--transport-rounds must be between 1 and 30"},
+           {"sample --transport flow --transport-layers -1", 64, "--transport-layers must be non-negative"},
+           {"compare --target icg --transport-rounds 3", 64, "go with --transport flow"},
            {"sample --transport flow", 64, "at least 100"},
            {"sample --transport flow --sampler rwm", 64, "from gradients"},
            {"sample --transport auto", 64, "at least 100"},
@@ -393,7 +397,7 @@ TEST(Cli, TrainWithAFlowTransportAndSampleInItsLatentSpace) {
   // Bad input: one line, exit 64.
   CliRun b1 = run("train --config " + dir + "f.json --transport-layers 2 --output " + dir + "x.pt --quiet");
   EXPECT_EQ(b1.code, 64) << b1.out;
-  EXPECT_NE(b1.out.find("go with transport flow or auto (--transport)"), std::string::npos) << b1.out;
+  EXPECT_NE(b1.out.find("go with --transport flow or auto"), std::string::npos) << b1.out;
   CliRun b2 = run("train --config " + dir + "f.json --transport spline --output " + dir + "x.pt --quiet");
   EXPECT_EQ(b2.code, 64) << b2.out;
   CliRun b3 = run("train --config " + dir + "f.json --transport flow --set train.precondition_warmup=50 --output " + dir +

@@ -423,6 +423,6 @@ TEST(WarmStart, TheNextRunStartsWhereTheLastEndedWithItsAdaptation) {
   EXPECT_THROW(WarmStart::from_json(bad, "test"), UsageError);
   EXPECT_THROW(WarmStart::read(json("/nonexistent/run")), UsageError);
   next.options.warm_start = rec;
-  next.options.transport = TransportKind::kFlow;
+  next.options.transport.kind = TransportKind::kFlow;
   EXPECT_THROW(sample(next), UsageError);
 }

@@ -10,6 +10,7 @@
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/nuts.hpp"
+#include "nmcmc/services/train.hpp"
 #include "nmcmc/services/transport.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
@@ -646,4 +647,45 @@ TEST(Transport, FarOutTwiceStartsTheRoundsAgain) {
   for (const json& r : rounds) round_grads += r["grads_per_chain"].get<int64_t>();
   EXPECT_GT(tr.result.grads_warmup, round_grads);  // the abandoned rounds count, and the final warm-up
   EXPECT_EQ(test_support::moments_within(tr.result.draws, torch::zeros({2}, kF64), torch::full({2}, std::sqrt(50.05), kF64)), "");
+}
+
+// Note [The transport's options]: one choice in two JSON forms, its rules written once, and the
+// run's options made from it with the command's own default rounds.
+TEST(Transport, OneChoiceOfTheTransportForEveryCommand) {
+  using nlohmann::json;
+  const TransportChoice kind_only = json("flow").get<TransportChoice>();
+  EXPECT_EQ(kind_only.kind, TransportKind::kFlow);
+  EXPECT_FALSE(kind_only.layers || kind_only.rounds || kind_only.hidden);
+  const TransportChoice full = json{{"kind", "auto"}, {"layers", 2}, {"rounds", 3}, {"global_moves", true}}.get<TransportChoice>();
+  EXPECT_EQ(full.kind, TransportKind::kAuto);
+  EXPECT_EQ(full.layers.value_or(-1), 2);
+  EXPECT_EQ(full.rounds.value_or(-1), 3);
+  EXPECT_TRUE(full.global_moves);
+  EXPECT_EQ(json(full).get<TransportChoice>().rounds.value_or(-1), 3);  // written and read back
+  EXPECT_EQ(json(TransportChoice())["layers"], json());                 // unset: null, the key named
+  for (const json& bad : {json{{"kind", "flow"}, {"layer", 2}}, json{{"kind", "flow"}, {"layers", 2.5}},
+                          json{{"kind", "spline"}}, json(3), json{{"kind", "flow"}, {"global_moves", "yes"}}}) {
+    EXPECT_THROW(bad.get<TransportChoice>(), UsageError) << bad.dump();
+  }
+  // the rules
+  EXPECT_NO_THROW(check_transport_choice(full, /*sampling=*/true, "sample"));
+  EXPECT_THROW(check_transport_choice(TransportChoice().set_layers(8), true, "sample"), UsageError);
+  EXPECT_THROW(check_transport_choice(TransportChoice().set_global_moves(true), true, "sample"), UsageError);
+  EXPECT_THROW(check_transport_choice(full, /*sampling=*/false, "config"), UsageError);  // no global moves in training
+  EXPECT_THROW(check_transport_choice(TransportChoice().set_kind(TransportKind::kFlow).set_rounds(0), true, "sample"), UsageError);
+  EXPECT_THROW(check_transport_choice(TransportChoice().set_kind(TransportKind::kFlow).set_rounds(31), true, "sample"), UsageError);
+  EXPECT_THROW(check_transport_choice(TransportChoice().set_kind(TransportKind::kFlow).set_layers(-1), true, "sample"), UsageError);
+  // the run's options: the command's default rounds where none is set, the engine's fit gradient
+  const TransportOptions sample = transport_options(TransportChoice().set_kind(TransportKind::kFlow), kDefaultTransportRounds);
+  EXPECT_EQ(sample.rounds, kDefaultTransportRounds);
+  EXPECT_EQ(sample.layers, kDefaultTransportLayers);
+  EXPECT_TRUE(sample.fit.own_gradient);
+  EXPECT_EQ(transport_options(TransportChoice().set_kind(TransportKind::kFlow), kTrainTransportRounds).rounds, kTrainTransportRounds);
+  TransportChoice reference = full;
+  reference.engine = Engine::kLibTorch;
+  const TransportOptions given = transport_options(reference, kDefaultTransportRounds);
+  EXPECT_EQ(given.rounds, 3);
+  EXPECT_EQ(given.layers, 2);
+  EXPECT_TRUE(given.global_moves);
+  EXPECT_FALSE(given.fit.own_gradient);
 }

@@ -37,8 +37,10 @@ struct CompareOptions {
   /// checkpoint has no chains of its own.
   std::vector<MetricAdapt> nuts_metrics;
   /// flow: also NUTS on the target pulled back through a flow fitted in warm-up ("nuts_flow",
-  /// services/transport.hpp; one process), with the flow's fitting counted in its warm-up.
-  TransportKind transport = TransportKind::kNone;
+  /// services/transport.hpp; one process), with the flow's fitting counted in its warm-up; auto:
+  /// "nuts_auto" (Note [Choosing the transport]). Its layers, rounds and global moves as
+  /// `nmcmc sample`'s (Note [The transport's options]).
+  TransportChoice transport;
   /// Note [Warm starts]: a previous run of the same model on other data (its output directory or
   /// summary.json, or its "adaptation" record): adds "nuts_warm", NUTS started where that run
   /// ended with its step size and metric after `warm_warmup` warm-up iterations (the metric kept),

@@ -52,11 +52,10 @@ struct SampleOptions {
                                        // passes and fit); unset: each its own default (auto)
   std::optional<std::string> output;   // directory for the draws and summary.json
   std::string formats = "csv,netcdf";  // which draw files with output: csv, netcdf or csv,netcdf
-  TransportKind transport = TransportKind::kNone;  // flow: run on the target pulled back through a
-                                       // flow fitted in warm-up (services/transport.hpp)
-  int64_t transport_layers = kDefaultTransportLayers;  // its coupling layers
-  int64_t transport_rounds = kDefaultTransportRounds;  // its fits during warm-up
-  bool global_moves = false;           // with a transport: independence moves from the flow
+  /// flow: run on the target pulled back through a flow fitted in warm-up (services/transport.hpp;
+  /// Note [The transport's options]); its fits kDefaultTransportRounds unless set. The engine is
+  /// `engine`'s where that is set.
+  TransportChoice transport;
   /// Note [Warm starts] (kernels/warm_start.hpp): a previous run of the same model (the path of its
   /// output directory or summary.json, or its "adaptation" record): the chains start where it
   /// ended, with its step size and metric; the metric is re-estimated only when `metric` is given.
@@ -66,7 +65,7 @@ struct SampleOptions {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
                                                 no_adapt, step_size_per_chain, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
                                                 dtype, device, matmul, gemm, engine, output, formats, transport,
-                                                transport_layers, transport_rounds, global_moves, warm_start)
+                                                warm_start)
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.
 SampleOptions sample_options_from_json(const nlohmann::json& j);

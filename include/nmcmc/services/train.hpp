@@ -13,20 +13,11 @@
 
 namespace nmcmc {
 
-/// A config's "transport" section: train the learned proposal in the latent space of a flow
-/// fitted in the warm-up (Note [Learned proposal in a flow's latent space], flows/checkpoint.hpp).
-/// `nmcmc train`'s transport: the same flow as `nmcmc sample`'s, fitted four times in training's
-/// shorter warm-up (kTrainTransportRounds). layers, hidden and rounds go with kind flow or auto
-/// (parse_train_config says so, for the command line and Python alike).
+/// A config's "transport" section (`nmcmc train --transport`; Note [The transport's options],
+/// services/transport.hpp): train the learned proposal in the latent space of a flow fitted in the
+/// warm-up (Note [Learned proposal in a flow's latent space], flows/checkpoint.hpp), the same flow
+/// as `nmcmc sample`'s, fitted four times in training's shorter warm-up unless its rounds are set.
 constexpr int64_t kTrainTransportRounds = 4;
-struct TrainTransport {
-  TransportKind kind = TransportKind::kNone;
-  int64_t layers = kDefaultTransportLayers;  // coupling layers
-  int64_t hidden = 0;                         // their width (0: clamp(2 D, 32, 256))
-  int64_t rounds = kTrainTransportRounds;     // fits during the warm-up
-  Engine engine = Engine::kAuto;              // the flow's passes and fit (Note [Native copies])
-};
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainTransport, kind, layers, hidden, rounds, engine)
 
 /// A training configuration: configs/*.json hold {"name", "target", "model", "train", "dtype"}.
 struct TrainConfig {
@@ -35,7 +26,7 @@ struct TrainConfig {
   LearnedOptions model;
   TrainOptions train;
   std::string dtype = "float32";
-  TrainTransport transport;
+  TransportChoice transport;  // its numbers filled in with training's defaults by parse_train_config
   /// Note [Training from a previous model] (services/train_run.cpp): the checkpoint of a model
   /// trained on another data set of the same model to start from ("": none; config key "from").
   std::string from;
@@ -128,7 +119,7 @@ nlohmann::json warm_up_preconditioner(Target& target, LearnedSampler& sampler, T
 /// [C, D] in x (where the affine warm-up left the chains) or, without it, from where a warm-up of
 /// the chains alone leaves them (Note [The transported warm-up starts at the posterior]; the
 /// record's "from_the_box" and "arrival", counted in its totals).
-nlohmann::json warm_up_transport(Target& target, const TrainTransport& transport, const TrainOptions& options,
+nlohmann::json warm_up_transport(Target& target, const TransportChoice& transport, const TrainOptions& options,
                                  FlowTransport& flow, torch::Tensor& latent_draws,
                                  const TrainProgressFn& progress = nullptr,
                                  const std::function<bool()>& should_stop = nullptr,

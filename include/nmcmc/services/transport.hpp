@@ -44,9 +44,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "nmcmc/core/enum_names.hpp"
+#include "nmcmc/core/json.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/kernel.hpp"
 #include "nmcmc/kernels/proposal.hpp"
@@ -155,6 +157,41 @@ struct TransportOptions {
   bool give_up_far_out = true;
   TransportRules rules;
 };
+
+/// Note [The transport's options]
+/// What a user chooses of the flow transport, the same on every command that has one: `nmcmc
+/// sample` and `compare` (--transport, --transport-layers, --transport-rounds, --global-moves),
+/// `nmcmc train` (the same but --global-moves; a config's "transport" section), and Python's
+/// keyword arguments of the same names. In JSON either the kind alone ("flow") or an object
+/// ({"kind": "flow", "layers": 4}). Unset numbers take the command's default: kDefaultTransportLayers
+/// coupling layers, conditioners of width clamp(2 D, 32, 256), and kDefaultTransportRounds fits
+/// (training's shorter warm-up: kTrainTransportRounds, services/train.hpp). The run's
+/// TransportOptions are made from it by transport_options(); what stays fixed - the fits' settings,
+/// the rounds' thresholds (TransportRules) - is not a user's choice.
+struct TransportChoice {
+  TransportKind kind = TransportKind::kNone;
+  std::optional<int64_t> layers;  // coupling layers (0: the affine base map only)
+  std::optional<int64_t> hidden;  // their width (0: clamp(2 D, 32, 256))
+  std::optional<int64_t> rounds;  // fits during the warm-up
+  bool global_moves = false;      // sampling: an independence move from the flow after every step
+  Engine engine = Engine::kAuto;  // the flow's passes and fit (Note [Native copies])
+  TransportChoice& set_kind(TransportKind k) { kind = k; return *this; }
+  TransportChoice& set_layers(int64_t k) { layers = k; return *this; }
+  TransportChoice& set_rounds(int64_t r) { rounds = r; return *this; }
+  TransportChoice& set_global_moves(bool on) { global_moves = on; return *this; }
+};
+/// Every key, unset numbers as null (so that a struct's JSON names every option it knows).
+void to_json(nlohmann::json& j, const TransportChoice& c);
+/// A kind alone ("flow") or an object of the keys above; UsageError on anything else.
+void from_json(const nlohmann::json& j, TransportChoice& c);
+/// Note [The transport's options]: the rules of one choice, written once - layers, hidden, rounds
+/// and global moves go with kind flow or auto; layers and hidden are non-negative, rounds at least 1;
+/// global moves only where the command samples (`sampling`). UsageError with `what` (the command)
+/// and the first broken rule.
+void check_transport_choice(const TransportChoice& c, bool sampling, const std::string& what);
+/// A run's options from the choice; `default_rounds` where it sets none. The fit's gradient is the
+/// flow's own unless the engine is libtorch (Note [Native copies]).
+TransportOptions transport_options(const TransportChoice& c, int64_t default_rounds);
 
 /// A kernel on a transported target: runs `inner`; with global moves follows every step with an
 /// independence MH step from N(0, I) (Note [Transport warm-up]); when recording, keeps the chains'
