@@ -14,6 +14,7 @@
 #include "nmcmc/targets/torchscript.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "nmcmc/version.hpp"
+#include "seed_streams.hpp"
 
 namespace nmcmc {
 
@@ -150,7 +151,7 @@ std::string set_starting_points(const SampleRequest& request, Target& target, co
     if (request.init_x.defined()) {
       run.set_init_x(latent->to_latent(request.init_x.to(target.options())));
     } else if (init != "buffer") {
-      at::Generator gen = make_generator(a.seed ^ 0x7a3d5u);
+      at::Generator gen = make_generator(seed_of(a.seed, SeedStream::kStartingPoints));
       run.set_init_x(latent->to_latent(initial_positions(target, init, a.chains, gen)));
     }
   }

@@ -11,7 +11,7 @@
 namespace nmcmc {
 
 enum class SeedStream {
-  kStartingPoints,         // the starting box's draws
+  kStartingPoints,         // the starting box's draws (a transported run's, and a learned model's chains in its flow)
   kRestartStartingPoints,  // the starting box's draws after a restart (Note [Far out twice])
   kRound,                  // the transport's fitting round `index` (its chains)
   kRestartedRound,         // the same after a restart

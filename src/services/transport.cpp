@@ -223,13 +223,13 @@ TransportRun run_with_transport(Target& target, Kernel& kernel, const RunOptions
 
 std::vector<int64_t> transport_round_lengths(const RunOptions& options, const TransportOptions& t) {
   if (options.warmup < 100) {
-    throw UsageError("--transport " + enum_name(t.kind) + " fits a flow during warm-up: give --warmup of at least 100 (got " +
+    throw UsageError("--transport flow and auto fit a flow during warm-up: give --warmup of at least 100 (got " +
                      std::to_string(options.warmup) + ")");
   }
   if (t.rounds < 1) throw UsageError("--transport-rounds must be at least 1");
   if (t.layers < 0) throw UsageError("--transport-layers must be non-negative");
   if (!(t.fit_fraction > 0 && t.fit_fraction < 1)) throw UsageError("the transport's fit fraction must be in (0, 1)");
-  if (!options.keep_draws) throw UsageError("--transport " + enum_name(t.kind) + " keeps its draws (keep_draws)");
+  if (!options.keep_draws) throw UsageError("--transport flow and auto keep their draws (keep_draws)");
   // Round lengths: doubling, summing to fit_fraction of the warm-up; with two rounds or more the
   // first (the transient, which sets the affine base: Note [Transport warm-up]) lasts at least
   // rules.first_round iterations and the others share the rest, doubling.
