@@ -582,7 +582,9 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
                        f"the gradient was not finite (see the 'skipped' column of {log})", RuntimeWarning)
     check = result.get("check")
     if isinstance(check, dict) and not check.get("passes", True):
-        _warnings.warn(f"nmcmc.train: the trained sampler does not mix ({check.get('why')}; model.training['check']): "
+        worst = check.get("worst") or {}
+        slowest = f"; slowest: {worst.get('name')} (R-hat {worst.get('rhat'):.3g})" if worst.get("rhat") is not None else ""
+        _warnings.warn(f"nmcmc.train: the trained sampler does not mix ({check.get('why')}{slowest}; model.training['check']): "
                        f"its draws would not be trustworthy: train longer or use NUTS", RuntimeWarning)
     if result["interrupted"]:
         print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "

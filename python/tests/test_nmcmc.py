@@ -294,6 +294,10 @@ def test_train_checks_that_its_sampler_mixes(tmp_path):
         bad = nmcmc.train(t, steps=2, model={"precondition": "none", "learn_precondition": False}, progress=False,
                           output=str(tmp_path / "bad.pt"))
     assert not bad.training["check"]["passes"] and "R-hat" in bad.training["check"]["why"]
+    # the parameter that mixed worst, by name, with its R-hat (the check's own maximum: the draws are in x)
+    worst = bad.training["check"]["worst"]
+    assert worst["name"] in t.names and worst["rhat"] == pytest.approx(bad.training["check"]["max_rhat"])
+    assert "worst" not in good.training["check"]
     # sampling with it says so again; with the model that mixed it does not
     with pytest.warns(RuntimeWarning, match="did not mix in its training's check"):
         run = nmcmc.sample(sampler="learned", model=bad, chains=2, warmup=0, draws=20, progress=False)

@@ -42,8 +42,10 @@
 // without a preconditioner). It costs 12,800 proposals (a few per
 // cent of the default training's); its gradients and seconds are recorded with it and count in the
 // all-in cost. A failed check does not remove the model (more steps may mend it): the command
-// line warns on stderr, Python warns (RuntimeWarning), and the checkpoint records it. Distributed
-// runs skip it (each rank holds only its shard of the chains).
+// line warns on stderr, Python warns (RuntimeWarning), and the checkpoint records it, with the
+// parameter that mixed worst ("worst": its name and R-hat, in the target's own coordinates: a
+// flow's latent draws are mapped back first). Distributed runs skip it (each rank holds only its
+// shard of the chains).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -536,13 +538,29 @@ class TrainRun {
     if (!(min_ess >= 100)) why.push_back(fmt::format("min bulk-ESS {:.0f} < 100", min_ess));
     if (!(accept >= 0.05)) why.push_back(fmt::format("accept rate {:.3g} < 0.05", accept));
     if (!(moved >= 0.9)) why.push_back(fmt::format("{:.0f} % of the chains moved", 100 * moved));
-    return {{"chains", start.size(0)}, {"draws", draws}, {"max_rhat", max_rhat}, {"accept", accept},
-                     {"moved", moved}, {"min_ess_bulk", min_ess},
-                     // per chain (a batched call counts once), and all chains' together
-                     {"grads_per_chain", t.grad_evals() - g0}, {"grads", (t.grad_evals() - g0) * start.size(0)},
-                     {"seconds", seconds}, {"passes", why.empty()},
-                     {"why", fmt::format("{}", fmt::join(why, "; "))},
-                     {"at_step", trainer_->current_step()}};
+    json record = {{"chains", start.size(0)}, {"draws", draws}, {"max_rhat", max_rhat}, {"accept", accept},
+                   {"moved", moved}, {"min_ess_bulk", min_ess},
+                   // per chain (a batched call counts once), and all chains' together
+                   {"grads_per_chain", t.grad_evals() - g0}, {"grads", (t.grad_evals() - g0) * start.size(0)},
+                   {"seconds", seconds}, {"passes", why.empty()},
+                   {"why", fmt::format("{}", fmt::join(why, "; "))},
+                   {"at_step", trainer_->current_step()}};
+    if (!why.empty()) record["worst"] = worst_quantity(r.draws);
+    return record;
+  }
+
+  /// Where a check fails: the parameter that mixed worst in its draws [S, C, D], by R-hat in the
+  /// target's own coordinates (a flow's latent draws mapped back first), with that R-hat - what a
+  /// user reads to see which part of the posterior the sampler does not reach.
+  json worst_quantity(const torch::Tensor& draws) const {
+    torch::Tensor x = draws.detach();
+    if (latent_) {
+      const std::vector<int64_t> shape = x.sizes().vec();
+      x = latent_->to_ambient(x.reshape({-1, shape[2]})).reshape(shape);
+    }
+    const torch::Tensor rhat = stan_summary(x.to(torch::kFloat64)).rhat.nan_to_num(0.0);  // a constant has none
+    const int64_t i = rhat.argmax().item<int64_t>();
+    return {{"name", parameter_labels(*target_).at(static_cast<size_t>(i))}, {"rhat", rhat[i].item<double>()}};
   }
 
   const TrainConfig& config_;

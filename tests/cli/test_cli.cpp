@@ -421,6 +421,13 @@ TEST(Cli, TrainChecksThatItsSamplerMixes) {
                    dir + "bad.pt");
   EXPECT_EQ(bad.code, 0) << bad.out;  // the model is written: more steps may mend it
   EXPECT_NE(bad.out.find("WARNING: the trained sampler does not mix (max R-hat"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("; slowest: x."), std::string::npos) << bad.out;  // icg's parameters are x.1 ... x.D
+  // In a transport's latent space the slowest parameter is found in x: through the affine base
+  // alone (no coupling layers) a funnel keeps its neck, x.1, where one step of training cannot mix.
+  CliRun neck = run("train --target funnel --dim 20 --sigma 3 --transport flow --transport-layers 0 --transport-rounds 2 "
+                    "--steps 1 --set train.precondition_warmup=200 --set train.precondition_chains=8 -q -o " + dir + "neck.pt");
+  EXPECT_EQ(neck.code, 0) << neck.out;
+  EXPECT_NE(neck.out.find("; slowest: x.1 (R-hat"), std::string::npos) << neck.out;
   EXPECT_TRUE(fs::exists(dir + "bad.pt"));
   // Sampling says it again, where the draws are used; a model that mixed is not warned about.
   CliRun bad_sample = run("sample --sampler learned --model " + dir + "bad.pt --chains 2 --draws 20 --warmup 0 -q");
