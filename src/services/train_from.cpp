@@ -38,6 +38,7 @@
 #include <cmath>
 
 #include "nmcmc/core/errors.hpp"
+#include "nmcmc/diagnostics/ess.hpp"
 #include "nmcmc/flows/checkpoint.hpp"
 #include "train_parts.hpp"
 
@@ -110,6 +111,17 @@ bool CostWatch::stops(int64_t step, double spent, json probe) {
     return false;
   }
   return ++not_falling_ >= 2;
+}
+
+json slowest_parameter(const torch::Tensor& draws, const Target& target, const TransportedTarget* latent) {
+  torch::Tensor x = draws.detach();
+  if (latent) {
+    const std::vector<int64_t> shape = x.sizes().vec();
+    x = latent->to_ambient(x.reshape({-1, shape[2]})).reshape(shape);
+  }
+  const torch::Tensor rhat = stan_summary(x.to(torch::kFloat64)).rhat.nan_to_num(0.0);  // a constant has none
+  const int64_t i = rhat.argmax().item<int64_t>();
+  return {{"name", parameter_labels(target).at(static_cast<size_t>(i))}, {"rhat", rhat[i].item<double>()}};
 }
 
 }  // namespace nmcmc

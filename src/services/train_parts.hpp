@@ -8,6 +8,7 @@
 #include <string>
 
 #include "nmcmc/flows/learned.hpp"
+#include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/training/trainer.hpp"
 
@@ -30,6 +31,11 @@ PreviousModel load_previous_model(const std::string& path, const Target& target,
 /// Whether the previous networks fit after the affine map moved: the mixing check's record
 /// `check` (which gets "ess_of_previous") against the previous model's.
 bool previous_networks_fit(nlohmann::json& check, const nlohmann::json& previous_meta);
+
+/// Note [The mixing check] (train_run.cpp), where a check fails: the parameter of `target` that
+/// mixed worst in its draws [S, C, D] by R-hat, {"name", "rhat"}; draws in `latent`'s space (a
+/// flow's) are mapped back to the target's own coordinates first.
+nlohmann::json slowest_parameter(const torch::Tensor& draws, const Target& target, const TransportedTarget* latent);
 
 /// Note [Training stops when it no longer pays] (train_from.cpp): the probes' projections and the
 /// stopping rule.

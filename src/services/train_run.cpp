@@ -545,23 +545,10 @@ class TrainRun {
                    {"seconds", seconds}, {"passes", why.empty()},
                    {"why", fmt::format("{}", fmt::join(why, "; "))},
                    {"at_step", trainer_->current_step()}};
-    if (!why.empty()) record["worst"] = worst_quantity(r.draws);
+    if (!why.empty()) record["worst"] = slowest_parameter(r.draws, *target_, latent_.get());
     return record;
   }
 
-  /// Where a check fails: the parameter that mixed worst in its draws [S, C, D], by R-hat in the
-  /// target's own coordinates (a flow's latent draws mapped back first), with that R-hat - what a
-  /// user reads to see which part of the posterior the sampler does not reach.
-  json worst_quantity(const torch::Tensor& draws) const {
-    torch::Tensor x = draws.detach();
-    if (latent_) {
-      const std::vector<int64_t> shape = x.sizes().vec();
-      x = latent_->to_ambient(x.reshape({-1, shape[2]})).reshape(shape);
-    }
-    const torch::Tensor rhat = stan_summary(x.to(torch::kFloat64)).rhat.nan_to_num(0.0);  // a constant has none
-    const int64_t i = rhat.argmax().item<int64_t>();
-    return {{"name", parameter_labels(*target_).at(static_cast<size_t>(i))}, {"rhat", rhat[i].item<double>()}};
-  }
 
   const TrainConfig& config_;
   const std::string output_, log_path_;
