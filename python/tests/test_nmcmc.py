@@ -117,6 +117,17 @@ def test_transport_flow_on_a_python_function_and_its_bad_input():
             nmcmc.sample(t, "nuts", progress=False, **kwargs)
 
 
+def test_compare_takes_the_transports_options_as_sample_does(tmp_path):
+    # Note [The transport's options]: compare's NUTS through the flow takes layers and rounds too.
+    t = nmcmc.from_function(gaussian_energy, dim=3, names=["mu", "log_tau", "theta"], dtype="float64")
+    res = nmcmc.compare(t, chains=2, warmup=200, draws=100, nuts_metrics=["diag"], transport="flow",
+                        transport_layers=2, transport_rounds=2, output=str(tmp_path), progress=False)
+    report = res["samplers"]["nuts_flow"]["transport"]
+    assert report["layers"] == 2 and len(report["rounds"]) == 2
+    with pytest.raises(ValueError, match="go with --transport flow or auto"):
+        nmcmc.compare(t, chains=2, warmup=200, draws=100, transport_rounds=2, output=str(tmp_path), progress=False)
+
+
 def test_transport_auto_on_a_gaussian_samples_as_without_one():
     # Note [Choosing the transport]: on a Gaussian auto measures a small divergence in the first
     # quarter of the warm-up and goes on as a run without a transport: the same draws.
