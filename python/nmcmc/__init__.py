@@ -429,7 +429,9 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     run = Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
     check = ((run.summary or {}).get("model_fit") or {}).get("training_check") or {}
     if check and not check.get("passes", True):  # Note [The mixing check]
-        _warnings.warn(f"nmcmc.sample: this model did not mix in its training's check ({check.get('why')}): do not "
+        worst = check.get("worst") or {}
+        slowest = f"; slowest: {worst.get('name')} (R-hat {worst.get('rhat'):.3g})" if worst.get("rhat") is not None else ""
+        _warnings.warn(f"nmcmc.sample: this model did not mix in its training's check ({check.get('why')}{slowest}): do not "
                        f"trust these draws without their R-hat and ESS; train on (from_model=) or use NUTS",
                        RuntimeWarning)
     return run

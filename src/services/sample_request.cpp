@@ -372,7 +372,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
     // one again here, where its draws are used.
     if (check.is_object() && check.contains("passes")) {
       f["training_check"] = {{"passes", check.value("passes", false)}, {"why", check.value("why", "")},
-                             {"max_rhat", check.value("max_rhat", json())}};
+                             {"max_rhat", check.value("max_rhat", json())}, {"worst", check.value("worst", json())}};
     }
   }
   if (gq_failures->first > 0) {

@@ -434,6 +434,7 @@ TEST(Cli, TrainChecksThatItsSamplerMixes) {
   EXPECT_EQ(bad_sample.code, 0) << bad_sample.out;
   EXPECT_NE(bad_sample.out.find("WARNING: this model did not mix in its training's check (max R-hat"), std::string::npos)
       << bad_sample.out;
+  EXPECT_NE(bad_sample.out.find("; slowest: x."), std::string::npos) << bad_sample.out;
   CliRun good_sample = run("sample --sampler learned --model " + dir + "good.pt --chains 2 --draws 20 --warmup 0 -q");
   EXPECT_EQ(good_sample.code, 0) << good_sample.out;
   EXPECT_EQ(good_sample.out.find("did not mix"), std::string::npos) << good_sample.out;
