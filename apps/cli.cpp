@@ -279,4 +279,10 @@ void add_transport_options(CLI::App* cmd, TransportChoice& choice, const std::st
   }
 }
 
+std::string slowest_parameter_phrase(const nlohmann::json& check) {
+  const nlohmann::json worst = check.value("worst", nlohmann::json());
+  if (!worst.is_object()) return "";
+  return fmt::format("; slowest: {} (R-hat {:.3g})", worst.value("name", "?"), worst.value("rhat", NAN));
+}
+
 }  // namespace nmcmc::cli

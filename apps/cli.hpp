@@ -68,6 +68,10 @@ CLI::Option* add_enum_option(CLI::App* cmd, const std::string& name, std::option
 void add_transport_options(CLI::App* cmd, TransportChoice& choice, const std::string& kind_help, bool sampling,
                            int64_t default_rounds);
 
+/// Note [The mixing check]: "; slowest: NAME (R-hat R)" for a check record that names the
+/// parameter that mixed worst, else "".
+std::string slowest_parameter_phrase(const nlohmann::json& check);
+
 /// The whole command line, as typed (recorded in outputs).
 const std::string& command_line();
 void set_command_line(int argc, char** argv);

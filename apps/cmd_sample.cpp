@@ -57,11 +57,8 @@ int run(SampleArgs a, const CLI::App* cmd) {
     else if (other) std::cout << line << "\n";
     const json check = f.value("training_check", json());
     if (check.is_object() && !check.value("passes", true)) {  // Note [The mixing check]
-      const json worst = check.value("worst", json());
-      const std::string slowest = worst.is_object() ? fmt::format("; slowest: {} (R-hat {:.3g})", worst.value("name", "?"),
-                                                                  worst.value("rhat", NAN))
-                                                    : "";
-      std::cerr << "nmcmc: WARNING: this model did not mix in its training's check (" << check.value("why", "") << slowest
+      std::cerr << "nmcmc: WARNING: this model did not mix in its training's check (" << check.value("why", "")
+                << slowest_parameter_phrase(check)
                 << "): do not trust these draws without the R-hat and ESS above; train on (nmcmc train --from MODEL) "
                    "or use NUTS\n";
     }

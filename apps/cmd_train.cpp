@@ -216,14 +216,10 @@ int run(const TrainArgs& a, const CLI::App* cmd) {
     if (c.value("passes", false)) {
       std::cout << "mixing check: " << what << "\n";
     } else {
-      const json worst = c.value("worst", json());
-      const std::string slowest = worst.is_object() ? fmt::format("; slowest: {} (R-hat {:.3g})", worst.value("name", "?"),
-                                                                  worst.value("rhat", NAN))
-                                                    : "";
       std::cerr << fmt::format("nmcmc: WARNING: the trained sampler does not mix ({}{}): {}. Its draws would not be "
                                "trustworthy: train longer (--steps, train.max_seconds) or use NUTS (a scale that "
                                "moves only with what it scales: NUTS, or NUTS with --transport flow)\n",
-                               c.value("why", ""), slowest, what);
+                               c.value("why", ""), slowest_parameter_phrase(c), what);
     }
   }
   if (result.skipped > 0) {

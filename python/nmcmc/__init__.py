@@ -332,6 +332,13 @@ def _spec_of(t) -> dict:
     raise ValueError("nmcmc: give a Target (nmcmc.target, from_module, from_function) or a spec dict")
 
 
+def _slowest(check: dict) -> str:
+    """Note [The mixing check]: "; slowest: NAME (R-hat R)" where the check names the parameter
+    that mixed worst, else ""."""
+    worst = check.get("worst") or {}
+    return f"; slowest: {worst.get('name')} (R-hat {worst['rhat']:.3g})" if worst.get("rhat") is not None else ""
+
+
 def _transport_choice(kind=None, layers=None, rounds=None, global_moves=None) -> dict:
     """Note [The transport's options]: the keyword arguments as the one JSON form of a transport
     choice, with only what was given (the C++ definition holds the defaults and the rules)."""
@@ -429,9 +436,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     run = Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
     check = ((run.summary or {}).get("model_fit") or {}).get("training_check") or {}
     if check and not check.get("passes", True):  # Note [The mixing check]
-        worst = check.get("worst") or {}
-        slowest = f"; slowest: {worst.get('name')} (R-hat {worst.get('rhat'):.3g})" if worst.get("rhat") is not None else ""
-        _warnings.warn(f"nmcmc.sample: this model did not mix in its training's check ({check.get('why')}{slowest}): do not "
+        _warnings.warn(f"nmcmc.sample: this model did not mix in its training's check ({check.get('why')}{_slowest(check)}): do not "
                        f"trust these draws without their R-hat and ESS; train on (from_model=) or use NUTS",
                        RuntimeWarning)
     return run
@@ -584,9 +589,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
                        f"the gradient was not finite (see the 'skipped' column of {log})", RuntimeWarning)
     check = result.get("check")
     if isinstance(check, dict) and not check.get("passes", True):
-        worst = check.get("worst") or {}
-        slowest = f"; slowest: {worst.get('name')} (R-hat {worst.get('rhat'):.3g})" if worst.get("rhat") is not None else ""
-        _warnings.warn(f"nmcmc.train: the trained sampler does not mix ({check.get('why')}{slowest}; model.training['check']): "
+        _warnings.warn(f"nmcmc.train: the trained sampler does not mix ({check.get('why')}{_slowest(check)}; "
+                       f"model.training['check']): "
                        f"its draws would not be trustworthy: train longer or use NUTS", RuntimeWarning)
     if result["interrupted"]:
         print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "
