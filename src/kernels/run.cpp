@@ -498,14 +498,6 @@ class LocalRun {
 SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
   return LocalRun(target, kernel, o, seed, progress).run();
 }
-/// [S, c, ...] per rank -> [S, C, ...] over all ranks (chains in rank order).
-torch::Tensor gather_chains(parallel::Communicator& comm, const torch::Tensor& t) {
-  if (!t.defined()) return t;
-  const bool is_bool = t.scalar_type() == torch::kBool;
-  torch::Tensor local = (is_bool ? t.to(torch::kUInt8) : t).transpose(0, 1).contiguous();
-  torch::Tensor all = comm.all_gather_rows(local).transpose(0, 1).contiguous();
-  return is_bool ? all.to(torch::kBool) : all;
-}
 }  // namespace
 
 SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
@@ -558,20 +550,21 @@ SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& optio
   r.batch_grads_sampling = std::llround(t[7] / world);
   if (common == 0) return r;  // stopped before any rank drew
   auto first = [&](const torch::Tensor& x) { return x.defined() ? x.narrow(0, 0, common) : x; };
-  if (mine.draws.defined()) r.draws = gather_chains(comm, first(mine.draws).to(torch::kFloat64));
-  r.lp = gather_chains(comm, first(mine.lp));
-  r.accept_stat = gather_chains(comm, first(mine.accept_stat));
-  r.divergent = gather_chains(comm, first(mine.divergent));
-  r.tree_depth = gather_chains(comm, first(mine.tree_depth));
-  r.energy = gather_chains(comm, first(mine.energy));
+  // [S, c, ...] per rank -> [S, C, ...]: the chains (dim 1) in rank order.
+  if (mine.draws.defined()) r.draws = parallel::all_gather_along(comm, first(mine.draws).to(torch::kFloat64), 1);
+  r.lp = parallel::all_gather_along(comm, first(mine.lp), 1);
+  r.accept_stat = parallel::all_gather_along(comm, first(mine.accept_stat), 1);
+  r.divergent = parallel::all_gather_along(comm, first(mine.divergent), 1);
+  r.tree_depth = parallel::all_gather_along(comm, first(mine.tree_depth), 1);
+  r.energy = parallel::all_gather_along(comm, first(mine.energy), 1);
   torch::Tensor per_chain = mine.n_grad_chain.defined()
                                 ? first(mine.n_grad_chain)
                                 : first(mine.n_grad).unsqueeze(1).expand({common, run.chains}).contiguous();
-  r.n_grad_chain = gather_chains(comm, per_chain);
+  r.n_grad_chain = parallel::all_gather_along(comm, per_chain, 1);
   r.n_grad = std::get<0>(r.n_grad_chain.max(1));
   const torch::Tensor my_steps = mine.step_size_chain.defined() ? mine.step_size_chain.reshape({1, run.chains})
                                                                 : torch::full({1, run.chains}, mine.step_size, torch::kFloat64);
-  r.step_size_chain = gather_chains(comm, my_steps).squeeze(0);
+  r.step_size_chain = parallel::all_gather_along(comm, my_steps, 1).squeeze(0);
   r.step_size = r.step_size_chain.mean().item<double>();
   if (mine.inv_mass.defined()) {
     std::vector<int64_t> reps(mine.inv_mass.dim() + 1, 1);

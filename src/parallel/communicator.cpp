@@ -65,6 +65,14 @@ std::pair<int64_t, int64_t> block_of(int64_t n, int rank, int world) {
   return {begin, begin + base + (rank < extra ? 1 : 0)};
 }
 
+torch::Tensor all_gather_along(Communicator& comm, const torch::Tensor& t, int64_t dim) {
+  if (!t.defined()) return t;
+  const bool is_bool = t.scalar_type() == torch::kBool;
+  torch::Tensor local = (is_bool ? t.to(torch::kUInt8) : t).transpose(0, dim).contiguous();
+  torch::Tensor all = comm.all_gather_rows(local).transpose(0, dim).contiguous();
+  return is_bool ? all.to(torch::kBool) : all;
+}
+
 std::vector<double> all_reduce_doubles(Communicator& comm, std::vector<double> values) {
   if (comm.world_size() == 1) return values;
   std::vector<torch::Tensor> t = {torch::tensor(values, torch::kFloat64)};

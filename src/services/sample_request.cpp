@@ -227,7 +227,6 @@ Prepared prepare(const SampleRequest& request) {
     warm_metric = warm_start->apply(*made.kernel, options, /*dense=*/true, /*step=*/!a.step_size);
     if (!a.step_size) made.kernel->set_step_size(warm_start->step_size);
   }
-  if (a.output) ensure_directory(*a.output);  // fail before the run, not after
   RunOptions run;
   run.set_metric(metric);
   // Unset for the learned sampler: its step size is learned, so warm-up is burn-in only.
@@ -292,6 +291,7 @@ SampleOutcome sample(const SampleRequest& request, const ProgressFn& progress, s
   // chains' Stan CSV files (chain_K.csv, K their numbers in the whole run); the NetCDF file is
   // streamed by a single process, else written by rank 0 over all chains at the end.
   std::unique_ptr<DrawSink> stream;
+  if (a.output) ensure_directory(*a.output);  // before the run: a bad directory fails now, not after
   if (a.output && world == 1 && (formats.csv || formats.netcdf)) {
     stream = make_output_sink(*a.output, out.config, formats, training_log);
   } else if (a.output && formats.csv && a.chains >= world) {

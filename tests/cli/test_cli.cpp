@@ -235,6 +235,15 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
   }
 }
 
+TEST(Cli, AnOutputDirectoryThatCannotBeMadeFailsBeforeTheRun) {
+  const std::string file = ::testing::TempDir() + "output_in_the_way";
+  std::ofstream(file) << "a file where the directory's parent should be";
+  CliRun r = run("sample --target icg --dim 2 --chains 2 --warmup 20 --draws 20 --output " + file + "/run");
+  EXPECT_EQ(r.code, 74) << r.out;
+  EXPECT_NE(r.out.find("cannot create directory"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("R-hat"), std::string::npos) << "the run went ahead: " << r.out;
+}
+
 TEST(Cli, StanSyntaxPrintsTheProgramAsStan221ReadsIt) {
   const std::string program = ::testing::TempDir() + "syntax.stan";
   std::ofstream(program) << "data {\n  int<lower=0> N;\n  array[N] real y;\n}\nparameters {\n  real mu;\n}\n"

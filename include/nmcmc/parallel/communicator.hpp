@@ -96,6 +96,10 @@ bool have_nccl();
 /// Sums a few doubles over the ranks (statistics, flags).
 std::vector<double> all_reduce_doubles(Communicator& comm, std::vector<double> values);
 
+/// Every rank's `t` concatenated over ranks along `dim` (the chains of `[S, C, ...]` draws along
+/// 1); an undefined tensor stays undefined, a bool one travels as uint8.
+torch::Tensor all_gather_along(Communicator& comm, const torch::Tensor& t, int64_t dim);
+
 /// Rows [begin, end) of `n` rows that rank `rank` of `world` takes: contiguous blocks, the first
 /// n % world ranks one row more.
 std::pair<int64_t, int64_t> block_of(int64_t n, int rank, int world);
