@@ -332,11 +332,14 @@ def _spec_of(t) -> dict:
     raise ValueError("nmcmc: give a Target (nmcmc.target, from_module, from_function) or a spec dict")
 
 
-def _slowest(check: dict) -> str:
-    """Note [The mixing check]: "; slowest: NAME (R-hat R)" where the check names the parameter
-    that mixed worst, else ""."""
+def _warn_unless_it_mixes(check, said: str, advice: str) -> None:
+    """Note [The mixing check]: a RuntimeWarning where a trained sampler's check failed - why, and
+    the parameter that mixed worst where the check names it."""
+    if not isinstance(check, dict) or check.get("passes", True):
+        return
     worst = check.get("worst") or {}
-    return f"; slowest: {worst.get('name')} (R-hat {worst['rhat']:.3g})" if worst.get("rhat") is not None else ""
+    slowest = f"; slowest: {worst.get('name')} (R-hat {worst['rhat']:.3g})" if worst.get("rhat") is not None else ""
+    _warnings.warn(f"{said} ({check.get('why')}{slowest}): {advice}", RuntimeWarning)
 
 
 def _transport_choice(kind=None, layers=None, rounds=None, global_moves=None) -> dict:
@@ -435,10 +438,8 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     request = {"target": None if target is None else _spec_of(target), "options": options}
     run = Run(_C.sample(_to_json(request, "option"), init_x, _Progress(progress)))
     check = ((run.summary or {}).get("model_fit") or {}).get("training_check") or {}
-    if check and not check.get("passes", True):  # Note [The mixing check]
-        _warnings.warn(f"nmcmc.sample: this model did not mix in its training's check ({check.get('why')}{_slowest(check)}): do not "
-                       f"trust these draws without their R-hat and ESS; train on (from_model=) or use NUTS",
-                       RuntimeWarning)
+    _warn_unless_it_mixes(check, "nmcmc.sample: this model did not mix in its training's check",
+                          "do not trust these draws without their R-hat and ESS; train on (from_model=) or use NUTS")
     return run
 
 
@@ -587,11 +588,8 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     if result.get("skipped", 0) > 0:
         _warnings.warn(f"nmcmc.train: {result['skipped']} of {result['steps']} training steps were skipped because "
                        f"the gradient was not finite (see the 'skipped' column of {log})", RuntimeWarning)
-    check = result.get("check")
-    if isinstance(check, dict) and not check.get("passes", True):
-        _warnings.warn(f"nmcmc.train: the trained sampler does not mix ({check.get('why')}{_slowest(check)}; "
-                       f"model.training['check']): "
-                       f"its draws would not be trustworthy: train longer or use NUTS", RuntimeWarning)
+    _warn_unless_it_mixes(result.get("check"), "nmcmc.train: the trained sampler does not mix",
+                          "its draws would not be trustworthy (model.training['check']): train longer or use NUTS")
     if result["interrupted"]:
         print(f"nmcmc.train: interrupted after {result['steps']} steps; checkpoint saved at {output} "
               f"(resume=True continues it)", file=_sys.stderr)
