@@ -84,23 +84,33 @@ bool WarmupSchedule::ends_window(int64_t i) const {
   return std::any_of(windows_.begin(), windows_.end(), [i](auto w) { return i + 1 == w.second; });
 }
 
+namespace {
+/// Merges a batch of `c` points (its mean and sum of squared deviations, or of their outer
+/// products) into the running ones: Chan et al.'s parallel update. `cross` is delta's square, or
+/// its outer product, for the batch's mean minus the running mean `delta`.
+template <typename Cross>
+void merge_moments(torch::Tensor& mean, torch::Tensor& m2, int64_t& count, const torch::Tensor& batch_mean,
+                   const torch::Tensor& batch_m2, int64_t c, Cross cross) {
+  if (count == 0) {
+    mean = batch_mean;
+    m2 = batch_m2;
+    count = c;
+    return;
+  }
+  const double n_a = static_cast<double>(count), n_b = static_cast<double>(c), n = n_a + n_b;
+  torch::Tensor delta = batch_mean - mean;
+  mean = mean + delta * (n_b / n);
+  m2 = m2 + batch_m2 + cross(delta) * (n_a * n_b / n);
+  count += c;
+}
+}  // namespace
+
 void VarianceEstimator::add(const torch::Tensor& x) {
   torch::Tensor x64 = x.detach().to(torch::kFloat64);  // [C, D]
   const int64_t c = x64.size(0);
   torch::Tensor batch_mean = x64.mean(0);
   torch::Tensor batch_m2 = (x64 - batch_mean).pow(2).sum(0);
-  if (n_ == 0) {
-    mean_ = batch_mean;
-    m2_ = batch_m2;
-    n_ = c;
-    return;
-  }
-  // Chan et al. parallel update of mean and sum of squared deviations.
-  const double n_a = static_cast<double>(n_), n_b = static_cast<double>(c), n = n_a + n_b;
-  torch::Tensor delta = batch_mean - mean_;
-  mean_ = mean_ + delta * (n_b / n);
-  m2_ = m2_ + batch_m2 + delta * delta * (n_a * n_b / n);
-  n_ += c;
+  merge_moments(mean_, m2_, n_, batch_mean, batch_m2, c, [](const torch::Tensor& d) { return d * d; });
 }
 
 torch::Tensor VarianceEstimator::regularised_variance() const {
@@ -127,17 +137,7 @@ void CovarianceEstimator::add(const torch::Tensor& x) {
   torch::Tensor batch_mean = x64.mean(0);
   torch::Tensor centred = x64 - batch_mean;
   torch::Tensor batch_m2 = torch::matmul(centred.t(), centred);  // [D, D]
-  if (n_ == 0) {
-    mean_ = batch_mean;
-    m2_ = batch_m2;
-    n_ = c;
-    return;
-  }
-  const double n_a = static_cast<double>(n_), n_b = static_cast<double>(c), n = n_a + n_b;
-  torch::Tensor delta = batch_mean - mean_;
-  mean_ = mean_ + delta * (n_b / n);
-  m2_ = m2_ + batch_m2 + torch::outer(delta, delta) * (n_a * n_b / n);
-  n_ += c;
+  merge_moments(mean_, m2_, n_, batch_mean, batch_m2, c, [](const torch::Tensor& d) { return torch::outer(d, d); });
 }
 
 torch::Tensor CovarianceEstimator::regularised_covariance() const {
