@@ -29,6 +29,9 @@
         computes it, and the reference's sd sqrt((kurtosis - 1) / (4 n)) combined); max R-hat at
         most 1.01 and min bulk-ESS at least 400; prints a row per posterior (exit 1 if any fails)
         --temper F: the broken variant, the energy times F; exit 0 only if every posterior fails
+        --widened-must-fail F: the broken variant beside each run, for any posterior (a Stan
+        program's energy cannot be tempered): the same draws with every quantity's spread about its
+        mean F times the run's must fail the moment checks
     scripts/posteriordb.py check --stan [...]
         the same from posteriordb's Stan programs (posteriordb/stan, all 46 posteriors with reference
         draws; Note [Stan programs]): the draws are Stan's constrained quantities, checked by name
@@ -50,13 +53,14 @@ of the suite (stan_posteriors). The checks are those below.
 
 The moment checks' false-fail rate: a mean or an sd off by more than 5 standard errors has
 probability about 6e-7 per check for a correct sampler (normal approximation, both standard errors
-taken as exact), so about 1e-4 over `make test`'s 216 checks (posteriordb.nuts_quick and
-learned_quick) and about 3e-4 over the long suite's. An error in the MCSE estimate itself (ESS is
+taken as exact), so about 2e-4 over `make test`'s 398 checks (posteriordb.nuts_quick,
+learned_quick and large_nuts_flow) and about 3e-4 over the long suite's. An error in the MCSE estimate itself (ESS is
 estimated to about 10 % at these lengths) raises that: a standard error 20 % too small makes the
 threshold 4 true standard errors, 6e-5 per check. What the checks see: a mean off by 5 MCSE, an sd
 off by 5 of its standard errors (about 11 % at 1,000 effective draws, 3.5 % at 10,000 for a
 normal-tailed quantity); the energy tempered by 0.8 (every sd 12 % wide) fails on every posterior
-tried (posteriordb.tempered_energy_is_caught).
+tried (posteriordb.tempered_energy_is_caught), and so does a Stan program's run whose spread is taken
+1.118x (posteriordb.large_nuts_flow's --widened-must-fail: a Stan program's energy cannot be tempered).
 """
 import argparse
 import json
@@ -237,6 +241,15 @@ def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd
     return not why, worst_z, worst_sd, why, worst_zs
 
 
+def widened(summary: dict, factor: float) -> dict:
+    """The summary of the same draws with every quantity `factor` times as far from its mean: sd,
+    mcse_mean and mcse_sd scaled (ESS, R-hat and the kurtosis do not change with the scale). The
+    broken variant of `check --widened-must-fail`."""
+    scaled = ("sd", "mcse_mean", "mcse_sd")
+    return {**summary, "parameters": [{**q, **{k: q[k] * factor for k in scaled if q.get(k) is not None}}
+                                      for q in summary["parameters"]]}
+
+
 def worst_rhat_quantity(parameters: list):
     """The name of the quantity with the largest R-hat (None for none). R-hat is null (NaN) for a
     constant (sd 0: never the worst) and for a quantity whose chains did not move (the worst)."""
@@ -282,6 +295,11 @@ def check(args) -> int:
     SUITE = args.suite
     if args.suite != "posteriordb":  # Stan programs only
         args.stan = True
+    if args.temper != 1.0 and args.stan:
+        sys.exit("posteriordb.py: --temper tempers a port's energy (TorchScript); a Stan program's cannot be: "
+                 "use --widened-must-fail for the broken variant there")
+    if args.temper != 1.0 and args.widened_must_fail:
+        sys.exit("posteriordb.py: give one broken variant, --temper or --widened-must-fail")
     rows, failed = [], 0
     for p in args.only or (stan_posteriors() if args.stan else ports.PORTS):
         ref = stan_reference(p) if args.stan else ports.reference(p)
@@ -307,6 +325,11 @@ def check(args) -> int:
         caught = [r for r in rows if any(" sd " in w or " mean " in w for w in r["why"])]
         print(f"the tempered energy (x{args.temper}) caught by the moment checks on {len(caught)} of {len(rows)}")
         return 0 if len(caught) == len(rows) else 1
+    if args.widened_must_fail:  # the broken variant beside each run: every widened one must fail
+        caught = [r for r in rows if r.get("widened_caught")]
+        print(f"the spread widened x{args.widened_must_fail} caught by the moment checks on {len(caught)} of {len(rows)}")
+        if len(caught) < len(rows):
+            return 1
     return 1 if failed else 0
 
 
@@ -387,6 +410,13 @@ def one(nmcmc, p, ref, row, args, t0):
         if "restarted" in s["transport"]:  # Note [Far out twice]
             row["transport_restarted"] = s["transport"]["restarted"]
     ok, z, sd, why, zs = moments_check_named(s, ref, run.draws) if args.stan else moments_check(s, ref)
+    if args.widened_must_fail:  # the broken variant: the same draws, each quantity F times as far from its mean
+        f = args.widened_must_fail
+        wide = widened(s, f)
+        check_wide = moments_check_named(wide, ref, run.draws) if args.stan else moments_check(wide, ref)
+        row["widened_caught"] = not check_wide[0]
+        print(f"     {p:42s} its spread widened x{f}: {'caught' if row['widened_caught'] else 'NOT CAUGHT'} "
+              f"(sd x{check_wide[2]:.3f}, {check_wide[4]:.1f} se)", flush=True)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
                 "density_failures": s.get("density_failures", 0), "worst_mean_mcse": z, "worst_sd_ratio": sd,
@@ -442,8 +472,13 @@ def main() -> int:
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--json")
     c.add_argument("--temper", type=float, default=1.0,
-                   help="the broken variant: sample the energy times this factor; exit 0 only if every posterior "
-                        "then fails its moment checks")
+                   help="the broken variant for the ports: sample the energy times this factor; exit 0 only if "
+                        "every posterior then fails its moment checks")
+    c.add_argument("--widened-must-fail", type=float, default=None, metavar="F",
+                   help="the broken variant beside each run, Stan programs included: the same draws with every "
+                        "quantity's spread about its mean taken F times the run's (1.118: as the energy tempered "
+                        "by 0.8 widens a Gaussian) must fail the moment checks; exit 0 only if every run passes "
+                        "and every widened one fails")
     ps = sub.add_parser("ports-vs-stan")
     ps.add_argument("only", nargs="*")
     lt = sub.add_parser("large-table", help="the large suite's table (Note [The large suite]) and issue #64's goals")

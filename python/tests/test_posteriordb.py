@@ -206,3 +206,20 @@ def test_the_worst_mixing_quantity_skips_constants():
     assert posteriordb.worst_rhat_quantity(q) == "b"
     assert posteriordb.worst_rhat_quantity(q + [{"name": "stuck", "rhat": None, "sd": 0.5}]) == "stuck"
     assert posteriordb.worst_rhat_quantity([]) is None
+
+
+def test_a_widened_spread_fails_the_moment_checks_where_the_run_passes():
+    # check --widened-must-fail: the same run with every quantity 1.118x as far from its mean (as the
+    # energy tempered by 0.8 widens a Gaussian) must fail the sd check at 4,000 effective draws,
+    # where the run itself passes; a factor of 1 leaves it passing (the variant is the only change).
+    n, ess = 100000, 4000.0
+    torch.manual_seed(0)  # reference draws for the reference sd's error (their kurtosis, about 3)
+    ref = {"names": ["a", "b"], "mean": [0.0, 3.0], "sd": [1.0, 2.0], "n": n,
+           "draws": (torch.randn(1000, 2, dtype=torch.float64) * torch.tensor([1.0, 2.0])).tolist()}
+    summary = {"parameters": [{"name": nm, "mean": m, "sd": sd, "mcse_mean": sd / ess ** 0.5,
+                               "mcse_sd": sd / (2 * ess) ** 0.5} for nm, m, sd in zip("ab", [0.01, 3.02], [1.01, 1.99])]}
+    assert posteriordb.moments_check(summary, ref)[0]
+    assert posteriordb.moments_check(posteriordb.widened(summary, 1.0), ref)[0]
+    ok, _z, sd_ratio, why, _zs = posteriordb.moments_check(posteriordb.widened(summary, 1.118), ref)
+    assert not ok and abs(sd_ratio - 1.129) < 0.01 and all(" sd " in w for w in why)
+    assert summary["parameters"][0]["sd"] == 1.01  # the run's own summary is left as it was
