@@ -409,11 +409,12 @@ def one(nmcmc, p, ref, row, args, t0):
                                           for r in s["transport"].get("rounds", [])]
         if "restarted" in s["transport"]:  # Note [Far out twice]
             row["transport_restarted"] = s["transport"]["restarted"]
-    ok, z, sd, why, zs = moments_check_named(s, ref, run.draws) if args.stan else moments_check(s, ref)
+    def moments(summary):  # a Stan program's quantities by name, a port's in order
+        return moments_check_named(summary, ref, run.draws) if args.stan else moments_check(summary, ref)
+    ok, z, sd, why, zs = moments(s)
     if args.widened_must_fail:  # the broken variant: the same draws, each quantity F times as far from its mean
         f = args.widened_must_fail
-        wide = widened(s, f)
-        check_wide = moments_check_named(wide, ref, run.draws) if args.stan else moments_check(wide, ref)
+        check_wide = moments(widened(s, f))
         row["widened_caught"] = not check_wide[0]
         print(f"     {p:42s} its spread widened x{f}: {'caught' if row['widened_caught'] else 'NOT CAUGHT'} "
               f"(sd x{check_wide[2]:.3f}, {check_wide[4]:.1f} se)", flush=True)
