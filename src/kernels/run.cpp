@@ -18,6 +18,7 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/baselines.hpp"
+#include "local_run.hpp"
 #include "starting_points.hpp"
 
 namespace nmcmc {
@@ -160,9 +161,10 @@ void put_row(const torch::Tensor& dst, int64_t i, const torch::Tensor& src, bool
 /// warm-up (step size, metric windows, stuck chains), then sampling with the kernel frozen.
 class LocalRun {
  public:
-  LocalRun(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress)
-      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress), device_(checked_device(o, target)),
-        gen_(make_generator(seed, device_)) {
+  LocalRun(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress,
+           StepRecord* steps)
+      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress), steps_(steps),
+        device_(checked_device(o, target)), gen_(make_generator(seed, device_)) {
     res_.seed = seed;
     res_.names = parameter_labels(target);
     res_.draws_planned = o.draws;
@@ -189,6 +191,17 @@ class LocalRun {
   }
 
   bool stop() const { return o_.should_stop && o_.should_stop(); }
+
+  /// A step's state to the record, where the run keeps one (Note [Warm-up in phases]).
+  void keep_step(const ChainState& s) {
+    if (!steps_) return;
+    if (!s.grad.defined()) {
+      throw UsageError("a change of variables fitted during warm-up (a flow transport) is fitted from gradients, "
+                       "which sampler '" + kernel_.name() + "' does not compute (use nuts, hmc or mala)");
+    }
+    steps_->x.push_back(s.x.detach().to(torch::kCPU, torch::kFloat64));
+    steps_->grad.push_back(s.grad.detach().to(torch::kCPU, torch::kFloat64));
+  }
 
   /// Gradient calls outside the kernel's steps (screening, starting states, step-size searches):
   /// NUTS reports its steps' gradients per chain, these are added to them.
@@ -322,6 +335,7 @@ class LocalRun {
       }
       auto [next, info] = kernel_.step(target_, state_, gen_);
       state_ = std::move(next);
+      keep_step(state_);
       acc_sum += info.accept_prob.sum();
       if (info.n_grad_chain.defined()) {
         warmup_grads_chain_ = warmup_grads_chain_.defined() ? warmup_grads_chain_ + info.n_grad_chain : info.n_grad_chain.clone();
@@ -411,6 +425,7 @@ class LocalRun {
   /// One draw's row; false where the run is asked to stop. Rows go to the sink about every 2 s.
   bool record(const ChainState& now, const StepInfo& info) {
     const int64_t i = done_, s = o_.draws;
+    keep_step(now);
     if (o_.keep_draws) put_row(res_.draws, i, now.x);
     put_row(res_.lp, i, now.energy, /*negate=*/true);
     put_row(res_.accept_stat, i, info.accept_prob);
@@ -479,6 +494,7 @@ class LocalRun {
   const RunOptions& o_;
   const uint64_t seed_;
   const ProgressFn& progress_;
+  StepRecord* steps_;  // every step's state, where the caller keeps them
   const torch::Device device_;
   at::Generator gen_;
   SampleResult res_;
@@ -495,15 +511,21 @@ class LocalRun {
   double writing_ = 0;
 };
 
-SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
-  return LocalRun(target, kernel, o, seed, progress).run();
-}
 }  // namespace
+
+SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress,
+                       StepRecord* steps) {
+  return LocalRun(target, kernel, o, seed, progress, steps).run();
+}
 
 SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
                          const ProgressFn& progress, parallel::Communicator* communicator) {
   parallel::Communicator& comm = communicator != nullptr ? *communicator : *parallel::single_process();
   const int world = comm.world_size(), rank = comm.rank();
+  if (options.phases) {
+    if (world > 1) throw UsageError("a warm-up in phases (a flow transport) runs in one process");
+    return run_in_phases(target, kernel, options, seed, progress);
+  }
   if (world == 1) return run_local(target, kernel, options, seed, progress);  // the gather of one run is itself
   if (options.chains < world) {
     throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each",

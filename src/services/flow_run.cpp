@@ -1,6 +1,7 @@
 // `--transport flow`: the fitting rounds, the choice between the flow and its affine base, the final
-// warm-up and sampling (Note [Transport warm-up], services/transport.hpp). One FlowRun holds the
-// run's state; each of its steps is one of the Notes below.
+// warm-up and sampling (Note [Transport warm-up], services/transport.hpp), as the phases of one
+// run (Note [Warm-up in phases], kernels/phases.hpp): FlowRun is the run's PhaseAdapter, and each
+// of its steps is one of the Notes below.
 //
 // Note [Transient states in the pool]
 // The pool holds every state since the second round, and a later fit is warm-started from the
@@ -116,7 +117,6 @@
 // 8; 5 faster, 3 slower), kilpisjarvi on 3 of 10 (all faster): level, not clearly ahead.
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -141,7 +141,6 @@ struct Trial {
   int64_t worst = 0;     // the coordinate with the smallest scaled jump
   int64_t divergent = 0;  // divergent transitions among the trial's draws
   torch::Tensor x_end;
-  bool complete = false;
 };
 
 json trial_record(const Trial& tr) {
@@ -149,76 +148,127 @@ json trial_record(const Trial& tr) {
               {"grads_per_draw", tr.grads_per_draw}, {"divergent", tr.divergent}};
 }
 
-/// A run through the flow: the rounds, the trials, the final run (Note [Transport warm-up]).
-class FlowRun {
+/// A run through the flow as a warm-up in phases (Note [Warm-up in phases], kernels/phases.hpp):
+/// the fitting rounds, the two trials, the final warm-up and sampling (Note [Transport warm-up]).
+class FlowRun : public PhaseAdapter {
  public:
   FlowRun(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t, uint64_t seed,
           const ProgressFn& progress)
       : target_(target), kernel_(kernel), options_(options), t_(t), rules_(t.rules), seed_(seed), progress_(progress),
-        d_(target.dim()), lengths_(transport_round_lengths(options, t)), t_start_(Clock::now()),
+        d_(target.dim()), lengths_(transport_round_lengths(options, t)),
         flow_(FlowOptions().set_dim(d_).set_layers(t.layers).set_hidden(t.hidden).set_mask_seed(seed).set_engine(t.engine)),
         latent_(target, flow_),
         // The first of two rounds or more runs where T is still the identity and only sets the
         // affine base (Note [Transport warm-up]): on the affine map alone, the same values without
         // a pass through the (identity) coupling layers' graph.
         first_latent_(target, FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed).set_engine(t.engine))),
-        rk_(kernel, /*global_moves=*/false) {  // global moves once the flow is fitted (Note [Transport warm-up])
+        rk_(kernel, /*global_moves=*/false),  // global moves once the flow is fitted (Note [Transport warm-up])
+        kept_(flow_) {
     if (t.kind != TransportKind::kFlow) throw UsageError("run_with_transport: transport must be flow");
     final_warmup_ = options.warmup - std::accumulate(lengths_.begin(), lengths_.end(), int64_t{0});
-    // Starting points in x (the inner target has the exact sampler, if any), then in z; random
-    // ones by Stan's rule, as without a transport: where the density is not finite, drawn again.
-    if (options.init_x.defined()) {
-      x_start_ = options.init_x;
-    } else {
-      at::Generator gen = make_generator(seed_of(seed, SeedStream::kStartingPoints));
-      x_start_ = finite_starting_points(target, initial_positions(target, options.init, options.chains, gen),
-                                        options.init, gen);
-    }
   }
 
-  TransportRun run() {
-    TransportRun out;
-    if (!run_rounds(out)) return out;
-    rk_.set_global_moves(t_.global_moves);  // the fits are done: the flow is what the trials and the sampling use
-    if (!choose_map(out)) return out;
-    return final_run(out);
+  /// The kernel every phase runs: the caller's, with global moves once the fits are done.
+  Kernel& kernel() { return rk_; }
+
+  WarmupPhase first() override {
+    // Starting points in x (the inner target has the exact sampler, if any), then in z; random
+    // ones by Stan's rule, as without a transport: where the density is not finite, drawn again.
+    if (options_.init_x.defined()) {
+      x_start_ = options_.init_x;
+    } else {
+      at::Generator gen = make_generator(seed_of(seed_, SeedStream::kStartingPoints));
+      x_start_ = finite_starting_points(target_, initial_positions(target_, options_.init, options_.chains, gen),
+                                        options_.init, gen);
+    }
+    return round_phase(0);
+  }
+
+  std::optional<WarmupPhase> next(PhaseEnd& ended) override {
+    switch (stage_) {
+      case Stage::kRound:
+        switch (end_round(round_, ended)) {
+          case After::kNext:
+            if (++round_ < t_.rounds) return round_phase(round_);
+            return after_rounds();
+          case After::kRestart:
+            round_ = 0;  // round 0 again, at its new length
+            return round_phase(0);
+          case After::kGiveUp:
+            abandoned_ = true;
+            for (int64_t k = round_ + 1; k < t_.rounds; ++k) final_warmup_ += lengths_[k];
+            return after_rounds();
+          case After::kStop: return std::nullopt;
+        }
+        break;
+      case Stage::kTrialFlow:
+        with_flow_ = trial_end(latent_, ended);
+        affine_candidate_->set_engine(t_.engine);
+        affine_latent_.emplace(target_, affine_candidate_);
+        stage_ = Stage::kTrialAffine;
+        return phase(*affine_latent_, rules_.trial_warmup, rules_.trial_draws, seed_of(seed_, SeedStream::kTrialAffine));
+      case Stage::kTrialAffine:
+        with_affine_ = trial_end(*affine_latent_, ended);
+        choose_map();
+        return final_phase();
+      case Stage::kFinal: break;
+    }
+    throw std::logic_error("FlowRun::next after the last phase");
+  }
+
+  int64_t iterations_before() const override { return offset_; }
+  int64_t iterations_planned() const override { return options_.warmup + extra_iterations_; }
+
+  /// The run's flow (the one kept: Note [The flow or its affine base]) and what the phases did.
+  void finish(TransportRun& out) const {
+    out.flow = kept_;
+    if (far_out_) {
+      out.far_out = true;
+      out.report = {{"kind", t_.kind}, {"layers", t_.layers}, {"rounds", rounds_}, {"fit_seconds", fit_seconds_}, {"far_out", true}};
+      return;
+    }
+    if (stage_ != Stage::kFinal) return;  // stopped before sampling
+    out.report = {{"kind", t_.kind},
+                  {"layers", t_.layers},
+                  {"hidden", t_.hidden},
+                  {"rounds", rounds_},
+                  {"fit_seconds", fit_seconds_},
+                  {"global_moves", t_.global_moves},
+                  {"metric_space", "latent"},
+                  {"choice", choice_}};
+    if (restarted_) {
+      out.report["restarted"] = {{"why", "the first two fits ended far out (Note [Far out twice])"},
+                                 {"first_round", t_.arrival_round},
+                                 {"warmup_iterations", options_.warmup + extra_iterations_}};
+    }
+    if (t_.global_moves) out.report["global_accept"] = rk_.global_accept();
   }
 
  private:
   enum class After { kNext, kRestart, kGiveUp, kStop };
+  enum class Stage { kRound, kTrialFlow, kTrialAffine, kFinal };
 
-  /// Progress over the whole warm-up: in the rounds every phase (their one draw included) is warm-up.
-  void warmup_progress(const Progress& p) const {
-    if (!progress_) return;
-    Progress q = p;
-    if (in_rounds_ || p.phase == "warmup") {
-      q.phase = "warmup";
-      q.iteration = offset_ + p.iteration;
-      q.total = options_.warmup + extra_iterations_;
-      q.elapsed = seconds_since(t_start_);
-    }
-    progress_(q);
-  }
-  ProgressFn progress_fn() const {
-    return [this](const Progress& p) { warmup_progress(p); };
-  }
-
-  /// The rounds' options: the low-rank-plus-diagonal Fisher metric whatever the final metric (the
-  /// flow changes between rounds, and the metric from gradients finds a correlated latent space's
-  /// shape from a short round: Note [Transport warm-up]); no sink.
-  RunOptions warmup_options(int64_t warmup, int64_t draws, TransportedTarget& lt) const {
-    RunOptions ro = options_;
-    if (options_.metric != MetricAdapt::kUnit && kernel_.has_dense_metric()) ro.metric = MetricAdapt::kFisherLowRank;
-    ro.warmup = warmup;
-    ro.draws = draws;
-    ro.sink = nullptr;
-    ro.init_x = lt.to_latent(x_start_);
-    return ro;
+  /// A phase before sampling on `lt`, from where the chains are: the low-rank-plus-diagonal Fisher
+  /// metric whatever the final metric (the flow changes between rounds, and the metric from
+  /// gradients finds a correlated latent space's shape from a short round: Note [Transport warm-up]).
+  WarmupPhase phase(TransportedTarget& lt, int64_t iterations, int64_t draws, uint64_t seed) const {
+    WarmupPhase ph;
+    ph.target = &lt;
+    ph.iterations = iterations;
+    ph.draws = draws;
+    ph.metric = options_.metric != MetricAdapt::kUnit && kernel_.has_dense_metric() ? MetricAdapt::kFisherLowRank
+                                                                                     : options_.metric;
+    ph.seed = seed;
+    ph.init_x = lt.to_latent(x_start_);
+    return ph;
   }
 
-  void count(const SampleResult& rr) {
-    grads_ += rr.grads_warmup + rr.grads_sampling;
-    energies_ += rr.energies_warmup + rr.energies_sampling;
+  /// Fitting round r: its chains run, and one draw after its warm-up.
+  WarmupPhase round_phase(int64_t r) {
+    stage_ = Stage::kRound;
+    const bool affine_round = r == 0 && t_.rounds >= 2;
+    return phase(affine_round ? first_latent_ : latent_, lengths_[r], 1,
+                 seed_of(seed_, restarted_ ? SeedStream::kRestartedRound : SeedStream::kRound, r));
   }
 
   /// The fit's points: the pool's, the most recent max_points of them.
@@ -337,23 +387,13 @@ class FlowRun {
     }
   }
 
-  /// One fitting round: run the chains, pool their states, fit; what comes next.
-  After run_round(int64_t r, TransportRun& out) {
+  /// Fitting round r ended: its states pooled, the flow fitted; what comes next.
+  After end_round(int64_t r, PhaseEnd& ended) {
     const bool affine_round = r == 0 && t_.rounds >= 2;
     TransportedTarget& round_latent = affine_round ? first_latent_ : latent_;
-    RunOptions ro = warmup_options(lengths_[r], 1, round_latent);
-    rk_.set_recording(true);
-    const uint64_t round_seed = seed_of(seed_, restarted_ ? SeedStream::kRestartedRound : SeedStream::kRound, r);
-    SampleResult rr = run_sampler(round_latent, rk_, ro, round_seed, progress_fn());
-    rk_.set_recording(false);
-    auto [zs, gzs] = rk_.take();
-    if (!rr.complete) {
-      out.result = rr;
-      out.result.draws = torch::Tensor();
-      return After::kStop;
-    }
+    const SampleResult& rr = ended.result;
+    torch::Tensor zs = ended.x, gzs = ended.grad;
     offset_ += lengths_[r];
-    count(rr);
     if (r == 0) {  // the transient from the starting points
       const int64_t rows = zs.size(0);
       zs = zs.slice(0, rows / 2);
@@ -382,57 +422,26 @@ class FlowRun {
       return After::kGiveUp;  // Note [Far out after the restart]
     }
     if (affine_round && t_.far_out_loss > 0 && !(fr.loss_end <= t_.far_out_loss)) {
-      // The chains have not arrived: the caller starts again elsewhere (TransportOptions::far_out_loss).
-      out.far_out = true;
-      out.result = rr;
-      out.result.draws = torch::Tensor();
-      out.result.grads_warmup = grads_;
-      out.result.grads_sampling = 0;
-      out.result.energies_warmup = energies_;
-      out.result.energies_sampling = 0;
-      out.result.seconds_warmup = seconds_since(t_start_);
-      out.result.seconds_sampling = 0;
-      out.report = {{"kind", t_.kind}, {"layers", t_.layers}, {"rounds", rounds_}, {"fit_seconds", fit_seconds_}, {"far_out", true}};
+      far_out_ = true;  // the chains have not arrived: the caller starts again elsewhere (TransportOptions::far_out_loss)
       return After::kStop;
     }
     return After::kNext;
   }
 
-  /// The fitting rounds; false where the run ends there (`out` is its result).
-  bool run_rounds(TransportRun& out) {
-    out.flow = flow_;
-    for (int64_t r = 0; r < t_.rounds; ++r) {
-      switch (run_round(r, out)) {
-        case After::kNext: break;
-        case After::kRestart: r = -1; break;  // the loop's ++r: round 0 again, in x
-        case After::kGiveUp:
-          abandoned_ = true;
-          for (int64_t k = r + 1; k < t_.rounds; ++k) final_warmup_ += lengths_[k];
-          return true;
-        case After::kStop: return false;
-      }
-    }
-    return true;
-  }
-
-  /// One trial of Note [The flow or its affine base] on `lt`.
-  Trial trial(TransportedTarget& lt, uint64_t s, const torch::Tensor& scale, bool per_chain) {
-    RunOptions ro = warmup_options(rules_.trial_warmup, rules_.trial_draws, lt);
-    SampleResult rr = run_sampler(lt, rk_, ro, s, progress_fn());
+  /// What a trial of Note [The flow or its affine base] on `lt` measured.
+  Trial trial_end(TransportedTarget& lt, const PhaseEnd& ended) {
+    const SampleResult& rr = ended.result;
     Trial tr;
-    tr.complete = rr.complete;
-    if (!rr.complete) return tr;
     offset_ += rules_.trial_warmup + rules_.trial_draws;
-    count(rr);
     tr.step_size = rr.step_size;
     if (rr.divergent.defined()) tr.divergent = rr.divergent.sum().item<int64_t>();
     tr.grads_per_draw = double(rr.grads_sampling) / double(rules_.trial_draws);
-    tr.cost = per_chain ? tr.grads_per_draw : 1.0 / std::max(rr.step_size, 1e-300);
+    tr.cost = per_chain_ ? tr.grads_per_draw : 1.0 / std::max(rr.step_size, 1e-300);
     if (!std::isfinite(tr.cost)) tr.cost = std::numeric_limits<double>::infinity();
     // The draws in x [S, C, D]; squared jumps between consecutive draws, per coordinate.
     const int64_t n = rr.draws.size(0), c = rr.draws.size(1);
     const torch::Tensor x = lt.to_ambient(rr.draws.reshape({n * c, d_})).to(torch::kFloat64).reshape({n, c, d_});
-    const torch::Tensor jump = (x.narrow(0, 1, n - 1) - x.narrow(0, 0, n - 1)).pow(2).mean(std::vector<int64_t>{0, 1}) / scale;  // [D]
+    const torch::Tensor jump = (x.narrow(0, 1, n - 1) - x.narrow(0, 0, n - 1)).pow(2).mean(std::vector<int64_t>{0, 1}) / scale_;  // [D]
     const auto [worst, at] = jump.min(0);
     tr.worst = at.item<int64_t>();
     tr.score = worst.item<double>() / std::max(tr.grads_per_draw, 1e-300);
@@ -441,56 +450,51 @@ class FlowRun {
     return tr;
   }
 
-  /// Note [The flow or its affine base] (or none, Note [Far out after the restart]); false where
-  /// a trial was stopped.
-  bool choose_map(TransportRun& out) {
+  /// The rounds are done: the trials of Note [The flow or its affine base], where they run, or the
+  /// final phase (Note [Far out after the restart]: none).
+  WarmupPhase after_rounds() {
+    rk_.set_global_moves(t_.global_moves);  // the fits are done: the flow is what the trials and the sampling use
     const int64_t trials = 2 * (rules_.trial_warmup + rules_.trial_draws);
     choice_ = {{"chosen", "flow"}};
     if (abandoned_) {
-      out.flow = FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed_).set_engine(t_.engine));  // the identity
-      affine_latent_.emplace(target_, out.flow);
+      kept_ = FlowTransport(FlowOptions().set_dim(d_).set_layers(0).set_mask_seed(seed_).set_engine(t_.engine));  // the identity
+      affine_latent_.emplace(target_, kept_);
       choice_ = {{"chosen", "none"}, {"why", "the restarted first round still ended far out (Note [Far out after the restart])"}};
-      return true;
+      return final_phase();
     }
     if (!(t_.layers > 0 && t_.rounds >= 2 && final_warmup_ - trials >= 100)) {
       if (t_.layers > 0) choice_["not_tried"] = "the warm-up is too short for the trials (or one round only)";
-      return true;
+      return final_phase();
     }
-    auto [affine, affine_fit] = affine_estimate(last_px_, last_pg_, seed_of(seed_, SeedStream::kAffineCandidate));
-    const bool per_chain = kernel_.max_tree_depth() > 0;  // NUTS: gradients per draw vary
+    std::tie(affine_candidate_, affine_fit_) = affine_estimate(last_px_, last_pg_, seed_of(seed_, SeedStream::kAffineCandidate));
+    per_chain_ = kernel_.max_tree_depth() > 0;  // NUTS: gradients per draw vary
     // One scale per coordinate for both trials' scores: the variance among the last fit's points.
-    const torch::Tensor scale = last_px_.to(torch::kFloat64).var(0, /*unbiased=*/true).clamp_min(1e-300);
-    const Trial with_flow = trial(latent_, seed_of(seed_, SeedStream::kTrialFlow), scale, per_chain);
-    if (!with_flow.complete) {
-      out.result.complete = false;
-      return false;
-    }
-    affine->set_engine(t_.engine);
-    affine_latent_.emplace(target_, affine);
-    const Trial with_affine = trial(*affine_latent_, seed_of(seed_, SeedStream::kTrialAffine), scale, per_chain);
-    if (!with_affine.complete) {
-      out.result.complete = false;
-      return false;
-    }
-    const bool use_affine = with_affine.cost <= rules_.affine_if_below * with_flow.cost;
+    scale_ = last_px_.to(torch::kFloat64).var(0, /*unbiased=*/true).clamp_min(1e-300);
+    stage_ = Stage::kTrialFlow;
+    return phase(latent_, rules_.trial_warmup, rules_.trial_draws, seed_of(seed_, SeedStream::kTrialFlow));
+  }
+
+  /// Note [The flow or its affine base]: both trials ran from the same positions; the cheaper map goes on.
+  void choose_map() {
+    const int64_t trials = 2 * (rules_.trial_warmup + rules_.trial_draws);
+    const bool use_affine = with_affine_.cost <= rules_.affine_if_below * with_flow_.cost;
     choice_ = {{"chosen", use_affine ? "affine" : "flow"},
-               {"cost", per_chain ? "gradients per draw" : "1 / step size"},
+               {"cost", per_chain_ ? "gradients per draw" : "1 / step size"},
                {"affine_if_below", rules_.affine_if_below},
                {"score", "recorded, not used: min over coordinates of the mean squared jump / the fit points' variance, "
                          "per gradient"},
-               {"flow", trial_record(with_flow)},
-               {"affine", trial_record(with_affine)},
+               {"flow", trial_record(with_flow_)},
+               {"affine", trial_record(with_affine_)},
                {"iterations", trials},
-               {"affine_loss", affine_fit.loss_end}};
+               {"affine_loss", affine_fit_.loss_end}};
     final_warmup_ -= trials;
     if (use_affine) {
-      out.flow = affine;
-      x_start_ = with_affine.x_end;
+      kept_ = affine_candidate_;
+      x_start_ = with_affine_.x_end;
     } else {
       affine_latent_.reset();
-      x_start_ = with_flow.x_end;
+      x_start_ = with_flow_.x_end;
     }
-    return true;
   }
 
   /// The final warm-up's metric: Note [Far out after the restart], Note [The flow or its affine
@@ -518,43 +522,26 @@ class FlowRun {
     return MetricAdapt::kFisherLowRank;
   }
 
-  /// The final warm-up and sampling on the chosen map, the draws mapped to x.
-  TransportRun final_run(TransportRun& out) {
+  /// The final warm-up and sampling on the map kept; the run loop maps the draws to x.
+  WarmupPhase final_phase() {
+    stage_ = Stage::kFinal;
     TransportedTarget& final_latent = affine_latent_ ? *affine_latent_ : latent_;
-    RunOptions fo = options_;
-    fo.warmup = final_warmup_;
-    fo.metric = final_metric();
+    WarmupPhase ph;
+    ph.target = &final_latent;
+    ph.iterations = final_warmup_;
+    ph.metric = final_metric();
+    ph.seed = seed_;
+    ph.sampling = true;
     if (abandoned_) {
       // Note [Far out after the restart]: as a run without transport starts, so that the rounds'
       // far-out positions and metric leave nothing behind.
-      fo.init_x = options_.init_x;
+      ph.init_x = options_.init_x;
       if (kernel_.has_metric()) rk_.set_metric(Metric());
     } else {
-      fo.init_x = final_latent.to_latent(x_start_);
+      ph.init_x = final_latent.to_latent(x_start_);
     }
     rk_.reset_global();
-    const double seconds_before = seconds_since(t_start_);
-    in_rounds_ = false;
-    SampleResult res = run_mapped(final_latent, rk_, fo, seed_, progress_fn());
-    res.grads_warmup += grads_;
-    res.energies_warmup += energies_;
-    res.seconds_warmup += seconds_before;
-    out.result = std::move(res);
-    out.report = {{"kind", t_.kind},
-                  {"layers", t_.layers},
-                  {"hidden", t_.hidden},
-                  {"rounds", rounds_},
-                  {"fit_seconds", fit_seconds_},
-                  {"global_moves", t_.global_moves},
-                  {"metric_space", "latent"},
-                  {"choice", choice_}};
-    if (restarted_) {
-      out.report["restarted"] = {{"why", "the first two fits ended far out (Note [Far out twice])"},
-                                 {"first_round", t_.arrival_round},
-                                 {"warmup_iterations", options_.warmup + extra_iterations_}};
-    }
-    if (t_.global_moves) out.report["global_accept"] = rk_.global_accept();
-    return std::move(out);
+    return ph;
   }
 
   Target& target_;
@@ -566,24 +553,32 @@ class FlowRun {
   const ProgressFn& progress_;
   const int64_t d_;
   std::vector<int64_t> lengths_;
-  const Clock::time_point t_start_;
   FlowTransport flow_;
   TransportedTarget latent_, first_latent_;
   TransportKernel rk_;
+  FlowTransport kept_;                               // the map the run samples through
   std::optional<TransportedTarget> affine_latent_;  // the map kept where it is not the flow
+  Stage stage_ = Stage::kRound;
+  int64_t round_ = 0;
   int64_t final_warmup_ = 0;
-  torch::Tensor x_start_;  // where the next run starts, in x
-  int64_t grads_ = 0, energies_ = 0, offset_ = 0;
+  torch::Tensor x_start_;  // where the next phase starts, in x
+  int64_t offset_ = 0;     // warm-up iterations before the phase now running (progress)
   int64_t extra_iterations_ = 0;  // Note [Far out twice]: the rounds' iterations beyond options.warmup
   bool restarted_ = false;
   bool abandoned_ = false;  // Note [Far out after the restart]
-  bool in_rounds_ = true;
+  bool far_out_ = false;    // TransportOptions::far_out_loss: the run ended after the first round
   bool fresh_base_ = true;  // the next fit estimates the base afresh: the first, and after a round that left the pool
   double first_loss_ = 0;   // the first round's fit
   std::vector<torch::Tensor> pool_x_, pool_g_;
   int64_t pool_rows_ = 0;
   torch::Tensor last_px_, last_pg_;  // the last fit's points (Note [The flow or its affine base])
   double last_loss_ = std::numeric_limits<double>::infinity();  // the last fit's held-out loss
+  // Note [The flow or its affine base]: the affine candidate, the trials' common scale and cost rule, their results
+  FlowTransport affine_candidate_{nullptr};
+  FitReport affine_fit_;
+  torch::Tensor scale_;
+  bool per_chain_ = false;
+  Trial with_flow_, with_affine_;
   json rounds_ = json::array();
   json choice_;
   double fit_seconds_ = 0;
@@ -593,7 +588,13 @@ class FlowRun {
 
 TransportRun run_flow_transport(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
                                 uint64_t seed, const ProgressFn& progress) {
-  return FlowRun(target, kernel, options, t, seed, progress).run();
+  FlowRun flow(target, kernel, options, t, seed, progress);
+  RunOptions phased = options;
+  phased.phases = &flow;
+  TransportRun out;
+  out.result = run_sampler(target, flow.kernel(), phased, seed, progress);
+  flow.finish(out);
+  return out;
 }
 
 }  // namespace nmcmc

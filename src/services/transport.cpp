@@ -19,44 +19,6 @@ namespace nmcmc {
 
 using json = nlohmann::json;
 
-namespace {
-const torch::TensorOptions kF64 = torch::TensorOptions().dtype(torch::kFloat64);
-
-/// Forwards the run's draws to `inner` mapped to x (draws x = T(z), lp = -U(x)).
-class MappedSink : public DrawSink {
- public:
-  MappedSink(DrawSink* inner, const TransportedTarget& latent) : inner_(inner), latent_(&latent) {}
-  void append(const SampleResult& result, int64_t from, int64_t to) override {
-    inner_->append(view(result, to), from, to);
-  }
-  void finish(const SampleResult& result) override { inner_->finish(view(result, result.draws.size(0))); }
-
- private:
-  SampleResult view(const SampleResult& result, int64_t to) {
-    if (!draws_.defined() || draws_.size(0) < result.draws.size(0)) {
-      draws_ = torch::zeros(result.draws.sizes(), kF64);
-      lp_ = torch::zeros(result.lp.sizes(), kF64);
-      done_ = 0;
-    }
-    if (to > done_) {
-      torch::Tensor z = result.draws.slice(0, done_, to);  // [s, C, D]
-      const auto shape = z.sizes().vec();
-      torch::Tensor flat = z.reshape({-1, shape[2]});
-      draws_.slice(0, done_, to).copy_(latent_->to_ambient(flat).to(torch::kFloat64).reshape(shape));
-      lp_.slice(0, done_, to).copy_(result.lp.slice(0, done_, to) - latent_->log_det(flat).reshape({shape[0], shape[1]}));
-      done_ = to;
-    }
-    SampleResult v = result;
-    v.draws = draws_.slice(0, 0, result.draws.size(0));
-    v.lp = lp_.slice(0, 0, result.lp.size(0));
-    return v;
-  }
-  DrawSink* inner_;
-  const TransportedTarget* latent_;
-  torch::Tensor draws_, lp_;
-  int64_t done_ = 0;
-};
-}  // namespace
 
 std::pair<FlowTransport, FitReport> transport_affine_estimate(int64_t d, const FitOptions& fit, const torch::Tensor& x,
                                                               const torch::Tensor& g, uint64_t mask_seed,
@@ -95,46 +57,11 @@ std::pair<ChainState, StepInfo> TransportKernel::step(Target& target, const Chai
     info.n_energy += 1;
     if (info.n_grad_chain.defined()) info.n_grad_chain = info.n_grad_chain + 1;
   }
-  if (recording_) {
-    if (!next.grad.defined()) {
-      throw UsageError("a flow transport is fitted from gradients, which sampler '" + inner_->name() +
-                       "' does not compute (use nuts, hmc or mala)");
-    }
-    xs_.push_back(next.x.detach().to(torch::kCPU, torch::kFloat64));
-    gs_.push_back(next.grad.detach().to(torch::kCPU, torch::kFloat64));
-  }
   return {next, info};
 }
 
 ProposalResult TransportKernel::global_proposal(Target& target, const ChainState& state, at::Generator& gen) const {
   return normal_independence_proposal(target, state, gen);
-}
-
-std::pair<torch::Tensor, torch::Tensor> TransportKernel::take() {
-  if (xs_.empty()) return {torch::Tensor(), torch::Tensor()};
-  std::pair<torch::Tensor, torch::Tensor> out{torch::cat(xs_), torch::cat(gs_)};
-  xs_.clear();
-  gs_.clear();
-  return out;
-}
-
-SampleResult run_mapped(TransportedTarget& latent, Kernel& kernel, const RunOptions& options, uint64_t seed,
-                        const ProgressFn& progress) {
-  RunOptions fo = options;
-  std::unique_ptr<MappedSink> sink;
-  if (options.sink) {
-    sink = std::make_unique<MappedSink>(options.sink, latent);
-    fo.sink = sink.get();
-  }
-  SampleResult res = run_sampler(latent, kernel, fo, seed, progress);
-  if (res.draws.defined() && res.draws.size(0) > 0) {
-    const auto shape = res.draws.sizes().vec();
-    torch::Tensor flat = res.draws.reshape({-1, latent.dim()});
-    torch::Tensor ld = latent.log_det(flat).reshape({shape[0], shape[1]});
-    res.draws = latent.to_ambient(flat).to(torch::kFloat64).reshape(shape);
-    res.lp = res.lp.to(torch::kFloat64) - ld;
-  }
-  return res;
 }
 
 namespace {

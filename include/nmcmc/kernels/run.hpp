@@ -18,6 +18,7 @@
 namespace nmcmc {
 
 struct SampleResult;
+class PhaseAdapter;
 /// Receives the draws while run_sampler runs, e.g. to write them to disk as they are drawn.
 class DrawSink {
  public:
@@ -64,6 +65,10 @@ struct RunOptions {
   /// warm-up's draws through it: Note [Choosing the transport]). false ends the run there,
   /// complete, with the warm-up's figures so far and no draws (nothing reaches the sink).
   std::function<bool(int64_t, const ChainState&)> warmup_observer;
+  /// A warm-up in phases on targets pulled back through a transform this strategy adapts between
+  /// them (Note [Warm-up in phases], kernels/phases.hpp; one process): the result is on the run's
+  /// target. Not owned.
+  PhaseAdapter* phases = nullptr;
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }

@@ -3,7 +3,8 @@
 /// (Note [Flow transport], flows/transport.hpp): `nmcmc sample --transport flow`, `compare`.
 //
 // Note [Transport warm-up]
-// Warm-up is split: the first `fit_fraction` of it runs in rounds of doubling length (NUTS, HMC
+// Warm-up is split (one run, in phases: Note [Warm-up in phases], kernels/phases.hpp): the first
+// `fit_fraction` of it runs in rounds of doubling length (NUTS, HMC
 // or MALA with their usual step-size and metric adaptation - the fisher-lowrank metric when the
 // run adapts one and the kernel takes it - each round from where the last one ended). The first
 // round is the transient from the starting points: the second half of its states sets only the
@@ -51,6 +52,7 @@
 #include "nmcmc/core/json.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/kernel.hpp"
+#include "nmcmc/kernels/phases.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 #include "nmcmc/kernels/run.hpp"
 
@@ -194,9 +196,8 @@ void check_transport_choice(const TransportChoice& c, bool sampling, const std::
 TransportOptions transport_options(const TransportChoice& c, int64_t default_rounds);
 
 /// A kernel on a transported target: runs `inner`; with global moves follows every step with an
-/// independence MH step from N(0, I) (Note [Transport warm-up]); when recording, keeps the chains'
-/// states (positions and energy gradients, float64) after every step. Everything else is the
-/// inner kernel's.
+/// independence MH step from N(0, I) (Note [Transport warm-up]). Everything else is the inner
+/// kernel's.
 class TransportKernel : public TuningFrom<Kernel> {
  public:
   TransportKernel(Kernel& inner, bool global_moves) : inner_(&inner), global_(global_moves) {}
@@ -210,9 +211,6 @@ class TransportKernel : public TuningFrom<Kernel> {
     return inner_->probe_accept(target, state, gen);
   }
 
-  void set_recording(bool on) { recording_ = on; }
-  /// The recorded states [n, D] (step-major) and their gradients; clears them.
-  std::pair<torch::Tensor, torch::Tensor> take();
   /// Accepted fraction of the global moves since reset_global().
   double global_accept() const { return global_tries_ ? double(global_accepts_) / double(global_tries_) : 0.0; }
   void reset_global() { global_tries_ = global_accepts_ = 0; }
@@ -225,8 +223,6 @@ class TransportKernel : public TuningFrom<Kernel> {
  private:
   Kernel* inner_;
   bool global_;
-  bool recording_ = false;
-  std::vector<torch::Tensor> xs_, gs_;
   int64_t global_tries_ = 0, global_accepts_ = 0;
 };
 
@@ -313,11 +309,6 @@ struct TransportRun {
                           //  "global_moves", "global_accept"}
   bool far_out = false;   // stopped after the first round (TransportOptions::far_out_loss)
 };
-
-/// Runs `kernel` on a fixed transported target (`options.init_x`, if given, in z) and returns the
-/// result in x: draws x = T(z), lp = -U(x); a sink in `options` gets the mapped draws as they come.
-SampleResult run_mapped(TransportedTarget& latent, Kernel& kernel, const RunOptions& options, uint64_t seed,
-                        const ProgressFn& progress = nullptr);
 
 /// Note [Transport warm-up]: warm-up with fitting rounds, then sampling with `kernel` (NUTS, HMC,
 /// MALA, RWM) on the pulled-back target; `options` as for run_sampler (warm-up of at least 100
