@@ -6,7 +6,7 @@
 
 #include "nmcmc/core/clock.hpp"
 #include "nmcmc/core/errors.hpp"
-#include "local_run.hpp"
+#include "run_in_phases.hpp"
 
 namespace nmcmc {
 
@@ -128,8 +128,10 @@ SampleResult run_in_phases(Target& target, Kernel& kernel, const RunOptions& o, 
       return res;
     }
     StepRecord steps;
+    RunOptions recorded = po;
+    recorded.steps = &steps;
     PhaseEnd end;
-    end.result = run_local(*ph.target, kernel, po, ph.seed, phase_progress, &steps);
+    end.result = run_sampler(*ph.target, kernel, recorded, ph.seed, phase_progress);
     grads += end.result.grads_warmup + end.result.grads_sampling;
     energies += end.result.energies_warmup + end.result.energies_sampling;
     if (!end.result.complete) return ended_in_warmup(std::move(end.result), grads, energies, seconds_since(t_start));

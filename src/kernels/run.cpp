@@ -18,7 +18,7 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/baselines.hpp"
-#include "local_run.hpp"
+#include "run_in_phases.hpp"
 #include "starting_points.hpp"
 
 namespace nmcmc {
@@ -161,10 +161,9 @@ void put_row(const torch::Tensor& dst, int64_t i, const torch::Tensor& src, bool
 /// warm-up (step size, metric windows, stuck chains), then sampling with the kernel frozen.
 class LocalRun {
  public:
-  LocalRun(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress,
-           StepRecord* steps)
-      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress), steps_(steps),
-        device_(checked_device(o, target)), gen_(make_generator(seed, device_)) {
+  LocalRun(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress)
+      : target_(target), kernel_(kernel), o_(o), seed_(seed), progress_(progress), device_(checked_device(o, target)),
+        gen_(make_generator(seed, device_)) {
     res_.seed = seed;
     res_.names = parameter_labels(target);
     res_.draws_planned = o.draws;
@@ -192,15 +191,15 @@ class LocalRun {
 
   bool stop() const { return o_.should_stop && o_.should_stop(); }
 
-  /// A step's state to the record, where the run keeps one (Note [Warm-up in phases]).
+  /// A step's state to the caller's record, where it keeps one (Note [Warm-up in phases]).
   void keep_step(const ChainState& s) {
-    if (!steps_) return;
+    if (!o_.steps) return;
     if (!s.grad.defined()) {
       throw UsageError("a change of variables fitted during warm-up (a flow transport) is fitted from gradients, "
                        "which sampler '" + kernel_.name() + "' does not compute (use nuts, hmc or mala)");
     }
-    steps_->x.push_back(s.x.detach().to(torch::kCPU, torch::kFloat64));
-    steps_->grad.push_back(s.grad.detach().to(torch::kCPU, torch::kFloat64));
+    o_.steps->x.push_back(s.x.detach().to(torch::kCPU, torch::kFloat64));
+    o_.steps->grad.push_back(s.grad.detach().to(torch::kCPU, torch::kFloat64));
   }
 
   /// Gradient calls outside the kernel's steps (screening, starting states, step-size searches):
@@ -494,7 +493,6 @@ class LocalRun {
   const RunOptions& o_;
   const uint64_t seed_;
   const ProgressFn& progress_;
-  StepRecord* steps_;  // every step's state, where the caller keeps them
   const torch::Device device_;
   at::Generator gen_;
   SampleResult res_;
@@ -511,12 +509,11 @@ class LocalRun {
   double writing_ = 0;
 };
 
-}  // namespace
 
-SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress,
-                       StepRecord* steps) {
-  return LocalRun(target, kernel, o, seed, progress, steps).run();
+SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
+  return LocalRun(target, kernel, o, seed, progress).run();
 }
+}  // namespace
 
 SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
                          const ProgressFn& progress, parallel::Communicator* communicator) {

@@ -30,6 +30,12 @@ class DrawSink {
   virtual void finish(const SampleResult& result) = 0;
 };
 
+/// Every step's positions and energy gradients, as the kernel carries them ([C, D] each, float64
+/// on the CPU, in step order).
+struct StepRecord {
+  std::vector<torch::Tensor> x, grad;
+};
+
 /// Run settings.
 struct RunOptions {
   int64_t chains = 4;
@@ -69,6 +75,9 @@ struct RunOptions {
   /// them (Note [Warm-up in phases], kernels/phases.hpp; one process): the result is on the run's
   /// target. Not owned.
   PhaseAdapter* phases = nullptr;
+  /// Every step's state (warm-up and sampling; this process's chains) is appended here; a
+  /// UsageError for a kernel that computes no gradients. Not owned.
+  StepRecord* steps = nullptr;
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }
