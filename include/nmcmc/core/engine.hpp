@@ -3,7 +3,7 @@
 //
 // Note [Native copies]
 // Four hot paths have a copy of their own beside LibTorch's, each kept because a benchmark showed it
-// pays where it is taken (BENCHMARKS "Speed of the implementation"), each computing what its
+// pays where it is taken (each Note names its benchmark in bench/), each computing what its
 // LibTorch path computes (to rounding) and held to it by a test that runs both:
 //   TorchScript energies     nmcmc's evaluator (Note [Native engine]; targets/script_program.cpp);
 //                            the target spec's "engine"; tests NativeEngine.*.

@@ -92,7 +92,7 @@ NMCMC_ENUM_JSON(Precondition)
 // chains x a few hundred autocorrelated draws, a few rows per dimension at D = 1,000, where the
 // estimate is mostly noise and whitening by it leaves the learned sampler a badly scaled target
 // (and L costs O(D^2) per proposal). Measured with train's defaults, 4 x 1,000 draws, AMD EPYC 2
-// vCPUs (BENCHMARKS.md, "The learned sampler against D"): on the 1,000-d ill-conditioned diagonal
+// vCPUs (`bench/d_scan.py`): on the 1,000-d ill-conditioned diagonal
 // Gaussian the dense map gave 0.004 bulk-ESS per gradient (R-hat 1.168), the low-rank one 0.243
 // (R-hat 1.011; warm-up 17 s instead of 48 s); at D = 300 the dense map 0.126, the low-rank one
 // 0.384. But where the posterior's correlations are not a few factors the low-rank map cannot

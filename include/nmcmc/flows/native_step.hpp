@@ -46,7 +46,7 @@ class Target;
 /// (2 Mflop), 778 / 687 at 16 (8 Mflop); ICG (D = 100, width 256) 1024 / 613 at 4 (9.6 Mflop):
 /// above a few Mflop LibTorch's float32 GEMMs, which read half the bytes of weights and reuse
 /// them across rows, win. On a 2-vCPU AMD EPYC (Zen 4) the crossover is 4-6 Mflop as well
-/// (`bash bench/native_threshold.sh`, BENCHMARKS "Speed of the implementation").
+/// (`bash bench/native_threshold.sh`).
 constexpr int64_t kNativeStepMaxFlops = 4'000'000;
 
 /// A tensor's values as float64 in row-major order (detached, on the CPU): how the native

@@ -73,7 +73,7 @@ NMCMC_ENUM_JSON(TransportKind)
 
 /// The fits during `nmcmc sample`'s and `compare`'s transported warm-up (Note [Transport warm-up]).
 /// Six since the native pass made the rounds cheap: on Funnel-3 (x1's mean and sd within 3 MCSE,
-/// R-hat < 1.01) six passed 3 seeds of 3 at f8db9f9 and 2 of 3 at f9ef74b, four 1 of 3 at both;
+/// R-hat < 1.01) six passed 3 seeds of 3 and 2 of 3 in two measurements, four 1 of 3 in both;
 /// on 13 posteriordb posteriors six gave a median 1.09x the best NUTS's bulk-ESS per gradient
 /// (ahead on 10) where four gave 1.04x (ahead on 8).
 /// `nmcmc train`'s shorter warm-up keeps four (kTrainTransportRounds, services/train.hpp).
