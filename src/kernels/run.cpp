@@ -14,18 +14,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "nmcmc/core/clock.hpp"
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/kernels/adaptation.hpp"
 #include "nmcmc/kernels/baselines.hpp"
-#include "run_in_phases.hpp"
+#include "draw_storage.hpp"
+#include "transformed_draws.hpp"
 #include "starting_points.hpp"
 
 namespace nmcmc {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 // Note [Chains that run off]: on an improper density (flat, or growing along some direction) every
@@ -35,105 +36,6 @@ namespace {
 // so a step size past 1e12 means the run met no curvature: it stops and says so, rather than write
 // draws that mean nothing (a user whose parameters truly have scales of 1e12 rescales them).
 constexpr double kRunawayStepSize = 1e12;
-constexpr double kStateCopiesPerChain = 32;  // [C, D] tensors a kernel keeps alive (NUTS: its trees' buffers, ~20)
-constexpr double kStatBytesPerDraw = 48;     // lp, accept, divergent, n_grad, tree depth, energy per chain
-
-/// A float64 tensor backed by a scratch file that is unlinked at once: the kernel pages it out
-/// as needed and frees the space when the tensor goes.
-torch::Tensor disk_backed_tensor(torch::IntArrayRef shape, const std::string& directory) {
-  fs::path dir = directory.empty() ? fs::temp_directory_path() : fs::path(directory);
-  std::string pattern = (dir / "nmcmc-draws-XXXXXX").string();
-  std::vector<char> name(pattern.begin(), pattern.end());
-  name.push_back('\0');
-  const int fd = ::mkstemp(name.data());
-  if (fd < 0) throw IoError("cannot create a scratch file for the draws in '" + dir.string() + "'");
-  int64_t numel = 1;
-  for (int64_t n : shape) numel *= n;
-  const bool sized = ::ftruncate(fd, static_cast<off_t>(numel * 8)) == 0;
-  ::close(fd);
-  if (!sized) {
-    fs::remove(name.data());
-    throw IoError("cannot size the scratch file for the draws in '" + dir.string() + "'");
-  }
-  torch::Tensor t = at::from_file(name.data(), /*shared=*/true, numel, torch::TensorOptions().dtype(torch::kFloat64));
-  fs::remove(name.data());  // the mapping keeps the data; nothing is left behind
-  return t.view(shape);
-}
-
-double available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024.0;
-  }
-  return std::numeric_limits<double>::infinity();
-}
-
-std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(int64_t{1} << 30)); }
-}  // namespace
-
-RunFootprint estimate_footprint(const RunOptions& o, int64_t dim, int64_t dtype_bytes) {
-  const double c = static_cast<double>(o.chains), s = static_cast<double>(o.draws), d = static_cast<double>(dim);
-  RunFootprint f;
-  f.memory_bytes = kStateCopiesPerChain * c * d * static_cast<double>(dtype_bytes) + kStatBytesPerDraw * s * c;
-  const double draws = o.keep_draws ? s * c * d * 8.0 : 0.0;
-  if (draws > static_cast<double>(o.draws_in_memory_limit) && o.draws_in_memory_limit > 0) f.disk_bytes = draws;
-  else f.memory_bytes += draws;
-  return f;
-}
-
-void check_footprint(const RunOptions& o, int64_t dim, int64_t dtype_bytes) {
-  const RunFootprint f = estimate_footprint(o, dim, dtype_bytes);
-  const double mem = available_memory_bytes();
-  if (f.memory_bytes > mem) {
-    throw UsageError(fmt::format(
-        "this run needs about {} of memory ({} chains x {} dimensions of sampler state, {} draws of statistics per "
-        "chain) but {} is available: use fewer chains or draws",
-        gib(f.memory_bytes), o.chains, dim, o.draws, gib(mem)));
-  }
-  if (f.disk_bytes > 0) {
-    std::error_code ec;
-    const fs::path dir = o.scratch_directory.empty() ? fs::temp_directory_path() : fs::path(o.scratch_directory);
-    const auto space = fs::space(dir, ec);
-    if (!ec && static_cast<double>(space.available) < f.disk_bytes) {
-      throw UsageError(fmt::format("the draws need {} of scratch disk in '{}' but {} is free: use fewer draws or chains",
-                                   gib(f.disk_bytes), dir.string(), gib(static_cast<double>(space.available))));
-    }
-  }
-}
-
-namespace {
-/// dst[i] = src (or -src), the sampling loop's per-draw copy of a [C] or [C, D] value into its
-/// [S, C] or [S, C, D] record: a plain loop where both are on the CPU, dst's rows are contiguous
-/// and the types are float32/float64 into float64 or the same type (a draw is 64 x 50 numbers, a
-/// tensor op costs microseconds: the ops were as much as NUTS's leaves on a cheap target), else
-/// the tensor ops.
-void put_row(const torch::Tensor& dst, int64_t i, const torch::Tensor& src, bool negate = false) {
-  const int64_t n = src.numel();
-  const bool fast = dst.device().is_cpu() && src.device().is_cpu() && dst.is_contiguous() && src.is_contiguous() &&
-                    dst.numel() / std::max<int64_t>(dst.size(0), 1) == n;
-  if (fast && dst.scalar_type() == torch::kFloat64 &&
-      (src.scalar_type() == torch::kFloat64 || src.scalar_type() == torch::kFloat32)) {
-    double* out = dst.data_ptr<double>() + i * n;
-    const double sign = negate ? -1.0 : 1.0;
-    if (src.scalar_type() == torch::kFloat64) {
-      const double* in = src.data_ptr<double>();
-      for (int64_t j = 0; j < n; ++j) out[j] = sign * in[j];
-    } else {
-      const float* in = src.data_ptr<float>();
-      for (int64_t j = 0; j < n; ++j) out[j] = sign * static_cast<double>(in[j]);
-    }
-    return;
-  }
-  if (fast && !negate && dst.scalar_type() == src.scalar_type()) {
-    std::memcpy(static_cast<char*>(dst.data_ptr()) + i * n * static_cast<int64_t>(dst.element_size()), src.data_ptr(),
-                static_cast<size_t>(n) * dst.element_size());
-    return;
-  }
-  dst[i].copy_(negate ? -src : src);
-}
 
 // Note [Stuck chains in warm-up]
 // The chains share one step size (pooled adaptation). A chain whose random starting point lies
@@ -515,14 +417,100 @@ SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint
 }
 }  // namespace
 
+namespace {
+/// A phase's run options: the run's, with the phase's length, metric and starting points.
+RunOptions phase_options(const RunOptions& o, const WarmupPhase& ph) {
+  RunOptions po = o;
+  po.warmup = ph.iterations;
+  po.metric = ph.metric;
+  po.init_x = ph.init_x;
+  if (!ph.sampling) {
+    po.draws = ph.draws;
+    po.sink = nullptr;
+  }
+  return po;
+}
+
+/// A result that ends in warm-up: its figures with every phase's counts, and no draws.
+SampleResult ended_in_warmup(SampleResult r, int64_t grads, int64_t energies, double seconds) {
+  r.draws = torch::Tensor();
+  r.grads_warmup = grads;
+  r.grads_sampling = 0;
+  r.energies_warmup = energies;
+  r.energies_sampling = 0;
+  r.seconds_warmup = seconds;
+  r.seconds_sampling = 0;
+  return r;
+}
+}  // namespace
+
+SampleResult run_mapped(TransformedTarget& latent, Kernel& kernel, const RunOptions& options, uint64_t seed,
+                        const ProgressFn& progress) {
+  RunOptions fo = options;
+  std::unique_ptr<TransformedSink> sink;
+  if (options.sink) {
+    sink = std::make_unique<TransformedSink>(options.sink, latent);
+    fo.sink = sink.get();
+  }
+  SampleResult res = run_local(latent, kernel, fo, seed, progress);  // one process (run_sampler's without a communicator)
+  map_to_inner(res, latent);
+  return res;
+}
+
+SampleResult run_in_phases(Target& target, Kernel& kernel, const RunOptions& o, PhaseAdapter& adapter, uint64_t seed,
+                           const ProgressFn& progress) {
+  const Clock::time_point t_start = Clock::now();
+  int64_t grads = 0, energies = 0;  // per chain, every phase before the last
+  WarmupPhase ph = adapter.first();
+  // Progress over the whole warm-up: every report of a phase before the last is warm-up.
+  const ProgressFn phase_progress = [&](const Progress& p) {
+    if (!progress) return;
+    Progress q = p;
+    if (!ph.sampling || p.phase == "warmup") {
+      // a phase's draws after its warm-up (not the last phase's) go on from its warm-up's iterations
+      const int64_t in_phase = ph.sampling || p.phase == "warmup" ? p.iteration : ph.iterations + p.iteration;
+      q.phase = "warmup";
+      q.iteration = adapter.iterations_before() + in_phase;
+      q.total = adapter.iterations_planned();
+      q.elapsed = seconds_since(t_start);
+    }
+    progress(q);
+  };
+  for (;;) {
+    if (ph.target == nullptr || ph.target->dim() != target.dim()) {
+      throw std::logic_error("run_in_phases: a phase's target must be the run's target pulled back");
+    }
+    const RunOptions po = phase_options(o, ph);
+    if (ph.sampling) {
+      const double before = seconds_since(t_start);
+      SampleResult res = run_mapped(*ph.target, kernel, po, ph.seed, phase_progress);
+      res.grads_warmup += grads;
+      res.energies_warmup += energies;
+      res.seconds_warmup += before;
+      return res;
+    }
+    StepRecord steps;
+    RunOptions recorded = po;
+    recorded.steps = &steps;
+    PhaseEnd end;
+    end.result = run_local(*ph.target, kernel, recorded, ph.seed, phase_progress);
+    grads += end.result.grads_warmup + end.result.grads_sampling;
+    energies += end.result.energies_warmup + end.result.energies_sampling;
+    if (!end.result.complete) return ended_in_warmup(std::move(end.result), grads, energies, seconds_since(t_start));
+    if (!steps.x.empty()) {
+      end.x = torch::cat(steps.x);
+      end.grad = torch::cat(steps.grad);
+    }
+    std::optional<WarmupPhase> next = adapter.next(end);
+    if (!next) return ended_in_warmup(std::move(end.result), grads, energies, seconds_since(t_start));
+    ph = std::move(*next);
+  }
+}
+
 SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
                          const ProgressFn& progress, parallel::Communicator* communicator) {
   parallel::Communicator& comm = communicator != nullptr ? *communicator : *parallel::single_process();
   const int world = comm.world_size(), rank = comm.rank();
-  if (options.phases) {
-    if (world > 1) throw UsageError("a warm-up in phases (a flow transport) runs in one process");
-    return run_in_phases(target, kernel, options, seed, progress);
-  }
   if (world == 1) return run_local(target, kernel, options, seed, progress);  // the gather of one run is itself
   if (options.chains < world) {
     throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each",

@@ -1,6 +1,6 @@
 // `--transport flow`: the fitting rounds, the choice between the flow and its affine base, the final
 // warm-up and sampling (Note [Transport warm-up], services/transport.hpp), as the phases of one
-// run (Note [Warm-up in phases], kernels/phases.hpp): FlowRun is the run's PhaseAdapter, and each
+// run (Note [Warm-up in phases], kernels/run.hpp): FlowRun is the run's PhaseAdapter, and each
 // of its steps is one of the Notes below.
 //
 // Note [Transient states in the pool]
@@ -148,7 +148,7 @@ json trial_record(const Trial& tr) {
               {"grads_per_draw", tr.grads_per_draw}, {"divergent", tr.divergent}};
 }
 
-/// A run through the flow as a warm-up in phases (Note [Warm-up in phases], kernels/phases.hpp):
+/// A run through the flow as a warm-up in phases (Note [Warm-up in phases], kernels/run.hpp):
 /// the fitting rounds, the two trials, the final warm-up and sampling (Note [Transport warm-up]).
 class FlowRun : public PhaseAdapter {
  public:
@@ -589,10 +589,8 @@ class FlowRun : public PhaseAdapter {
 TransportRun run_flow_transport(Target& target, Kernel& kernel, const RunOptions& options, const TransportOptions& t,
                                 uint64_t seed, const ProgressFn& progress) {
   FlowRun flow(target, kernel, options, t, seed, progress);
-  RunOptions phased = options;
-  phased.phases = &flow;
   TransportRun out;
-  out.result = run_sampler(target, flow.kernel(), phased, seed, progress);
+  out.result = run_in_phases(target, flow.kernel(), options, flow, seed, progress);
   flow.finish(out);
   return out;
 }

@@ -11,7 +11,7 @@
 #include "nmcmc/core/transform.hpp"
 #include "nmcmc/kernels/baselines.hpp"
 #include "nmcmc/kernels/factory.hpp"
-#include "nmcmc/kernels/phases.hpp"
+#include "nmcmc/kernels/run.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
 
@@ -79,19 +79,14 @@ class TwoPhases : public PhaseAdapter {
   torch::Tensor last_x_;
 };
 
-RunOptions phased(PhaseAdapter& adapter) {
-  RunOptions ro;
-  ro.set_chains(kChains).set_warmup(250).set_draws(1000);
-  ro.phases = &adapter;
-  return ro;
-}
+const RunOptions kRun = RunOptions().set_chains(kChains).set_warmup(250).set_draws(1000);
 }  // namespace
 
 TEST(Phases, EveryPhaseIsWarmUpAndTheLastOnesDrawsComeBackMapped) {
   GaussianTarget target = shifted_gaussian();
   auto hmc = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5));
   TwoPhases adapter(target, /*end_early=*/false);
-  SampleResult r = run_sampler(target, *hmc, phased(adapter), 7);
+  SampleResult r = run_in_phases(target, *hmc, kRun, adapter, 7);
   ASSERT_TRUE(r.complete);
   ASSERT_EQ(adapter.ends.size(), 2u);
   // every step of a phase (its warm-up and its draws) handed over, with its gradients
@@ -110,7 +105,7 @@ TEST(Phases, EveryPhaseIsWarmUpAndTheLastOnesDrawsComeBackMapped) {
   EXPECT_EQ(test_support::moments_within(r.draws, mean, sd), "");
   TwoPhases again(target, false);
   auto fresh = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5));
-  EXPECT_TRUE(torch::equal(r.draws, run_sampler(target, *fresh, phased(again), 7).draws)) << "same seed, same draws";
+  EXPECT_TRUE(torch::equal(r.draws, run_in_phases(target, *fresh, kRun, again, 7).draws)) << "same seed, same draws";
   const torch::Tensor latent = (r.draws - mean) / sd;
   EXPECT_NE(test_support::moments_within(latent, mean, sd), "");
 }
@@ -119,7 +114,7 @@ TEST(Phases, AnAdapterThatEndsTheRunLeavesNoDrawsAndCountsItsPhase) {
   GaussianTarget target = shifted_gaussian();
   auto hmc = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5));
   TwoPhases adapter(target, /*end_early=*/true);
-  SampleResult r = run_sampler(target, *hmc, phased(adapter), 7);
+  SampleResult r = run_in_phases(target, *hmc, kRun, adapter, 7);
   EXPECT_TRUE(r.complete);
   EXPECT_FALSE(r.draws.defined());
   ASSERT_EQ(adapter.ends.size(), 1u);
@@ -132,7 +127,7 @@ TEST(Phases, AKernelWithoutGradientsIsRefusedWithOneMessage) {
   auto rwm = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kRwm));
   TwoPhases adapter(target, false);
   try {
-    run_sampler(target, *rwm, phased(adapter), 7);
+    run_in_phases(target, *rwm, kRun, adapter, 7);
     FAIL() << "a random walk gives no gradients to fit from";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("from gradients"), std::string::npos) << e.what();

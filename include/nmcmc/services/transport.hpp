@@ -3,7 +3,7 @@
 /// (Note [Flow transport], flows/transport.hpp): `nmcmc sample --transport flow`, `compare`.
 //
 // Note [Transport warm-up]
-// Warm-up is split (one run, in phases: Note [Warm-up in phases], kernels/phases.hpp): the first
+// Warm-up is split (one run, in phases: Note [Warm-up in phases], kernels/run.hpp): the first
 // `fit_fraction` of it runs in rounds of doubling length (NUTS, HMC
 // or MALA with their usual step-size and metric adaptation - the fisher-lowrank metric when the
 // run adapts one and the kernel takes it - each round from where the last one ended). The first
@@ -52,7 +52,7 @@
 #include "nmcmc/core/json.hpp"
 #include "nmcmc/flows/transport.hpp"
 #include "nmcmc/kernels/kernel.hpp"
-#include "nmcmc/kernels/phases.hpp"
+#include "nmcmc/kernels/run.hpp"
 #include "nmcmc/kernels/proposal.hpp"
 #include "nmcmc/kernels/run.hpp"
 
