@@ -80,11 +80,13 @@ class TwoPhases : public PhaseAdapter {
 };
 
 const RunOptions kRun = RunOptions().set_chains(kChains).set_warmup(250).set_draws(1000);
+
+std::unique_ptr<Kernel> hmc5() { return make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5)); }
 }  // namespace
 
 TEST(Phases, EveryPhaseIsWarmUpAndTheLastOnesDrawsComeBackMapped) {
   GaussianTarget target = shifted_gaussian();
-  auto hmc = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5));
+  auto hmc = hmc5();
   TwoPhases adapter(target, /*end_early=*/false);
   SampleResult r = run_in_phases(target, *hmc, kRun, adapter, 7);
   ASSERT_TRUE(r.complete);
@@ -104,15 +106,14 @@ TEST(Phases, EveryPhaseIsWarmUpAndTheLastOnesDrawsComeBackMapped) {
   const torch::Tensor mean = torch::tensor({4.0, -2.0, 1.0}, kF64), sd = torch::tensor({1.0, 2.0, 0.5}, kF64);
   EXPECT_EQ(test_support::moments_within(r.draws, mean, sd), "");
   TwoPhases again(target, false);
-  auto fresh = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5));
-  EXPECT_TRUE(torch::equal(r.draws, run_in_phases(target, *fresh, kRun, again, 7).draws)) << "same seed, same draws";
+  EXPECT_TRUE(torch::equal(r.draws, run_in_phases(target, *hmc5(), kRun, again, 7).draws)) << "same seed, same draws";
   const torch::Tensor latent = (r.draws - mean) / sd;
   EXPECT_NE(test_support::moments_within(latent, mean, sd), "");
 }
 
 TEST(Phases, AnAdapterThatEndsTheRunLeavesNoDrawsAndCountsItsPhase) {
   GaussianTarget target = shifted_gaussian();
-  auto hmc = make_baseline_kernel(ProposalOptions().set_sampler(SamplerKind::kHmc).set_leapfrog(5));
+  auto hmc = hmc5();
   TwoPhases adapter(target, /*end_early=*/true);
   SampleResult r = run_in_phases(target, *hmc, kRun, adapter, 7);
   EXPECT_TRUE(r.complete);
