@@ -23,9 +23,12 @@ build: configure
 
 # The whole suite: unit, statistical and CLI tests, then the installed-package example. The
 # long checks (label "long": the posteriordb suite's samplers, minutes per posterior) run apart:
-# `make test-long`.
+# `make test-long`. ctest runs JOBS tests at once, each with one intra-op thread (LibTorch's and
+# OpenBLAS's default, one thread per core in every test, oversubscribes the cores: the same tests
+# take a third longer on 2 vCPUs).
+TEST_THREADS ?= 1
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE long
+	cd $(BUILD) && OMP_NUM_THREADS=$(TEST_THREADS) ctest --output-on-failure -j$(JOBS) -LE long
 	$(MAKE) --no-print-directory example
 
 # posteriordb's reference posteriors sampled by NUTS and by the learned sampler with its
