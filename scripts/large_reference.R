@@ -5,25 +5,37 @@
 # posterior package, written to large/stan_reference/POSTERIOR.json in posteriordb/'s layout (names as
 # nmcmc writes them: theta[1,2] -> theta.1.2). It refuses to write a reference whose R-hat exceeds
 # 1.01 or whose bulk-ESS is under 2,000 for any quantity.
-# Usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED
+# Usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC]
+# (METRIC: Stan's diag_e, the default, or dense_e)
 suppressMessages({library(rstan); library(jsonlite); library(posterior)})
 a <- commandArgs(trailingOnly = TRUE)
-if (length(a) != 8) stop("usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED")
+if (!(length(a) %in% c(8, 9))) stop("usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC]")
+metric <- if (length(a) == 9) a[9] else "diag_e"
+if (!(metric %in% c("diag_e", "dense_e"))) stop("METRIC must be diag_e or dense_e")
 posterior <- a[1]; model_name <- a[2]; data_name <- a[3]
 chains <- as.integer(a[4]); warmup <- as.integer(a[5]); draws <- as.integer(a[6])
 adapt_delta <- as.numeric(a[7]); seed <- as.integer(a[8])
 root <- file.path(dirname(sub("--file=", "", grep("--file=", commandArgs(FALSE), value = TRUE))), "..", "large")
 cli <- Sys.getenv("NMCMC_CLI", file.path(root, "..", "build", "nmcmc"))
-program <- system2(cli, c("stan-syntax", file.path(root, "stan", paste0(model_name, ".stan"))), stdout = TRUE)
+# A program under reference_stan/ is the same posterior reparameterised for Stan's sampler (its first
+# comment says how); its standardised variables (NAME_raw) are not quantities of the posterior.
+program_file <- file.path(root, "reference_stan", paste0(model_name, ".stan"))
+if (!file.exists(program_file)) program_file <- file.path(root, "stan", paste0(model_name, ".stan"))
+program <- system2(cli, c("stan-syntax", program_file), stdout = TRUE)
 if (!is.null(attr(program, "status"))) stop("nmcmc stan-syntax failed")
-model <- stan_model(model_code = paste(program, collapse = "\n"), model_name = model_name, auto_write = FALSE)
+# Debian's r-cran-bh holds no headers of its own (libboost-dev's are in /usr/include): rstan, looking
+# for BH's, would stop with "Boost not found"
+boost <- system.file("include", package = "BH")
+if (!dir.exists(boost)) boost <- "/usr/include"
+model <- stan_model(model_code = paste(program, collapse = "\n"), model_name = model_name, auto_write = FALSE,
+                    boost_lib = boost)
 data <- fromJSON(file.path(root, "data", paste0(data_name, ".json")))
 t1 <- Sys.time()
 fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warmup = warmup, seed = seed,
-                cores = 2, refresh = max(1, (warmup + draws) %/% 5), control = list(adapt_delta = adapt_delta))
+                cores = 2, refresh = max(1, (warmup + draws) %/% 5), control = list(adapt_delta = adapt_delta, metric = metric))
 seconds <- as.numeric(difftime(Sys.time(), t1, units = "secs"))
 arr <- as_draws_array(as.array(fit))
-arr <- subset_draws(arr, variable = setdiff(variables(arr), "lp__"))
+arr <- subset_draws(arr, variable = variables(arr)[variables(arr) != "lp__" & !grepl("_raw(\\[|$)", variables(arr))])
 s <- summarise_draws(arr, mean, sd, ess_bulk, mcse_mean, rhat)
 sp <- get_sampler_params(fit, inc_warmup = FALSE)
 divergent <- sum(sapply(sp, function(x) sum(x[, "divergent__"])))
@@ -35,10 +47,11 @@ if (max(s$rhat[varying], na.rm = TRUE) > 1.01 || min(s$ess_bulk[varying], na.rm 
   stop("not written: R-hat above 1.01 or bulk-ESS under 2,000 (run longer)")
 ref <- list(posterior = posterior, model = model_name, data = data_name,
             source = paste0("stan-dev/posteriordb posterior_database/posteriors/", posterior, ".json; reference made by ",
-                            "scripts/large_reference.R"),
+                            "scripts/large_reference.R from large/", basename(dirname(program_file)), "/",
+                            basename(program_file)),
             inference = list(method = "stan_sampling (rstan 2.21, Debian)",
                              method_arguments = list(chains = chains, warmup = warmup, iter = warmup + draws,
-                                                     seed = seed, control = list(adapt_delta = adapt_delta)),
+                                                     seed = seed, control = list(adapt_delta = adapt_delta, metric = metric)),
                              seconds = seconds, divergent = divergent,
                              max_rhat = max(s$rhat[varying], na.rm = TRUE),
                              min_ess_bulk = min(s$ess_bulk[varying], na.rm = TRUE)),
