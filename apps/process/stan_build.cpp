@@ -131,6 +131,25 @@ class FileLock {
 
 }  // namespace
 
+// Note [Stan's build flags]
+// A Stan program's gradient is Stan's reverse-mode autodiff: every operation allocates on its
+// stack, which Debian's StanHeaders declares thread-local (each thread its own tape, whether
+// STAN_THREADS is set or not; stan/shim.cpp's ensure_tape). In a shared library built with
+// -fPIC the default TLS dialect reaches that stack through a call to __tls_get_addr each time (a
+// tenth of nes's gradient in perf, 701 rows x 9 coefficients); TLS descriptors (gnu2, x86-64
+// only: aarch64 uses descriptors already) resolve it once per thread. With -O3 as CmdStan's
+// default, one gradient of nes1976 took 280 us against -O2's 490 (bench/stan_gradient.py,
+// BENCHMARKS "Stan programs"), with the same bits: energies and gradients at 256 points of nes,
+// diamonds and arK identical. initial-exec TLS was as fast, but a library loaded with dlopen
+// takes its static TLS from a small reserve that many models in one process would exhaust.
+std::string default_stan_flags() {
+#if defined(__x86_64__)
+  return "-O3 -mtls-dialect=gnu2";
+#else
+  return "-O3";
+#endif
+}
+
 std::string default_stan_cache() {
   if (const char* v = std::getenv("NMCMC_STAN_CACHE"); v && *v) return v;
   if (const char* v = std::getenv("XDG_CACHE_HOME"); v && *v) return (fs::path(v) / "nmcmc" / "stan").string();

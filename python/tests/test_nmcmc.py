@@ -390,6 +390,10 @@ def test_stan_model_samples_in_stans_names_and_says_what_is_missing():
     model = nmcmc.train(t, steps=20, transport="none", progress=False)
     run = nmcmc.sample(sampler="learned", model=model, chains=2, warmup=20, draws=30, seed=2, progress=False)
     assert tuple(run.draws.shape) == (30, 2, 26) and run.summary["parameters"][25]["name"] == "y_rep.8"
+    # The model is the program's on these data whichever build or threads evaluate it (density_of).
+    same = nmcmc.Target(dict(t.spec, threads=1), dtype="float64")
+    run = nmcmc.sample(same, "learned", model=model, chains=2, warmup=20, draws=30, seed=2, progress=False)
+    assert "trained_on" not in run.summary["model_fit"]
     del data["y"]
     with pytest.raises(ValueError, match="variable name=y"):
         nmcmc.stan_model(program, data=data)

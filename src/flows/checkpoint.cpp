@@ -111,15 +111,13 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
   if (target_spec) {
     auto probe = make_target(*target_spec, options);
     // A TorchScript density is the module's content, not its location: a module saved elsewhere
-    // (or passed in memory from Python) is accepted when the rest of the spec (dim, output) agrees.
-    auto comparable = [](json s) {
-      if (s.value("name", "") == "torchscript") s.erase("module");
-      return s;
-    };
-    if (comparable(probe->spec()) != comparable(trained_on)) {
+    // (or passed in memory from Python) is accepted when the rest of the spec (dim, output) agrees;
+    // a Stan program is accepted whichever build of it runs (density_of).
+    if (density_of(probe->spec()) != density_of(trained_on)) {
       // The same Stan program on other data, with the same parameters, is accepted: sample() then
       // checks that the model still fits (Note [Training from a previous model]).
-      auto program_of = [](json s) {
+      auto program_of = [](const json& spec) {
+        json s = density_of(spec);
         if (s.value("name", "") != "stan") return json();
         s.erase("data");
         return s;

@@ -371,6 +371,17 @@ void resolve_target_paths(json& spec, const std::string& base_dir) {
   }
 }
 
+json density_of(json spec) {
+  if (!spec.is_object()) return spec;
+  const std::string name = spec.value("name", std::string());
+  if (name == "torchscript") spec.erase("module");
+  if (name == "stan" && spec.contains("program")) {
+    spec.erase("library");
+    spec.erase("threads");
+  }
+  return spec;
+}
+
 void set_target_engine(json& spec, Engine engine, bool replace) {
   if (!spec.is_object() || spec.value("name", std::string()) != "torchscript") return;
   const std::string name = enum_name(engine);

@@ -13,6 +13,7 @@
 #include "nmcmc/flows/checkpoint.hpp"
 #include "nmcmc/io/config.hpp"
 #include "nmcmc/io/draws.hpp"
+#include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/objective.hpp"
 
 namespace nmcmc {
@@ -370,7 +371,7 @@ void Trainer::save(const std::string& path, const json& extra,
 json Trainer::load(const std::string& path) {
   auto ar = open_learned_checkpoint(path);
   json meta = read_learned_meta(ar, path);
-  if (meta["target"] != target_.spec()) {
+  if (density_of(meta["target"]) != density_of(target_.spec())) {
     throw DataError("checkpoint '" + path + "' was trained on target " + meta["target"].dump() + ", not " +
                     target_.spec().dump());
   }

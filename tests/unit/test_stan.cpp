@@ -273,6 +273,33 @@ TEST(Stan, ABuiltProgramIsReusedFromTheCache) {
   EXPECT_EQ(fs::path(first).filename(), "schools.so");
 }
 
+TEST(Stan, ACheckpointsTargetIsTheProgramWhicheverBuildRunsIt) {
+  // A model trained on a Stan program is compared on what defines the density (density_of): the
+  // program, its data and seed, not the library one build made of it nor the threads.
+  const json trained = {{"name", "stan"}, {"program", "/p/m.stan"}, {"data", "/p/d.json"},
+                        {"library", "/cache/m-1/m.so"}, {"threads", 0}};
+  json rebuilt = trained;
+  rebuilt["library"] = "/other-cache/m-2/m.so";
+  rebuilt["threads"] = 1;
+  EXPECT_EQ(nmcmc::density_of(trained), nmcmc::density_of(rebuilt));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"program", "/p/n.stan"}, {"data", "/p/e.json"}, {"seed", 3}}) {
+    json other = trained;
+    other[key] = value;
+    EXPECT_NE(nmcmc::density_of(trained), nmcmc::density_of(other)) << key;
+  }
+  // A spec that names only a library has nothing else to say what it is.
+  const json bare = {{"name", "stan"}, {"library", "/cache/m-1/m.so"}};
+  json bare_other = bare;
+  bare_other["library"] = "/cache/m-2/m.so";
+  EXPECT_NE(nmcmc::density_of(bare), nmcmc::density_of(bare_other));
+  // A TorchScript module is its content: its location is left out; other targets are unchanged.
+  EXPECT_EQ(nmcmc::density_of({{"name", "torchscript"}, {"module", "/a.pt"}, {"dim", 3}}),
+            json({{"name", "torchscript"}, {"dim", 3}}));
+  const json funnel = {{"name", "funnel"}, {"dim", 4}};
+  EXPECT_EQ(nmcmc::density_of(funnel), funnel);
+}
+
 namespace {
 
 /// The moment checks against posteriordb's reference (Stan, 10 x 10,000 thinned draws) on the

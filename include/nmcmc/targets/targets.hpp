@@ -147,6 +147,13 @@ std::vector<TargetInfo> target_catalogue();
 /// Unknown names and non-string values are left for make_target to report.
 void resolve_target_paths(nlohmann::json& spec, const std::string& base_dir);
 
+/// The parts of a complete spec that define the density: what a checkpoint's target is compared
+/// on (sampling with a model, resuming its training). Left out: a TorchScript module's location
+/// (its content is the density) and a Stan program's built library and threads (the library is
+/// one build of the program: other compiler flags, another cache or Stan version build another;
+/// the threads change no bit). A spec naming only a Stan library keeps it.
+nlohmann::json density_of(nlohmann::json spec);
+
 /// Builds a target from a spec such as {"name": "funnel", "dim": 20, "sigma": 3}.
 /// Missing options take their defaults; the returned target's spec() is complete.
 /// Throws UsageError for unknown names or bad option values, DataError for bad data files.
