@@ -34,6 +34,7 @@ PROGRAMS = {  # name: (program, data), posteriordb's
     "eight_schools_noncentered": ("eight_schools_noncentered", "eight_schools"),
     "hmm_example": ("hmm_example", "hmm_example"),
     "gp_pois_regr": ("gp_pois_regr", "gp_pois_regr"),
+    "blr": ("blr", "sblrc"),
 }
 DEFAULT_FLAGS = ["-O2", "-O3", "-O3 -mtls-dialect=gnu2"]
 

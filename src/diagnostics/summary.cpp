@@ -177,6 +177,44 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   return j;
 }
 
+namespace {
+
+/// The quantity whose `key` is largest (or smallest), as "name (value)".
+std::string worst_of(const json& params, const char* key, bool largest) {
+  const json* worst = nullptr;
+  for (const auto& p : params) {
+    const double v = p.value(key, std::nan(""));
+    if (!std::isfinite(v)) continue;
+    if (!worst || (largest ? v > (*worst)[key].get<double>() : v < (*worst)[key].get<double>())) worst = &p;
+  }
+  return worst ? fmt::format("{}, {:.4g}", (*worst)["name"].get<std::string>(), (*worst)[key].get<double>()) : "";
+}
+
+/// Note [Convergence warnings]: as Stan's interfaces warn (Vehtari et al. 2021's thresholds, the
+/// ones every table of this project uses): chains that disagree (max rank-normalised R-hat above
+/// 1.01) and too few effective draws for the summary's own means and quantiles (bulk- or tail-ESS
+/// below 100 per chain). The figures above stay as they are; the lines say what not to trust.
+template <typename Line>
+void convergence_warnings(const json& j, const Line& line) {
+  const json& params = j.at("parameters");
+  const double rhat = j.value("max_rhat", std::nan(""));
+  const int64_t chains = j.value("chains", int64_t{1});
+  if (chains > 1 && std::isfinite(rhat) && rhat > 1.01) {
+    line(fmt::format("warning: the chains have not mixed: max R-hat {:.3f} (worst {}) is above 1.01; do not use these "
+                     "draws for inference: run more warm-up and draws, or another sampler or metric",
+                     rhat, worst_of(params, "rhat", true)));
+  }
+  const double bulk = j.value("min_ess_bulk", std::nan("")), tail = j.value("min_ess_tail", std::nan(""));
+  const double floor = 100.0 * static_cast<double>(chains);
+  if ((std::isfinite(bulk) && bulk < floor) || (std::isfinite(tail) && tail < floor)) {
+    line(fmt::format("warning: too few effective draws for the means and quantiles above: min bulk-ESS {:.0f} (worst "
+                     "{}), min tail-ESS {:.0f}, below 100 per chain ({:.0f}); run more draws",
+                     bulk, worst_of(params, "ess_bulk", false), tail, floor));
+  }
+}
+
+}  // namespace
+
 std::string format_summary(const json& j, int64_t rows) {
   std::string out;
   auto line = [&](const std::string& s) { out += s + "\n"; };
@@ -220,6 +258,7 @@ std::string format_summary(const json& j, int64_t rows) {
                    j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
                    j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
                    j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
+  convergence_warnings(j, line);
   if (j.value("metric", std::string("unit")) != "unit") {
     line(fmt::format("metric {}{}", j["metric"].get<std::string>(),
                      j.contains("metric_rank") ? fmt::format(" (rank {} correction)", j["metric_rank"].get<int64_t>()) : ""));

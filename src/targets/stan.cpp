@@ -172,13 +172,23 @@ void StanTarget::evaluate(const torch::Tensor& x, torch::Tensor* lp, torch::Tens
     }
   };
   // Note [Stan rows in threads]: each row is independent and computed the same way wherever it
-  // runs, so the split changes no bit of the result. A batch whose rows cost about 30 us or more
-  // in all is split over up to `threads_` threads: the calling one and LibTorch's inter-op pool
-  // (persistent threads, each with its own autodiff tape). The cost per row is measured on the
-  // calls themselves (a moving average).
+  // runs, so the split changes no bit of the result. A batch is split over up to `threads_`
+  // threads (the calling one and LibTorch's inter-op pool: persistent threads, each with its own
+  // autodiff tape) when the time that saves, n x row x (1 - 1/workers), exceeds what a split adds
+  // to a call: waking the pool's threads and joining them. Both are measured on the calls
+  // themselves (moving averages: a row's cost on calls that ran in one thread, the split's on calls
+  // that did), the first call not counted (a cold start), and every 64th call does the other thing
+  // so that neither estimate goes stale. On a 2-vCPU virtual machine (AMD EPYC, Zen 3) a split
+  // added 100-150 us: posteriordb's blr at 4 rows took 36 us in one thread and 144 us split, nes at
+  // 4 rows 943 us and 648 us (bench/stan_gradient.py's programs; a fixed 30 us threshold split
+  // both, and NUTS on blr ran 2.5-3x slower than in one thread).
   const auto start = std::chrono::steady_clock::now();
   const int64_t workers = std::min<int64_t>(threads_, n);
-  const bool split = workers > 1 && static_cast<double>(n) * row_seconds_.load() > 30e-6;
+  const int64_t call = ++calls_;
+  const double row = row_seconds_.load();
+  const double saves = static_cast<double>(n) * row * (1.0 - 1.0 / static_cast<double>(std::max<int64_t>(workers, 1)));
+  const bool wanted = row > 0 && saves > split_seconds_.load();
+  const bool split = workers > 1 && (call % 64 == 0 ? !wanted : wanted);
   if (!split) {
     rows(0, n);
   } else {
@@ -199,8 +209,14 @@ void StanTarget::evaluate(const torch::Tensor& x, torch::Tensor* lp, torch::Tens
     done.wait(lock, [&] { return pending == 0; });
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double per_row = seconds * static_cast<double>(split ? workers : 1) / static_cast<double>(std::max<int64_t>(n, 1));
-  row_seconds_.store(0.9 * row_seconds_.load() + 0.1 * per_row);
+  if (call == 1 || n == 0) return;  // a cold start says little of the calls to come
+  if (!split) {
+    const double per_row = seconds / static_cast<double>(n);
+    row_seconds_.store(row > 0 ? 0.9 * row + 0.1 * per_row : per_row);
+  } else if (row > 0) {
+    const double added = std::max(0.0, seconds - static_cast<double>(n) * row / static_cast<double>(workers));
+    split_seconds_.store(0.9 * split_seconds_.load() + 0.1 * added);
+  }
 }
 
 torch::Tensor StanTarget::log_density(const torch::Tensor& x, bool jacobian, bool propto) const {

@@ -227,6 +227,32 @@ TEST(Nuts, SummaryWarnsOfDivergences) {
   EXPECT_EQ(format_summary(c).find("diverged"), std::string::npos);
 }
 
+// Note [Convergence warnings]: a run whose chains mix says nothing more; chains that have not met
+// (started far apart, no warm-up, small steps) are told not to be used, with the worst quantity.
+TEST(Nuts, SummaryWarnsWhereChainsHaveNotMixed) {
+  auto icg = make_target({{"name", "icg"}, {"dim", 4}}, kF64);
+  Nuts nuts;
+  RunOptions run;
+  run.set_chains(4).set_warmup(500).set_draws(1000);
+  json good = summarise(run_sampler(*icg, nuts, run, 3), *icg);
+  ASSERT_LE(good["max_rhat"].get<double>(), 1.01);
+  ASSERT_GE(good["min_ess_tail"].get<double>(), 400.0);
+  ASSERT_GE(good["min_ess_bulk"].get<double>(), 400.0);
+  EXPECT_EQ(format_summary(good).find("warning"), std::string::npos) << format_summary(good);
+
+  Nuts slow;
+  slow.set_step_size(0.01);
+  RunOptions apart;
+  apart.set_chains(4).set_warmup(0).set_draws(30).set_adapt_step(false);
+  apart.set_init_x(torch::arange(4, kF64).unsqueeze(1).expand({4, 4}).contiguous() * 3.0);
+  json bad = summarise(run_sampler(*icg, slow, apart, 3), *icg);
+  ASSERT_GT(bad["max_rhat"].get<double>(), 1.01);
+  const std::string text = format_summary(bad);
+  EXPECT_NE(text.find("warning: the chains have not mixed: max R-hat"), std::string::npos) << text;
+  EXPECT_NE(text.find("do not use these draws"), std::string::npos) << text;
+  EXPECT_NE(text.find("warning: too few effective draws"), std::string::npos) << text;
+}
+
 TEST(Adaptation, DenseMetricLearnsACovariance) {
   at::Generator gen = make_generator(4);
   torch::Tensor l = torch::tensor({1.0, 0.0, 0.0, 0.9, 0.3, 0.0, -0.5, 0.2, 2.0}, kF64).reshape({3, 3});

@@ -163,7 +163,7 @@ TEST(Stan, SecondDerivativesForTrainingMatchTheExactHessian) {
 }
 
 TEST(Stan, RowsSplitOverThreadsGiveTheSameBits) {
-  // Note [Stan rows in threads]: a 512-row batch costs far above the split's threshold.
+  // Note [Stan rows in threads]: a 512-row batch saves far more by a split than the split adds.
   schools();  // registers the builder
   const auto with_threads = [](int threads) {
     json spec = {{"name", "stan"}, {"program", kProgram}, {"data", kData}, {"threads", threads}};
@@ -179,6 +179,12 @@ TEST(Stan, RowsSplitOverThreadsGiveTheSameBits) {
   }
   EXPECT_EQ(one->split_calls(), 0);
   EXPECT_GT(two->split_calls(), 0);  // the rows did run in two threads
+  // Two rows of eight schools (about 10 us each) save less than a split adds: never split (the
+  // 64th call would, to measure the split again).
+  auto cheap = with_threads(2);
+  const torch::Tensor y = points(2, 9);
+  for (int call = 0; call < 60; ++call) cheap->energy_and_grad(y);
+  EXPECT_EQ(cheap->split_calls(), 0);
 }
 
 TEST(Stan, ConstrainAndUnconstrainAreInverse) {

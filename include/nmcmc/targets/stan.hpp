@@ -94,7 +94,9 @@ class StanTarget : public Target {
   int64_t dim_ = 0;
   std::vector<std::string> unconstrained_names_;
   int64_t threads_ = 1;                                // Note [Stan rows in threads]
-  mutable std::atomic<double> row_seconds_{0.0};       // the measured cost of a row (moving average)
+  mutable std::atomic<double> row_seconds_{0.0};       // a row's cost in one thread (moving average)
+  mutable std::atomic<double> split_seconds_{50e-6};   // what a split adds to a call (moving average)
+  mutable std::atomic<int64_t> calls_{0};
   mutable std::atomic<int64_t> split_calls_{0};
   friend struct StanEnergyNode;
   EnergyGrad plain_energy_and_grad(const torch::Tensor& x) const;
