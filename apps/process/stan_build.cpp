@@ -138,10 +138,11 @@ class FileLock {
 // -fPIC the default TLS dialect reaches that stack through a call to __tls_get_addr each time (a
 // tenth of nes's gradient in perf, 701 rows x 9 coefficients); TLS descriptors (gnu2, x86-64
 // only: aarch64 uses descriptors already) resolve it once per thread. With -O3 as CmdStan's
-// default, one gradient of nes1976 took 280 us against -O2's 490 (bench/stan_gradient.py,
-// BENCHMARKS "Stan programs"), with the same bits: energies and gradients at 256 points of nes,
-// diamonds and arK identical. initial-exec TLS was as fast, but a library loaded with dlopen
-// takes its static TLS from a small reserve that many models in one process would exhaust.
+// default, one gradient of nes1976 took 255 us against -O2's 465 (1.8x; hmm_example 1.5x, arK
+// 1.25x, diamonds 1.05x; bench/stan_gradient.py, BENCHMARKS "Stan programs"), with the same bits:
+// energies and gradients identical at 64 points of each of that bench's programs. initial-exec
+// TLS was as fast, but a library loaded with dlopen takes its static TLS from a small reserve that
+// many models in one process would exhaust.
 std::string default_stan_flags() {
 #if defined(__x86_64__)
   return "-O3 -mtls-dialect=gnu2";

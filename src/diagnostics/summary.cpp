@@ -179,7 +179,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
 
 namespace {
 
-/// The quantity whose `key` is largest (or smallest), as "name (value)".
+/// The quantity whose `key` is largest (or smallest), as "name, value".
 std::string worst_of(const json& params, const char* key, bool largest) {
   const json* worst = nullptr;
   for (const auto& p : params) {

@@ -180,8 +180,8 @@ void StanTarget::evaluate(const torch::Tensor& x, torch::Tensor* lp, torch::Tens
   // that did), the first call not counted (a cold start), and every 64th call does the other thing
   // so that neither estimate goes stale. On a 2-vCPU virtual machine (AMD EPYC, Zen 3) a split
   // added 100-150 us: posteriordb's blr at 4 rows took 36 us in one thread and 144 us split, nes at
-  // 4 rows 943 us and 648 us (bench/stan_gradient.py's programs; a fixed 30 us threshold split
-  // both, and NUTS on blr ran 2.5-3x slower than in one thread).
+  // 4 rows 943 us and 648 us (calls timed with the spec's "threads" 1 and 0; a fixed 30 us
+  // threshold split both, and NUTS on blr sampled 2.2x slower than in one thread).
   const auto start = std::chrono::steady_clock::now();
   const int64_t workers = std::min<int64_t>(threads_, n);
   const int64_t call = ++calls_;
