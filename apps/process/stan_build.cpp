@@ -142,13 +142,17 @@ class FileLock {
 // 1.25x, diamonds 1.05x; bench/stan_gradient.py, BENCHMARKS "Stan programs"), with the same bits:
 // energies and gradients identical at 64 points of each of that bench's programs. initial-exec
 // TLS was as fast, but a library loaded with dlopen takes its static TLS from a small reserve that
-// many models in one process would exhaust.
-std::string default_stan_flags() {
+// many models in one process would exhaust. The dialect is GCC's option (Debian 12's clang does
+// not take it), so another $CXX gets -O3 alone.
+std::string default_stan_flags(const std::string& cxx) {
+  const std::string name = fs::path(cxx).filename().string();
+  const bool gcc = name.find("clang") == std::string::npos &&
+                   (name.find("g++") != std::string::npos || name.find("gcc") != std::string::npos);
 #if defined(__x86_64__)
-  return "-O3 -mtls-dialect=gnu2";
-#else
-  return "-O3";
+  if (gcc) return "-O3 -mtls-dialect=gnu2";
 #endif
+  (void)gcc;
+  return "-O3";
 }
 
 std::string default_stan_cache() {
@@ -162,6 +166,7 @@ StanBuildOptions stan_build_options_from_environment() {
   StanBuildOptions o;
   o.cache_dir = default_stan_cache();
   if (const char* v = std::getenv("CXX"); v && *v) o.cxx = v;
+  o.flags = default_stan_flags(o.cxx);
   if (const char* v = std::getenv("NMCMC_STAN_CXXFLAGS"); v && *v) o.flags = v;
   return o;
 }

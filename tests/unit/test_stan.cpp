@@ -279,6 +279,18 @@ TEST(Stan, ABuiltProgramIsReusedFromTheCache) {
   EXPECT_EQ(fs::path(first).filename(), "schools.so");
 }
 
+TEST(Stan, BuildFlagsOptimiseAndGiveTLSDescriptorsOnlyToGcc) {
+  // Note [Stan's build flags]: -O3 for every compiler; the TLS dialect is GCC's option on x86-64.
+  for (const char* cxx : {"g++", "/usr/bin/g++-12", "clang++", "/usr/bin/clang++-14"}) {
+    EXPECT_EQ(nmcmc::default_stan_flags(cxx).rfind("-O3", 0), 0u) << cxx;
+  }
+  EXPECT_EQ(nmcmc::default_stan_flags("clang++").find("tls"), std::string::npos);
+  EXPECT_EQ(nmcmc::default_stan_flags("/usr/bin/clang++-14").find("tls"), std::string::npos);
+#if defined(__x86_64__)
+  EXPECT_NE(nmcmc::default_stan_flags("/usr/bin/g++-12").find("-mtls-dialect=gnu2"), std::string::npos);
+#endif
+}
+
 TEST(Stan, ACheckpointsTargetIsTheProgramWhicheverBuildRunsIt) {
   // A model trained on a Stan program is compared on what defines the density (density_of): the
   // program, its data and seed, not the library one build made of it nor the threads.

@@ -11,15 +11,15 @@
 
 namespace nmcmc {
 
-/// Note [Stan's build flags]: -O3, and on x86-64 TLS descriptors (-mtls-dialect=gnu2).
-std::string default_stan_flags();
+/// Note [Stan's build flags]: -O3, and with GCC on x86-64 TLS descriptors (-mtls-dialect=gnu2).
+std::string default_stan_flags(const std::string& cxx = "g++");
 
 struct StanBuildOptions {
   /// Where built models are kept: $NMCMC_STAN_CACHE, else $XDG_CACHE_HOME/nmcmc/stan, else
   /// ~/.cache/nmcmc/stan (default_stan_cache()).
   std::string cache_dir;
   /// The C++ compiler ($CXX, else g++) and its optimisation flags (part of the cache key):
-  /// default_stan_flags() unless $NMCMC_STAN_CXXFLAGS says otherwise.
+  /// default_stan_flags(cxx) unless $NMCMC_STAN_CXXFLAGS says otherwise.
   std::string cxx = "g++";
   std::string flags = default_stan_flags();
   /// Where R's packages are looked for (StanHeaders, RcppEigen, rstan): empty means $R_LIBS_USER,
