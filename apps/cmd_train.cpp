@@ -103,9 +103,10 @@ void report_warmup(const TrainResult& result) {
   }
   if (result.from.is_object()) {  // Note [Training from a previous model]
     const json& f = result.from;
-    std::cout << fmt::format("started from {} ({} steps on {}); beta {:.3g}\n", f.value("model", ""), f.value("steps", 0),
+    std::cout << fmt::format("started from {} ({} steps on {}); beta {:.3g}{}\n", f.value("model", ""), f.value("steps", 0),
                              f.value("target", json()).is_object() ? f["target"].dump() : std::string("?"),
-                             f.value("beta", 0.0));
+                             f.value("beta", 0.0),
+                             f.value("flow_kept", false) ? "; its flow transport kept as it is, the affine map on top moved" : "");
     if (f.contains("fits")) {
       const json& r = f["ess_of_previous"];
       std::cout << fmt::format("after the affine map moved, the previous networks' mixing check {} with {} of the previous "

@@ -88,6 +88,24 @@ def test_the_learned_sampler_trains_from_the_previous_model(family, tmp_path):
         nmcmc.train(tb, from_model=old, resume=True, progress=False)
 
 
+def test_a_model_trained_through_a_flow_keeps_its_flow_on_the_next_data_set(family, tmp_path):
+    """Note [Training from a previous model]: the flow is kept as it is, the affine map on top moves in its
+    latent space; eight schools' defaults train through the flow (transport auto chooses it)."""
+    ta, tb, first, cold = family
+    old = nmcmc.train(ta, transport="flow", options={"max_seconds": 15}, progress=False, output=str(tmp_path / "a.pt"))
+    assert "transport" in old.meta  # trained in the flow's latent space
+    new = nmcmc.train(tb, from_model=old, progress=False, output=str(tmp_path / "b.pt"))
+    tr = new.training
+    assert tr["from"]["flow_kept"] is True and tr["preconditioner"]["warm_start"] is True
+    assert tr["preconditioner"]["warmup"] == 150 and tr["check"]["passes"]
+    run = nmcmc.sample(sampler="learned", model=new, chains=4, warmup=50, draws=4000, seed=4, progress=False)
+    assert run.summary["max_rhat"] < 1.02 and mu_agrees(run, cold)
+    assert not mu_agrees(nmcmc.sample(sampler="learned", model=old, chains=4, warmup=50, draws=4000, seed=4,
+                                      progress=False), cold)  # the check's power: the old model on the old data
+    with pytest.raises(ValueError, match="trained through a flow; leave out --transport"):
+        nmcmc.train(tb, from_model=old, transport="none", progress=False)
+
+
 def test_compare_puts_warm_started_nuts_beside_the_cold_runs(family, tmp_path):
     ta, tb, first, cold = family
     res = nmcmc.compare(tb, chains=2, warmup=200, draws=200, nuts_metrics=["diag"], warm_start=first,

@@ -84,10 +84,6 @@ TrainConfig parse_train_config(const json& j) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted from gradients: "
                        "train.precondition_sampler must be nuts, hmc or mala");
     }
-    if (!c.from.empty() && c.transport.kind == TransportKind::kFlow) {
-      throw UsageError("--from starts from a model trained with the affine preconditioner; a flow transport is not "
-                       "carried to another data set yet (train without --transport flow)");
-    }
     if (c.transport.kind != TransportKind::kNone && c.train.precondition.warmup < 100) {
       throw UsageError("config: a flow transport (kind flow or auto) is fitted in the warm-up: "
                        "train.precondition_warmup must be at least 100");
@@ -142,11 +138,15 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   // In float64 whatever the model's dtype (Note [Training budget]): in float32 the warm-up's step
   // size collapsed on correlated posteriors, and the metric with it. Its draws are the model's
   // first buffer, in the model's dtype.
+  // A pulled-back target (a flow kept by Note [Training from a previous model]) is rebuilt over its
+  // inner target in float64: its spec is the inner target's.
   std::shared_ptr<Target> t64;
+  std::unique_ptr<TransformedTarget> pulled64;
   if (model_target.options().dtype() != torch::kFloat64) {
     t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
+    if (const auto* pulled = dynamic_cast<const TransformedTarget*>(&model_target)) pulled64 = pulled->over(*t64);
   }
-  Target& target = t64 ? *t64 : model_target;
+  Target& target = pulled64 ? *pulled64 : t64 ? *t64 : model_target;
   const Precondition kind = sampler->options().precondition;
   TORCH_CHECK(kind != Precondition::kNone, "warm_up_preconditioner: the model has precondition = none");
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
@@ -245,11 +245,15 @@ json warm_up_transport(Target& model_target, const TransportChoice& tt, const Tr
                        torch::Tensor& latent_draws, const TrainProgressFn& progress,
                        const std::function<bool()>& should_stop, const torch::Tensor& start) {
   // In float64, as the affine warm-up (Note [Training budget]).
+  // A pulled-back target (a flow kept by Note [Training from a previous model]) is rebuilt over its
+  // inner target in float64: its spec is the inner target's.
   std::shared_ptr<Target> t64;
+  std::unique_ptr<TransformedTarget> pulled64;
   if (model_target.options().dtype() != torch::kFloat64) {
     t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
+    if (const auto* pulled = dynamic_cast<const TransformedTarget*>(&model_target)) pulled64 = pulled->over(*t64);
   }
-  Target& target = t64 ? *t64 : model_target;
+  Target& target = pulled64 ? *pulled64 : t64 ? *t64 : model_target;
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
   RunOptions ro;
   ro.chains = o.precondition.chains;

@@ -19,8 +19,12 @@
 // steps (50) rather than patience (200); where the mixing check at that plateau fails, training
 // goes on under the usual patience. `--steps 0` re-adapts the affine map only; the check's
 // verdict (with the warm-up's Fisher divergence) says whether the previous networks still fit.
-// The model section of the config is the previous model's (its width, variant, preconditioner);
-// a flow transport is not carried over (refused).
+// The model section of the config is the previous model's (its width, variant, preconditioner).
+// A model trained in a flow transport's latent space keeps its flow as it is (no rounds, no fits):
+// the flow is a bijection, so any flow leaves the draws exact, and the warm-up above runs in its
+// latent space, where the affine map on top of the flow takes up what the new data move (their
+// location and scales); the mixing check then says whether the old flow and networks still fit.
+// `--transport` beside --from must agree with the previous model's (UsageError otherwise).
 //
 // Note [Training stops when it no longer pays]
 // A user wants some number of effective draws (train.ess_goal; `nmcmc train --ess`, 10,000 by
@@ -52,10 +56,6 @@ constexpr double kFitsEss = 0.5;  // Note [Training from a previous model]
 
 PreviousModel load_previous_model(const std::string& path, const Target& target, const TrainOptions& options) {
   auto [previous, meta] = load_model(path);
-  if (meta.contains("transport")) {
-    throw UsageError("--from: '" + path + "' was trained in a flow transport's latent space; starting from such a model "
-                     "is not supported yet (train the previous data set with --transport none)");
-  }
   if (previous->options().dim != target.dim()) {
     throw UsageError(fmt::format("--from: '{}' was trained on a model with {} parameters; this target has {}", path,
                                  previous->options().dim, target.dim()));
@@ -68,7 +68,11 @@ PreviousModel load_previous_model(const std::string& path, const Target& target,
     throw UsageError(fmt::format("--from: '{}' was trained on another model: its parameter {} is '{}', this target's '{}'",
                                  path, i + 1, names[i], labels[i]));
   }
-  PreviousModel out{previous, meta, std::nullopt};
+  PreviousModel out{previous, meta, std::nullopt, FlowTransport(nullptr)};
+  if (meta.contains("transport")) {  // the flow is kept as it is; the affine map on top of it moves
+    auto ar = open_learned_checkpoint(path);
+    out.flow = load_transport(ar, meta, path);
+  }
   if (previous->preconditioned()) {
     // Note [Warm starts]: the previous map's metric L L^T, its warm-up's step size, its chains
     WarmStart w;

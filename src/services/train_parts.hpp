@@ -24,9 +24,10 @@ struct PreviousModel {
   LearnedSampler sampler{nullptr};
   nlohmann::json meta;
   std::optional<WarmStart> start;
+  FlowTransport flow{nullptr};  // the flow whose latent space it was trained in (none: null)
 };
 /// Loads the checkpoint at `path` and checks it against `target` (UsageError: another dimension or
-/// parameter names, a flow transport).
+/// parameter names).
 PreviousModel load_previous_model(const std::string& path, const Target& target, const TrainOptions& options);
 /// Whether the previous networks fit after the affine map moved: the mixing check's record
 /// `check` (which gets "ess_of_previous") against the previous model's.

@@ -124,8 +124,15 @@ class TrainRun {
   void start_from_previous() {
     if (distributed_) throw UsageError("--from trains in one process");
     PreviousModel previous = load_previous_model(config_.from, *target_, config_.train);
+    const TransportKind asked = config_.transport.kind;
+    if (asked != TransportKind::kAuto && (asked == TransportKind::kFlow) != bool(previous.flow)) {
+      throw UsageError(fmt::format("--from keeps the previous model's transport, and '{}' was trained {}; leave out "
+                                   "--transport (or train from scratch to choose another)",
+                                   config_.from, previous.flow ? "through a flow" : "without one"));
+    }
     model_ = previous.sampler->options();
-    auto_transport_ = with_transport_ = false;
+    auto_transport_ = with_transport_ = false;  // no flow fitted: the previous one is kept as it is
+    flow_ = previous.flow;
     from_sampler_ = previous.sampler;
     from_meta_ = std::move(previous.meta);
     from_start_ = std::move(previous.start);
@@ -167,8 +174,9 @@ class TrainRun {
   json run_affine_warmup(LearnedSampler& s, Trainer& t, bool& stopped) {
     TrainOptions o = config_.train;
     if (from_start_) o.precondition.eps_from_warmup = o.precondition.beta_from_warmup = false;  // the previous model's (Note [Training from a previous model])
-    json record = warm_up_preconditioner(*target_, s, t, o, progress_, distributed_ ? nullptr : should_stop_, &affine_end_,
-                                         from_start_ ? &*from_start_ : nullptr);
+    Target& warm_target = latent_ ? static_cast<Target&>(*latent_) : *target_;  // a kept flow's latent space
+    json record = warm_up_preconditioner(warm_target, s, t, o, progress_, distributed_ ? nullptr : should_stop_,
+                                         &affine_end_, from_start_ ? &*from_start_ : nullptr);
     stopped = parallel::all_reduce_doubles(*comm_, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
     return record;
   }
@@ -239,7 +247,8 @@ class TrainRun {
     if (from_sampler_) {
       trainer_->set_beta(from_meta_.value("beta", trainer_->beta()));
       extra_["from"] = {{"model", config_.from}, {"target", from_meta_.value("target", json())},
-                        {"steps", from_meta_.value("step", int64_t{0})}, {"beta", trainer_->beta()}};
+                        {"steps", from_meta_.value("step", int64_t{0})}, {"beta", trainer_->beta()},
+                        {"flow_kept", bool(flow_)}};
     }
     if (flow_) extra_["transport"] = {{"kind", TransportKind::kFlow}, {"flow", flow_->options()}};
   }

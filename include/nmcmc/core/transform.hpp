@@ -151,6 +151,11 @@ class TransformedTarget : public Target {
   std::vector<std::string> parameter_names() const override { return inner_->parameter_names(); }
   Target& inner() const { return *inner_; }
   const Transform& transform() const { return *transform_; }
+  /// The same transform (and Jacobian rule) over another inner target, e.g. the inner target in
+  /// float64; `inner` must outlive the result.
+  std::unique_ptr<TransformedTarget> over(Target& inner) const {
+    return std::make_unique<TransformedTarget>(inner, transform_, jacobian_ ? Jacobian::kInclude : Jacobian::kOmit);
+  }
   /// y [n, D] -> x = T(y) in the inner target's dtype.
   torch::Tensor to_ambient(const torch::Tensor& y) const;
   /// x -> y = T^-1(x) in this target's dtype.
