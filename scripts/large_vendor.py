@@ -27,6 +27,7 @@ POSTERIORS = [
     "sat-hier_2pl",
     "radon_all-radon_hierarchical_intercept_noncentered",
     "election88-election88_full",
+    "ovarian-logistic_regression_rhs",
 ]
 
 

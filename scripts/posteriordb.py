@@ -46,7 +46,8 @@ scales (32), German credit's sparse logistic regression (51) and radon contextua
 Minnesota (91) with its published ground truth (inference_gym/); posteriordb's larger programs
 without reference draws (large/: irt_2pl 144, GLMM_Poisson 45, radon_mn's varying intercepts and
 slopes 175, uk_drivers' state space 389, radon_all's hierarchical intercepts 391, sat's
-hierarchical 2PL 670, hierarchical_gp 933, election88_full 90) with references made by scripts/large_reference.R: Stan 2.21
+hierarchical 2PL 670, hierarchical_gp 933, election88_full 90, ovarian's regularised horseshoe
+logistic regression 3,075) with references made by scripts/large_reference.R: Stan 2.21
 through rstan, not nmcmc's samplers, 10 chains, every R-hat at most 1.01 and every bulk-ESS at
 least 2,000, each file stating its run. A posterior whose reference is not made yet is left out
 of the suite (stan_posteriors). The checks are those below.
@@ -178,7 +179,8 @@ LARGE = ["diamonds-diamonds", "mcycle_gp-accel_gp", "brownian_motion_unknown_sca
          "radon_mn-radon_variable_intercept_slope_noncentered",
          "uk_drivers-state_space_stochastic_level_stochastic_seasonal",
          "radon_all-radon_hierarchical_intercept_noncentered", "sat-hier_2pl",
-         "state_wide_presidential_votes-hierarchical_gp", "election88-election88_full"]
+         "state_wide_presidential_votes-hierarchical_gp", "election88-election88_full",
+         "ovarian-logistic_regression_rhs"]
 
 
 def stan_dirs():

@@ -528,9 +528,10 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     the affine preconditioner does not fit the posterior (model.training["preconditioner"]["auto"]
     says what it measured and chose); "none": the affine preconditioner only.
     from_model: a Model (or checkpoint path) trained on another data set of the same model: start
-    from its networks, step size and beta, move the affine map to the new data with a short
-    warm-up, and train until the entropy stops improving (model.training["from"]; steps=0: re-adapt
-    the map only and check that it still mixes; docs/commands.md, Training from a previous model).
+    from its networks, step size and beta (and its flow transport, kept as it is), move the affine
+    map to the new data with a short warm-up, and train until the entropy stops improving
+    (model.training["from"]; steps=0: re-adapt the map only and check that it still mixes;
+    docs/commands.md, Training from a previous model).
     ess: the effective draws wanted (train.ess_goal): training stops once the projected all-in cost
     to reach them stops falling (model.training["probes"]; Note [Training stops when it no longer
     pays]); 0: off.
