@@ -30,9 +30,17 @@ if (!dir.exists(boost)) boost <- "/usr/include"
 model <- stan_model(model_code = paste(program, collapse = "\n"), model_name = model_name, auto_write = FALSE,
                     boost_lib = boost)
 data <- fromJSON(file.path(root, "data", paste0(data_name, ".json")))
+# A reference program whose random inits fail has MODEL.init.R beside it, defining
+# reference_init(chain_id, data): each chain's initial values.
+init <- "random"
+init_file <- file.path(root, "reference_stan", paste0(model_name, ".init.R"))
+if (file.exists(init_file)) {
+  source(init_file, local = TRUE)
+  init <- function(chain_id) reference_init(chain_id, data)
+}
 t1 <- Sys.time()
 fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warmup = warmup, seed = seed,
-                cores = 2, refresh = max(1, (warmup + draws) %/% 5), control = list(adapt_delta = adapt_delta, metric = metric))
+                cores = 2, refresh = max(1, (warmup + draws) %/% 5), init = init, control = list(adapt_delta = adapt_delta, metric = metric))
 seconds <- as.numeric(difftime(Sys.time(), t1, units = "secs"))
 arr <- as_draws_array(as.array(fit))
 arr <- subset_draws(arr, variable = variables(arr)[variables(arr) != "lp__" & !grepl("_raw(\\[|$)", variables(arr))])
