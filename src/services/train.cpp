@@ -132,21 +132,34 @@ ProgressFn precondition_progress(const TrainProgressFn& progress, int64_t warmup
 }
 }  // namespace
 
+namespace {
+/// What in_float64 builds, kept alive while it is used.
+struct Float64Copy {
+  std::shared_ptr<Target> inner;
+  std::unique_ptr<TransformedTarget> pulled;
+};
+
+/// `model_target` in float64: itself, or a copy from its spec. A pulled-back target (a flow kept
+/// by Note [Training from a previous model]) is rebuilt over its inner target, whose spec it has.
+Target& in_float64(Target& model_target, Float64Copy& copy) {
+  if (model_target.options().dtype() == torch::kFloat64) return model_target;
+  copy.inner = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
+  if (const auto* pulled = dynamic_cast<const TransformedTarget*>(&model_target)) {
+    copy.pulled = pulled->over(*copy.inner);
+    return *copy.pulled;
+  }
+  return *copy.inner;
+}
+}  // namespace
+
 json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Trainer& trainer, const TrainOptions& o,
                             const TrainProgressFn& progress, const std::function<bool()>& should_stop,
                             torch::Tensor* end_positions, const WarmStart* start) {
   // In float64 whatever the model's dtype (Note [Training budget]): in float32 the warm-up's step
   // size collapsed on correlated posteriors, and the metric with it. Its draws are the model's
   // first buffer, in the model's dtype.
-  // A pulled-back target (a flow kept by Note [Training from a previous model]) is rebuilt over its
-  // inner target in float64: its spec is the inner target's.
-  std::shared_ptr<Target> t64;
-  std::unique_ptr<TransformedTarget> pulled64;
-  if (model_target.options().dtype() != torch::kFloat64) {
-    t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
-    if (const auto* pulled = dynamic_cast<const TransformedTarget*>(&model_target)) pulled64 = pulled->over(*t64);
-  }
-  Target& target = pulled64 ? *pulled64 : t64 ? *t64 : model_target;
+  Float64Copy copy;
+  Target& target = in_float64(model_target, copy);
   const Precondition kind = sampler->options().precondition;
   TORCH_CHECK(kind != Precondition::kNone, "warm_up_preconditioner: the model has precondition = none");
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
@@ -245,15 +258,8 @@ json warm_up_transport(Target& model_target, const TransportChoice& tt, const Tr
                        torch::Tensor& latent_draws, const TrainProgressFn& progress,
                        const std::function<bool()>& should_stop, const torch::Tensor& start) {
   // In float64, as the affine warm-up (Note [Training budget]).
-  // A pulled-back target (a flow kept by Note [Training from a previous model]) is rebuilt over its
-  // inner target in float64: its spec is the inner target's.
-  std::shared_ptr<Target> t64;
-  std::unique_ptr<TransformedTarget> pulled64;
-  if (model_target.options().dtype() != torch::kFloat64) {
-    t64 = make_target(model_target.spec(), model_target.options().dtype(torch::kFloat64));
-    if (const auto* pulled = dynamic_cast<const TransformedTarget*>(&model_target)) pulled64 = pulled->over(*t64);
-  }
-  Target& target = pulled64 ? *pulled64 : t64 ? *t64 : model_target;
+  Float64Copy copy;
+  Target& target = in_float64(model_target, copy);
   auto kernel = make_baseline_kernel(ProposalOptions().set_sampler(o.precondition.sampler));
   RunOptions ro;
   ro.chains = o.precondition.chains;
