@@ -106,6 +106,10 @@ class TrainRun {
   }
 
  private:
+  /// The space the proposal trains and runs in: the flow's latent space where there is a flow
+  /// (fitted, resumed or kept from a previous model), else the target's own.
+  Target& space() { return latent_ ? static_cast<Target&>(*latent_) : *target_; }
+
   TrainResult interrupted() {
     result_.interrupted = true;
     result_.saved = false;
@@ -174,8 +178,7 @@ class TrainRun {
   json run_affine_warmup(LearnedSampler& s, Trainer& t, bool& stopped) {
     TrainOptions o = config_.train;
     if (from_start_) o.precondition.eps_from_warmup = o.precondition.beta_from_warmup = false;  // the previous model's (Note [Training from a previous model])
-    Target& warm_target = latent_ ? static_cast<Target&>(*latent_) : *target_;  // a kept flow's latent space
-    json record = warm_up_preconditioner(warm_target, s, t, o, progress_, distributed_ ? nullptr : should_stop_,
+    json record = warm_up_preconditioner(space(), s, t, o, progress_, distributed_ ? nullptr : should_stop_,
                                          &affine_end_, from_start_ ? &*from_start_ : nullptr);
     stopped = parallel::all_reduce_doubles(*comm_, {record.value("interrupted", false) ? 1.0 : 0.0})[0] > 0;
     return record;
@@ -239,10 +242,9 @@ class TrainRun {
   /// warm-up's, where auto kept it).
   void make_trainer() {
     if (flow_) latent_ = std::make_unique<TransportedTarget>(*target_, flow_);
-    Target& train_target = latent_ ? static_cast<Target&>(*latent_) : *target_;
     sampler_ = affine_trainer_ ? affine_sampler_ : from_sampler_ ? from_sampler_ : LearnedSampler(model_);
     trainer_ = affine_trainer_ ? std::move(affine_trainer_)
-                               : std::make_unique<Trainer>(train_target, sampler_.ptr(), train_options_, comm_);
+                               : std::make_unique<Trainer>(space(), sampler_.ptr(), train_options_, comm_);
     extra_ = {{"name", config_.name}, {"config", config_.to_json()}, {"names", parameter_labels(*target_)}};
     if (from_sampler_) {
       trainer_->set_beta(from_meta_.value("beta", trainer_->beta()));
@@ -523,7 +525,7 @@ class TrainRun {
   /// its record.
   json mixing_check(int64_t draws = 200, SeedStream stream = SeedStream::kMixingCheck, uint64_t index = 0) {
     constexpr int64_t kChains = 64;
-    Target& t = latent_ ? static_cast<Target&>(*latent_) : *target_;
+    Target& t = space();
     at::Generator gen = make_generator(seed_of(config_.train.seed, stream, index));
     torch::Tensor start = trainer_->chains();
     if (!start.defined()) start = t.sample(kChains, gen);
