@@ -30,6 +30,13 @@ if (!dir.exists(boost)) boost <- "/usr/include"
 model <- stan_model(model_code = paste(program, collapse = "\n"), model_name = model_name, auto_write = FALSE,
                     boost_lib = boost)
 data <- fromJSON(file.path(root, "data", paste0(data_name, ".json")))
+# A reference program that takes its data in another form (the same posterior) has MODEL.data.R
+# beside it, defining reference_data(data): the data it samples with.
+data_file <- file.path(root, "reference_stan", paste0(model_name, ".data.R"))
+if (file.exists(data_file)) {
+  source(data_file, local = TRUE)
+  data <- reference_data(data)
+}
 # A reference program whose random inits fail has MODEL.init.R beside it, defining
 # reference_init(chain_id, data): each chain's initial values.
 init <- "random"

@@ -37,6 +37,10 @@
         draws; Note [Stan programs]): the draws are Stan's constrained quantities, checked by name
         against posteriordb/stan_reference with the same rules (the reference's sd error from the
         kurtosis of the run's draws and the reference's bulk-ESS)
+    scripts/posteriordb.py check --suite large --only P --program PROGRAM.stan --data DATA.json [...]
+        one posterior through another Stan program of the same posterior (a reference program of
+        large/reference_stan/, its data by scripts/large_reference_data.R), checked by name against
+        P's reference
 
 Note [The large suite]
 `check --suite large` (bench/posteriordb.sh OUT --suite large): the posteriors where NUTS takes
@@ -302,11 +306,22 @@ def check(args) -> int:
                  "use --widened-must-fail for the broken variant there")
     if args.temper != 1.0 and args.widened_must_fail:
         sys.exit("posteriordb.py: give one broken variant, --temper or --widened-must-fail")
+    if (args.program is None) != (args.data is None):
+        sys.exit("posteriordb.py: give --program and --data together")
+    if args.program and (not args.stan or not args.only or len(args.only) != 1):
+        sys.exit("posteriordb.py: --program samples one posterior of a Stan suite: give --stan (or --suite) and one --only")
     rows, failed = [], 0
     for p in args.only or (stan_posteriors() if args.stan else ports.PORTS):
         ref = stan_reference(p) if args.stan else ports.reference(p)
+        if args.program:  # the same posterior through another program: checked by its quantities' names
+            for f in (args.program, args.data):
+                if not os.path.isfile(f):
+                    sys.exit(f"posteriordb.py: {f}: no such file")
+            ref["program"], ref["data_file"] = args.program, args.data
         t0 = time.time()
         row = {"posterior": p, "dim": len(ref["names"]), "kind": ref["kind"], "sampler": args.sampler}
+        if args.program:
+            row["program"] = os.path.relpath(args.program, os.path.join(HERE, ".."))
         row["transport"] = args.transport or ("auto" if args.sampler == "learned" else "none")
         if args.sampler == "nuts":
             row["metric"] = args.metric + ("+" + args.transport if args.transport in ("flow", "auto") else "")
@@ -450,6 +465,10 @@ def main() -> int:
     c.add_argument("--sampler", choices=["nuts", "learned"], default="nuts")
     c.add_argument("--only", nargs="*")
     c.add_argument("--stan", action="store_true", help="posteriordb's Stan programs (all 46) instead of the ports")
+    c.add_argument("--program", help="with one --only posterior: sample it through this Stan program (the same "
+                   "posterior written another way, e.g. large/reference_stan/'s; its draws checked by name)")
+    c.add_argument("--data", help="with --program: its data (JSON; scripts/large_reference_data.R writes a reference "
+                   "program's)")
     c.add_argument("--suite", choices=["posteriordb", "gym", "large"], default="posteriordb",
                    help="gym: Inference Gym's posteriors with their published ground truth (inference_gym/; Stan programs); "
                         "large: the large suite, 26-670 parameters with a reference today (Note [The large suite]; Stan programs)")
