@@ -4,7 +4,9 @@
 # ADAPT_DELTA), two at a time; every quantity's mean, sd, bulk-ESS, MCSE of the mean and R-hat by R's
 # posterior package, written to large/stan_reference/POSTERIOR.json in posteriordb/'s layout (names as
 # nmcmc writes them: theta[1,2] -> theta.1.2). It refuses to write a reference whose R-hat exceeds
-# 1.01 or whose bulk-ESS is under 2,000 for any quantity.
+# 1.01 or whose bulk-ESS is under 2,000 for any quantity. A program of the same name under
+# large/reference_stan/ (the same posterior written for Stan's sampler) is sampled instead of
+# large/stan/'s, with MODEL.data.R's data and MODEL.init.R's initial values where they exist.
 # Usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC]
 # (METRIC: Stan's diag_e, the default, or dense_e)
 suppressMessages({library(rstan); library(jsonlite); library(posterior)})
