@@ -1,7 +1,8 @@
 // `nmcmc train` (services::train): the model and its target, resuming, the preconditioner's or the
 // transport's warm-up (Note [Choosing the transport]), the training steps under their budget (Note
 // [Training budget]) and the checks that training learned something. One TrainRun holds the
-// run's state; each step below is one of its methods, called in order by run().
+// run's state; each step below is one of its methods, called in order by run(). (About 600 lines:
+// the one class's steps with the Notes that explain their budgets, kept together on purpose.)
 //
 // Note [A long warm-up shortens training]
 // `max_seconds` bounds the training steps; when the preconditioner's (or the transport's) warm-up
