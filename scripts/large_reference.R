@@ -1,8 +1,9 @@
 # A reference posterior for one of large/'s Stan programs, made with Stan 2.21 (Debian's r-cran-rstan),
 # independent of nmcmc's own samplers (the program in Stan 2.21's syntax by `nmcmc stan-syntax`, $NMCMC_CLI
-# or build/nmcmc): CHAINS chains of WARMUP + DRAWS iterations (adapt_delta
-# ADAPT_DELTA), two at a time; every quantity's mean, sd, bulk-ESS, MCSE of the mean and R-hat by R's
-# posterior package, written to large/stan_reference/POSTERIOR.json in posteriordb/'s layout (names as
+# or build/nmcmc): CHAINS chains of WARMUP + DRAWS iterations (adapt_delta ADAPT_DELTA), two at a
+# time; every quantity's mean, sd, bulk- and tail-ESS, MCSE of the mean, R-hat, kurtosis, and 5, 25,
+# 50, 75 and 95 % quantiles with their MCSEs by R's posterior package, written to
+# large/stan_reference/POSTERIOR.json in posteriordb/'s layout (names as
 # nmcmc writes them: theta[1,2] -> theta.1.2). It refuses to write a reference whose R-hat exceeds
 # 1.01 or whose bulk-ESS is under 2,000 for any quantity. A program of the same name under
 # large/reference_stan/ (the same posterior written for Stan's sampler) is sampled instead of
@@ -53,7 +54,13 @@ fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warm
 seconds <- as.numeric(difftime(Sys.time(), t1, units = "secs"))
 arr <- as_draws_array(as.array(fit))
 arr <- subset_draws(arr, variable = variables(arr)[variables(arr) != "lp__" & !grepl("_raw(\\[|$)", variables(arr))])
-s <- summarise_draws(arr, mean, sd, ess_bulk, mcse_mean, rhat)
+# The quantiles and their MCSEs (posterior's mcse_quantile) let the checks compare quantities whose
+# tails are too heavy for their sd's standard error to mean much (Note [Heavy tails] in
+# scripts/posteriordb.py); the kurtosis goes into that standard error where the sd is checked.
+probs <- c(0.05, 0.25, 0.5, 0.75, 0.95)
+kurtosis <- function(x) { d <- x - mean(x); mean(d^4) / mean(d^2)^2 }
+s <- summarise_draws(arr, mean, sd, ess_bulk, ess_tail, mcse_mean, rhat, kurtosis,
+                     ~quantile2(.x, probs = probs), ~mcse_quantile(.x, probs = probs))
 sp <- get_sampler_params(fit, inc_warmup = FALSE)
 divergent <- sum(sapply(sp, function(x) sum(x[, "divergent__"])))
 names <- gsub("\\]", "", gsub("[[,]", ".", s$variable))
@@ -74,6 +81,12 @@ ref <- list(posterior = posterior, model = model_name, data = data_name,
                              min_ess_bulk = min(s$ess_bulk[varying], na.rm = TRUE)),
             names = names, mean = s$mean, sd = s$sd, n = chains * draws,
             ess_bulk = ifelse(varying, s$ess_bulk, chains * draws), mcse_mean = ifelse(varying, s$mcse_mean, 0),
-            rhat = ifelse(varying, s$rhat, 1))
+            rhat = ifelse(varying, s$rhat, 1), ess_tail = ifelse(varying, s$ess_tail, chains * draws),
+            kurtosis = ifelse(varying, s$kurtosis, 0))
+for (p in probs) {  # q05, ..., q95 as nmcmc's summary names them; mcse_q05, ... (0 for a constant)
+  key <- sprintf("q%02d", round(100 * p))
+  ref[[key]] <- s[[sprintf("q%d", round(100 * p))]]
+  ref[[paste0("mcse_", key)]] <- ifelse(varying, s[[sprintf("mcse_q%d", round(100 * p))]], 0)
+}
 dir.create(file.path(root, "stan_reference"), showWarnings = FALSE)
 write(toJSON(ref, auto_unbox = TRUE, digits = NA, pretty = TRUE), file.path(root, "stan_reference", paste0(posterior, ".json")))

@@ -66,6 +66,30 @@ off by 5 of its standard errors (about 11 % at 1,000 effective draws, 3.5 % at 1
 normal-tailed quantity); the energy tempered by 0.8 (every sd 12 % wide) fails on every posterior
 tried (posteriordb.tempered_energy_is_caught), and so does a Stan program's run whose spread is taken
 1.118x (posteriordb.large_nuts_flow's --widened-must-fail: a Stan program's energy cannot be tempered).
+
+Note [Heavy tails]
+The sd check's standard error, sd sqrt((kurtosis - 1) / (4 ESS)), stands on the fourth moment. A
+few-group scale has a long right tail: election88_full's region scale sigma_e (5 groups, a uniform
+prior to 100) has a posterior density falling about as sigma^-5 (each group's normal density
+contributes a factor 1/sigma), so its fourth moment is finite only through the prior's cap, and
+4,000 draws rarely reach the tail that sets the sd. Its reference (20,000 draws) has mean 0.885
+and sd 0.870; the two NUTS runs that converged on it (4 x 1,000 draws, R-hat 1.005 and 1.007) an
+sd of 0.61 and 0.49, and the kurtosis of their draws, which sets their mcse_sd, is as short as
+their sd. An sd check there measures how far 4,000 draws reach into the tail, in units that are
+too small. So, where a reference made by scripts/large_reference.R carries them: the kurtosis in
+both terms of the sd's standard error is the reference's (the run's mcse_sd scaled up by
+sqrt((kurtosis_ref - 1) / (kurtosis_run - 1)) where the run's draws show less), and the 5, 25, 50,
+75 and 95 % quantiles are checked, each within 5 of its MCSEs combined (quantiles_and_mcse):
+quantiles need no moment at all, so a run that is too narrow, too wide or shifted in the body of
+the posterior fails there (python/tests/test_posteriordb.py: t_5 draws 0.8x and 1.25x as far from
+their mean fail; the draws themselves pass). The widened variant (--widened-must-fail) widens the
+draws the quantiles are taken from as well as the summary. A quantile's MCSE is posterior's
+mcse_quantile (the ESS of the indicator x <= q, then the order statistics at the quantile's
+Beta(ESS p + 1, ESS (1 - p) + 1) interval) with the order statistics taken at -+ WINDOW = 4 of
+the Beta's sds and the spread divided by 8, not at -+ 1 and by 2: at 4,000 draws the +-1 spacing
+spans about 60 draws and the MCSE it gives scatters by 13-19 % (sd over 400 normal quantities,
+min 0.54 of the true one), which would turn a 5-MCSE check into a 3-MCSE one for some quantities;
+at 4 sds the scatter is 7-10 % (min 0.77), 2-4 % on the high side on average.
 """
 import argparse
 import json
@@ -213,12 +237,54 @@ def stan_reference(posterior: str) -> dict:
     return ref
 
 
+QUANTILES = (("q05", 0.05), ("q25", 0.25), ("q50", 0.5), ("q75", 0.75), ("q95", 0.95))
+# Note [Heavy tails]: the order statistics at -+ WINDOW sds of the quantile's Beta (posterior: 1)
+WINDOW = 4
+QUANTILE_ELEMENTS = 1 << 24  # the most torch.quantile takes: larger draws go a block of quantities at a time
+
+
+def quantiles_and_mcse(draws, prob: float):
+    """Each quantity's `prob` quantile of draws [S, C, K] (R's type 7, as posterior's quantile2) and
+    its MCSE after posterior's mcse_quantile (Note [Heavy tails]): the ESS of the indicator x <= q
+    over split chains (nmcmc's bulk-ESS of a two-valued quantity is that ESS: rank normalisation
+    maps it affinely), then the spread of the order statistics at the mean -+ WINDOW sds of
+    Beta(ESS p + 1, ESS (1 - p) + 1), divided by 2 WINDOW (posterior: its 16 and 84 % points, by 2).
+    Returns two [K] tensors."""
+    import nmcmc
+    block = max(1, QUANTILE_ELEMENTS // max(1, draws[..., 0].numel()))
+    if draws.shape[-1] > block:
+        parts = [quantiles_and_mcse(draws[..., k:k + block], prob) for k in range(0, draws.shape[-1], block)]
+        return torch.cat([q for q, _ in parts]), torch.cat([m for _, m in parts])
+    x = draws.to(torch.float64)
+    flat = x.reshape(-1, x.shape[-1])  # [S C, K]
+    n = flat.shape[0]
+    q = torch.quantile(flat, prob, dim=0)  # [K]
+    indicator = (x <= q).to(torch.float64)
+    ess = torch.as_tensor(nmcmc.summarise(indicator)["ess_bulk"], dtype=torch.float64)
+    ess = torch.where(torch.isfinite(ess), ess, torch.full_like(ess, float(n)))  # a constant indicator
+    a, b = ess * prob + 1, ess * (1 - prob) + 1
+    centre = a / (a + b)
+    spread = torch.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+    ordered = flat.sort(dim=0).values
+    lo = torch.clamp(torch.floor((centre - WINDOW * spread) * n).long(), 1, n) - 1
+    hi = torch.clamp(torch.ceil((centre + WINDOW * spread) * n).long(), 1, n) - 1
+    cols = torch.arange(x.shape[-1])
+    return q, (ordered[hi, cols] - ordered[lo, cols]) / (2 * WINDOW)
+
+
 def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd_z: float = 5.0):
     """The moment checks of a run from a Stan program, by Stan's names: (passes, worst mean z,
     worst sd ratio, why, worst sd z). The sd's standard error: the run's mcse_sd and the
-    reference's sd sqrt((kurtosis - 1) / (4 ESS)) combined, the kurtosis of the run's draws [S, C, K]."""
+    reference's sd sqrt((kurtosis - 1) / (4 ESS)) combined, the kurtosis the reference's where it
+    has one (the run's mcse_sd scaled up to it where the run's draws show less), else the run's
+    draws' [S, C, K]; and where the reference has quantiles, each within mcse_z of the MCSEs
+    combined (Note [Heavy tails])."""
     index = {p["name"]: k for k, p in enumerate(summary["parameters"])}
     worst_z, worst_sd, worst_zs, why = 0.0, 1.0, 0.0, []
+    quantiles = {}  # key -> (the run's quantiles [K], their MCSEs [K]), where the reference has them
+    for key, prob in QUANTILES:
+        if key in ref and f"mcse_{key}" in ref:
+            quantiles[key] = quantiles_and_mcse(draws, prob)
     for j, name in enumerate(ref["names"]):
         if name not in index:
             why.append(f"{name}: not in the run's output")
@@ -233,7 +299,11 @@ def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd
         z = abs(p["mean"] - ref["mean"][j]) / math.sqrt(p["mcse_mean"] ** 2 + ref["sd"][j] ** 2 / ref_ess)
         x = draws[:, :, k].reshape(-1).to(torch.float64)
         kurt = float(((x - x.mean()) ** 4).mean() / x.var(unbiased=False) ** 2)
-        se_sd = math.sqrt(p["mcse_sd"] ** 2 + ref["sd"][j] ** 2 * (kurt - 1) / (4 * ref_ess))
+        mcse_sd = p["mcse_sd"]
+        if ref.get("kurtosis") and ref["kurtosis"][j] > kurt > 1:  # Note [Heavy tails]
+            mcse_sd *= math.sqrt((ref["kurtosis"][j] - 1) / (kurt - 1))
+            kurt = ref["kurtosis"][j]
+        se_sd = math.sqrt(mcse_sd ** 2 + ref["sd"][j] ** 2 * (kurt - 1) / (4 * ref_ess))
         zs = abs(p["sd"] - ref["sd"][j]) / se_sd if se_sd > 0 else float("inf")
         r = p["sd"] / ref["sd"][j]
         worst_z = max(worst_z, z)
@@ -244,7 +314,19 @@ def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd
             why.append(f"{name} mean {p['mean']:.4g} vs {ref['mean'][j]:.4g} ({z:.1f} MCSE)")
         if zs > sd_z:
             why.append(f"{name} sd {p['sd']:.4g} vs {ref['sd'][j]:.4g} ({zs:.1f} se)")
+        for key, (q, mcse_q) in quantiles.items():
+            se = math.sqrt(float(mcse_q[k]) ** 2 + ref[f"mcse_{key}"][j] ** 2)
+            zq = abs(float(q[k]) - ref[key][j]) / se if se > 0 else float("inf")
+            if not zq <= mcse_z:
+                why.append(f"{name} {key} {float(q[k]):.4g} vs {ref[key][j]:.4g} ({zq:.1f} MCSE)")
     return not why, worst_z, worst_sd, why, worst_zs
+
+
+def widened_draws(draws, factor: float):
+    """draws [S, C, K] with every quantity `factor` times as far from its mean: what widened() does
+    to the summary, for the checks that read the draws (the quantiles)."""
+    mean = draws.to(torch.float64).reshape(-1, draws.shape[-1]).mean(0)
+    return mean + factor * (draws.to(torch.float64) - mean)
 
 
 def widened(summary: dict, factor: float) -> dict:
@@ -265,6 +347,28 @@ def worst_rhat_quantity(parameters: list):
         return float("inf") if q["sd"] > 0 else float("-inf")
     worst = max(parameters, key=rhat_of, default=None)
     return None if worst is None else worst["name"]
+
+
+def recheck(saved: list, suite: str) -> int:
+    """The moment checks, R-hat and bulk-ESS of runs kept by `check --save-draws`, against each
+    posterior's reference as it is now (a Stan program's run by name; exit 1 if any fails)."""
+    global SUITE
+    SUITE = suite
+    failed = 0
+    for path in saved:
+        kept = torch.load(path)
+        p, s, draws = kept["posterior"], kept["summary"], kept["draws"]
+        if not kept["stan"]:
+            raise SystemExit(f"{path}: recheck takes Stan programs' runs (check --suite ...)")
+        ok, z, sd, why, zs = moments_check_named(s, stan_reference(p), draws)
+        if s["max_rhat"] > 1.01:
+            ok, why = False, why + [f"R-hat {s['max_rhat']:.3f}"]
+        if s["min_ess_bulk"] < 400:
+            ok, why = False, why + [f"ESS too low ({s['min_ess_bulk']:.0f})"]
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {p:42s} R-hat {s['max_rhat']:.3f}  ESS {s['min_ess_bulk']:6.0f}  "
+              f"mean {z:4.1f} MCSE  sd x{sd:.3f} ({zs:.1f} se)  {'; '.join(why)}", flush=True)
+    return 1 if failed else 0
 
 
 def ports_vs_stan(only) -> int:
@@ -426,12 +530,16 @@ def one(nmcmc, p, ref, row, args, t0):
                                           for r in s["transport"].get("rounds", [])]
         if "restarted" in s["transport"]:  # Note [Far out twice]
             row["transport_restarted"] = s["transport"]["restarted"]
-    def moments(summary):  # a Stan program's quantities by name, a port's in order
-        return moments_check_named(summary, ref, run.draws) if args.stan else moments_check(summary, ref)
-    ok, z, sd, why, zs = moments(s)
+    def moments(summary, draws):  # a Stan program's quantities by name, a port's in order
+        return moments_check_named(summary, ref, draws) if args.stan else moments_check(summary, ref)
+    ok, z, sd, why, zs = moments(s, run.draws)
+    if args.save_draws:  # for `recheck` against a reference made again (the check's own inputs)
+        os.makedirs(args.save_draws, exist_ok=True)
+        torch.save({"posterior": p, "summary": s, "draws": run.draws, "stan": bool(args.stan)},
+                   os.path.join(args.save_draws, f"{p}.pt"))
     if args.widened_must_fail:  # the broken variant: the same draws, each quantity F times as far from its mean
         f = args.widened_must_fail
-        check_wide = moments(widened(s, f))
+        check_wide = moments(widened(s, f), widened_draws(run.draws, f))
         row["widened_caught"] = not check_wide[0]
         print(f"     {p:42s} its spread widened x{f}: {'caught' if row['widened_caught'] else 'NOT CAUGHT'} "
               f"(sd x{check_wide[2]:.3f}, {check_wide[4]:.1f} se)", flush=True)
@@ -493,6 +601,8 @@ def main() -> int:
     c.add_argument("--dtype", default="float64")
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--json")
+    c.add_argument("--save-draws", metavar="DIR", default=None,
+                   help="keep each run's draws and summary in DIR/POSTERIOR.pt, for `recheck`")
     c.add_argument("--temper", type=float, default=1.0,
                    help="the broken variant for the ports: sample the energy times this factor; exit 0 only if "
                         "every posterior then fails its moment checks")
@@ -501,6 +611,9 @@ def main() -> int:
                         "quantity's spread about its mean taken F times the run's (1.118: as the energy tempered "
                         "by 0.8 widens a Gaussian) must fail the moment checks; exit 0 only if every run passes "
                         "and every widened one fails")
+    rc = sub.add_parser("recheck", help="a run kept by check --save-draws against its reference as it is now")
+    rc.add_argument("saved", nargs="+", help="DIR/POSTERIOR.pt files")
+    rc.add_argument("--suite", choices=sorted(SUITE_DIRS), default="large")
     ps = sub.add_parser("ports-vs-stan")
     ps.add_argument("only", nargs="*")
     lt = sub.add_parser("large-table", help="the large suite's table (Note [The large suite]) and issue #64's goals")
@@ -522,6 +635,8 @@ def main() -> int:
     if a.cmd == "list":
         for p, (_d, _b, params, kind) in ports.PORTS.items():
             print(f"{p:45s} D = {len(params):2d}  {kind}")
+    elif a.cmd == "recheck":
+        return recheck(a.saved, a.suite)
     elif a.cmd == "export":
         export(a.directory, a.only)
     elif a.cmd == "gradients":
