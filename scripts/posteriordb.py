@@ -81,7 +81,15 @@ both terms of the sd's standard error is the reference's (the run's mcse_sd scal
 sqrt((kurtosis_ref - 1) / (kurtosis_run - 1)) where the run's draws show less), and the 5, 25, 50,
 75 and 95 % quantiles are checked, each within 5 of its MCSEs combined (quantiles_and_mcse):
 quantiles need no moment at all, so a run that is too narrow, too wide or shifted in the body of
-the posterior fails there (python/tests/test_posteriordb.py: t_5 draws 0.8x and 1.25x as far from
+the posterior fails there. Where the reference's kurtosis is above HEAVY_KURTOSIS = 9 (Student's
+t with 5 degrees of freedom; a normal quantity's is 3) the sd is not checked at all: its standard
+error then rests on a kurtosis that 20,000 draws do not pin down (the estimate's own error needs
+an eighth moment), and with the reference's kurtosis (17.7) NUTS diag's sigma_e still stood at
+5.8 "standard errors" while its five quantiles were each within 5 MCSEs of the reference's. On
+election88_full the heavy ones stand apart: 13 to 68 for the few-group scales and effects, 3.2
+the median of the 90 quantities. The sd check keeps what the quantiles lack for light tails:
+a spread 1.118x too wide moves the sd by 5.3 of its standard errors at 4,000 effective draws and
+the 95 % quantile by 1.8 of its MCSEs (python/tests/test_posteriordb.py: t_5 draws 0.8x and 1.25x as far from
 their mean fail; the draws themselves pass). The widened variant (--widened-must-fail) widens the
 draws the quantiles are taken from as well as the summary. A quantile's MCSE is posterior's
 mcse_quantile (the ESS of the indicator x <= q, then the order statistics at the quantile's
@@ -240,6 +248,7 @@ def stan_reference(posterior: str) -> dict:
 QUANTILES = (("q05", 0.05), ("q25", 0.25), ("q50", 0.5), ("q75", 0.75), ("q95", 0.95))
 # Note [Heavy tails]: the order statistics at -+ WINDOW sds of the quantile's Beta (posterior: 1)
 WINDOW = 4
+HEAVY_KURTOSIS = 9.0  # Note [Heavy tails]: above it (t_5's) the sd is not checked where quantiles are
 QUANTILE_ELEMENTS = 1 << 24  # the most torch.quantile takes: larger draws go a block of quantities at a time
 
 
@@ -305,6 +314,8 @@ def moments_check_named(summary: dict, ref: dict, draws, mcse_z: float = 5.0, sd
             kurt = ref["kurtosis"][j]
         se_sd = math.sqrt(mcse_sd ** 2 + ref["sd"][j] ** 2 * (kurt - 1) / (4 * ref_ess))
         zs = abs(p["sd"] - ref["sd"][j]) / se_sd if se_sd > 0 else float("inf")
+        if quantiles and ref.get("kurtosis") and ref["kurtosis"][j] > HEAVY_KURTOSIS:
+            zs = 0.0  # Note [Heavy tails]: its quantiles are checked instead
         r = p["sd"] / ref["sd"][j]
         worst_z = max(worst_z, z)
         worst_zs = max(worst_zs, zs)

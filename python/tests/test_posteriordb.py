@@ -286,3 +286,20 @@ def test_heavy_tails_are_checked_by_their_quantiles_and_a_narrow_run_still_fails
     plain = {k: v for k, v in ref.items() if k in ("names", "mean", "sd", "n", "ess_bulk")}
     ok, _z, _sd, why, _zs = posteriordb.moments_check_named(summary, plain, d)
     assert ok and not any(" q" in w for w in why)
+
+
+def test_above_the_heavy_kurtosis_the_sd_is_left_to_the_quantiles():
+    # Note [Heavy tails]: a run whose sd alone is off (the summary's sd 0.8x, its draws as they are):
+    # where the reference's kurtosis is above HEAVY_KURTOSIS its quantiles decide and it passes;
+    # below it the sd check fails it.
+    ref = _heavy_reference()
+    torch.manual_seed(7)
+    draws = torch.stack([torch.distributions.StudentT(5.0).sample((1000, 4)), torch.randn(1000, 4)], -1).to(torch.float64)
+    summary, d = _run(draws)
+    summary["parameters"][0]["sd"] *= 0.8
+    ref["kurtosis"][0] = posteriordb.HEAVY_KURTOSIS + 3
+    ok, _z, _sd, why, _zs = posteriordb.moments_check_named(summary, ref, d)
+    assert ok, why
+    ref["kurtosis"][0] = posteriordb.HEAVY_KURTOSIS - 3
+    ok, _z, _sd, why, _zs = posteriordb.moments_check_named(summary, ref, d)
+    assert not ok and any(w.startswith("t sd ") for w in why), why
