@@ -360,6 +360,17 @@ def worst_rhat_quantity(parameters: list):
     return None if worst is None else worst["name"]
 
 
+def convergence_misses(summary: dict) -> list:
+    """What a run's summary misses of the suite's convergence rules: R-hat at most 1.01 and
+    bulk-ESS at least 400 for every quantity."""
+    misses = []
+    if summary["max_rhat"] > 1.01:
+        misses.append(f"R-hat {summary['max_rhat']:.3f}")
+    if summary["min_ess_bulk"] < 400:
+        misses.append(f"ESS too low ({summary['min_ess_bulk']:.0f})")
+    return misses
+
+
 def recheck(saved: list, suite: str) -> int:
     """The moment checks, R-hat and bulk-ESS of runs kept by `check --save-draws`, against each
     posterior's reference as it is now (a Stan program's run by name; exit 1 if any fails)."""
@@ -372,10 +383,8 @@ def recheck(saved: list, suite: str) -> int:
         if not kept["stan"]:
             raise SystemExit(f"{path}: recheck takes Stan programs' runs (check --suite ...)")
         ok, z, sd, why, zs = moments_check_named(s, stan_reference(p), draws)
-        if s["max_rhat"] > 1.01:
-            ok, why = False, why + [f"R-hat {s['max_rhat']:.3f}"]
-        if s["min_ess_bulk"] < 400:
-            ok, why = False, why + [f"ESS too low ({s['min_ess_bulk']:.0f})"]
+        why = why + convergence_misses(s)
+        ok = not why
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {p:42s} R-hat {s['max_rhat']:.3f}  ESS {s['min_ess_bulk']:6.0f}  "
               f"mean {z:4.1f} MCSE  sd x{sd:.3f} ({zs:.1f} se)  {'; '.join(why)}", flush=True)
@@ -561,10 +570,8 @@ def one(nmcmc, p, ref, row, args, t0):
     worst = worst_rhat_quantity(s["parameters"])
     if worst is not None:  # which quantity mixes worst: where a sampler that does not converge fails
         row["worst_rhat_quantity"] = worst
-    if s["max_rhat"] > 1.01:
-        ok, why = False, why + [f"R-hat {s['max_rhat']:.3f}"]
-    if s["min_ess_bulk"] < 400:
-        ok, why = False, why + [f"ESS too low ({s['min_ess_bulk']:.0f})"]
+    why = why + convergence_misses(s)
+    ok = ok and not why
     print(f"{'ok  ' if ok else 'FAIL'} {p:42s} D={row['dim']:2d} {row['seconds']:7.1f} s  R-hat {s['max_rhat']:.3f}  "
           f"ESS {s['min_ess_bulk']:6.0f}  /grad {row['ess_bulk_per_grad'] or float('nan'):.3g}  "
           f"mean {z:4.1f} MCSE  sd x{sd:.3f} ({zs:.1f} se)  {'; '.join(why)}", flush=True)
