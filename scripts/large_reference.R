@@ -53,6 +53,10 @@ fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warm
                 cores = 2, refresh = max(1, (warmup + draws) %/% 5), init = init, control = list(adapt_delta = adapt_delta, metric = metric))
 seconds <- as.numeric(difftime(Sys.time(), t1, units = "secs"))
 arr <- as_draws_array(as.array(fit))
+sp <- get_sampler_params(fit, inc_warmup = FALSE)
+# The fit holds a second copy of every draw (at 3,075 parameters and 10 x 15,000 draws, 6 GB):
+# gone before the summaries, which copy the draws once more.
+rm(fit); invisible(gc())
 arr <- subset_draws(arr, variable = variables(arr)[variables(arr) != "lp__" & !grepl("_raw(\\[|$)", variables(arr))])
 # The quantiles and their MCSEs (posterior's mcse_quantile) let the checks compare quantities whose
 # tails are too heavy for their sd's standard error to mean much (Note [Heavy tails] in
@@ -61,14 +65,18 @@ probs <- c(0.05, 0.25, 0.5, 0.75, 0.95)
 kurtosis <- function(x) { d <- x - mean(x); mean(d^4) / mean(d^2)^2 }
 s <- summarise_draws(arr, mean, sd, ess_bulk, ess_tail, mcse_mean, rhat, kurtosis,
                      ~quantile2(.x, probs = probs), ~mcse_quantile(.x, probs = probs))
-sp <- get_sampler_params(fit, inc_warmup = FALSE)
 divergent <- sum(sapply(sp, function(x) sum(x[, "divergent__"])))
 names <- gsub("\\]", "", gsub("[[,]", ".", s$variable))
 varying <- s$sd > 0
 cat(sprintf("%s: %d quantities, %.0f s; max R-hat %.4f, min bulk-ESS %.0f, %d divergent\n", posterior, nrow(s),
             seconds, max(s$rhat[varying], na.rm = TRUE), min(s$ess_bulk[varying], na.rm = TRUE), divergent))
-if (max(s$rhat[varying], na.rm = TRUE) > 1.01 || min(s$ess_bulk[varying], na.rm = TRUE) < 2000)
+if (max(s$rhat[varying], na.rm = TRUE) > 1.01 || min(s$ess_bulk[varying], na.rm = TRUE) < 2000) {
+  # What would have to run longer: the ten quantities with the least bulk-ESS and with the largest R-hat.
+  worst <- s[varying, c("variable", "mean", "sd", "ess_bulk", "rhat")]
+  print(as.data.frame(head(worst[order(worst$ess_bulk), ], 10)))
+  print(as.data.frame(head(worst[order(-worst$rhat), ], 10)))
   stop("not written: R-hat above 1.01 or bulk-ESS under 2,000 (run longer)")
+}
 ref <- list(posterior = posterior, model = model_name, data = data_name,
             source = paste0("stan-dev/posteriordb posterior_database/posteriors/", posterior, ".json; reference made by ",
                             "scripts/large_reference.R from large/", basename(dirname(program_file)), "/",
