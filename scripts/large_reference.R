@@ -8,13 +8,19 @@
 # 1.01 or whose bulk-ESS is under 2,000 for any quantity. A program of the same name under
 # large/reference_stan/ (the same posterior written for Stan's sampler) is sampled instead of
 # large/stan/'s, with MODEL.data.R's data and MODEL.init.R's initial values where they exist.
-# Usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC]
-# (METRIC: Stan's diag_e, the default, or dense_e)
+# Usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC [THIN]]
+# (METRIC: Stan's diag_e, the default, or dense_e; THIN: keep every THIN-th of the DRAWS, 1 by
+# default. R holds every kept draw three or four times over while it gathers and summarises them:
+# ovarian's horseshoe, 4,719 quantities at 10 x 15,000 draws, went past 24 GB and was killed, so
+# a posterior with thousands of quantities and a slow chain keeps every 4th or 5th draw, which
+# costs its slowest quantities almost no effective draws.)
 suppressMessages({library(rstan); library(jsonlite); library(posterior)})
 a <- commandArgs(trailingOnly = TRUE)
-if (!(length(a) %in% c(8, 9))) stop("usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC]")
-metric <- if (length(a) == 9) a[9] else "diag_e"
+if (!(length(a) %in% 8:10)) stop("usage: Rscript scripts/large_reference.R POSTERIOR MODEL DATA CHAINS WARMUP DRAWS ADAPT_DELTA SEED [METRIC [THIN]]")
+metric <- if (length(a) >= 9) a[9] else "diag_e"
 if (!(metric %in% c("diag_e", "dense_e"))) stop("METRIC must be diag_e or dense_e")
+thin <- if (length(a) == 10) suppressWarnings(as.integer(a[10])) else 1L
+if (is.na(thin) || thin < 1) stop("THIN must be a whole number of at least 1")
 posterior <- a[1]; model_name <- a[2]; data_name <- a[3]
 chains <- as.integer(a[4]); warmup <- as.integer(a[5]); draws <- as.integer(a[6])
 adapt_delta <- as.numeric(a[7]); seed <- as.integer(a[8])
@@ -50,7 +56,7 @@ if (file.exists(init_file)) {
 }
 t1 <- Sys.time()
 fit <- sampling(model, data = data, chains = chains, iter = warmup + draws, warmup = warmup, seed = seed,
-                cores = 2, refresh = max(1, (warmup + draws) %/% 5), init = init, control = list(adapt_delta = adapt_delta, metric = metric))
+                thin = thin, save_warmup = FALSE, cores = 2, refresh = max(1, (warmup + draws) %/% 5), init = init, control = list(adapt_delta = adapt_delta, metric = metric))
 seconds <- as.numeric(difftime(Sys.time(), t1, units = "secs"))
 arr <- as_draws_array(as.array(fit))
 sp <- get_sampler_params(fit, inc_warmup = FALSE)
@@ -65,6 +71,7 @@ probs <- c(0.05, 0.25, 0.5, 0.75, 0.95)
 kurtosis <- function(x) { d <- x - mean(x); mean(d^4) / mean(d^2)^2 }
 s <- summarise_draws(arr, mean, sd, ess_bulk, ess_tail, mcse_mean, rhat, kurtosis,
                      ~quantile2(.x, probs = probs), ~mcse_quantile(.x, probs = probs))
+kept <- niterations(arr) * nchains(arr)  # the draws kept after thinning
 divergent <- sum(sapply(sp, function(x) sum(x[, "divergent__"])))
 names <- gsub("\\]", "", gsub("[[,]", ".", s$variable))
 varying <- s$sd > 0
@@ -83,13 +90,13 @@ ref <- list(posterior = posterior, model = model_name, data = data_name,
                             basename(program_file)),
             inference = list(method = "stan_sampling (rstan 2.21, Debian)",
                              method_arguments = list(chains = chains, warmup = warmup, iter = warmup + draws,
-                                                     seed = seed, control = list(adapt_delta = adapt_delta, metric = metric)),
+                                                     seed = seed, thin = thin, control = list(adapt_delta = adapt_delta, metric = metric)),
                              seconds = seconds, divergent = divergent,
                              max_rhat = max(s$rhat[varying], na.rm = TRUE),
                              min_ess_bulk = min(s$ess_bulk[varying], na.rm = TRUE)),
-            names = names, mean = s$mean, sd = s$sd, n = chains * draws,
-            ess_bulk = ifelse(varying, s$ess_bulk, chains * draws), mcse_mean = ifelse(varying, s$mcse_mean, 0),
-            rhat = ifelse(varying, s$rhat, 1), ess_tail = ifelse(varying, s$ess_tail, chains * draws),
+            names = names, mean = s$mean, sd = s$sd, n = kept,
+            ess_bulk = ifelse(varying, s$ess_bulk, kept), mcse_mean = ifelse(varying, s$mcse_mean, 0),
+            rhat = ifelse(varying, s$rhat, 1), ess_tail = ifelse(varying, s$ess_tail, kept),
             kurtosis = ifelse(varying, s$kurtosis, 0))
 for (p in probs) {  # q05, ..., q95 as nmcmc's summary names them; mcse_q05, ... (0 for a constant)
   key <- sprintf("q%02d", round(100 * p))
