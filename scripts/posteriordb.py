@@ -489,11 +489,11 @@ def one(nmcmc, p, ref, row, args, t0):
                            metric=args.metric, transport=args.transport or "none",
                            transport_rounds=args.transport_rounds, transport_layers=args.transport_layers,
                            target_accept=args.target_accept, step_size_per_chain=args.step_size_per_chain or None,
-                           progress=False)
+                           progress=args.progress)
     else:
         batch = json.loads(nmcmc._C.default_train_config())["train"]["batch"]
         # --seed seeds training too (train.seed; 1, nmcmc train's default, at --seed 1)
-        model = nmcmc.train(target, progress=False, steps=args.steps, dtype=args.dtype, transport=args.transport,
+        model = nmcmc.train(target, progress=args.progress, steps=args.steps, dtype=args.dtype, transport=args.transport,
                             options={"seed": args.seed}, ess=args.ess)
         tr = model.training
         pre = tr.get("preconditioner") or {}
@@ -515,7 +515,7 @@ def one(nmcmc, p, ref, row, args, t0):
         fixed_grads += sum(p.get("grads", 0) for p in tr.get("probes", []))  # their seconds are in tr["seconds"]
         fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
         run = nmcmc.sample(sampler="learned", model=model, chains=args.chains, warmup=args.warmup,
-                           draws=args.draws, seed=args.seed, progress=False)
+                           draws=args.draws, seed=args.seed, progress=args.progress)
     s = run.summary
     chains = s["chains"]
     sampling_grads = s["grads_per_step"] * s["draws"] * chains
@@ -621,6 +621,9 @@ def main() -> int:
     c.add_argument("--json")
     c.add_argument("--save-draws", metavar="DIR", default=None,
                    help="keep each run's draws and summary in DIR/POSTERIOR.pt, for `recheck`")
+    c.add_argument("--progress", action="store_true",
+                   help="training's and sampling's progress on stderr (phase, rate, ETA; a line every 10 s when "
+                        "stderr is not a terminal): the large suite's runs take minutes to hours")
     c.add_argument("--temper", type=float, default=1.0,
                    help="the broken variant for the ports: sample the energy times this factor; exit 0 only if "
                         "every posterior then fails its moment checks")
