@@ -289,12 +289,15 @@ class _Progress:
         rate = done / p["elapsed"] if p["elapsed"] > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else 0.0
         label = p.get("phase", "training")
-        if "loss" in p:  # a flow transport's fit
+        unit = "it/s"
+        if label == "summary":  # the diagnostics of a long run, a block of parameters at a time
+            stats, unit = "bulk/tail ESS, R-hat, quantiles", "parameters/s"
+        elif "loss" in p:  # a flow transport's fit
             stats = f"held-out Fisher loss {p['loss']:.4g}"
         else:
             stats = f"accept {p['accept']:.3f}"
             stats += f"  step {p['step_size']:.3g}" if "step_size" in p else f"  beta {p['beta']:.3g}  eps {p['eps']:.3g}"
-        line = f"[{label}] {done}/{total} {100.0 * done / max(total, 1):3.0f}%  {stats}  {rate:.1f} it/s  ETA {eta:.0f} s"
+        line = f"[{label}] {done}/{total} {100.0 * done / max(total, 1):3.0f}%  {stats}  {rate:.1f} {unit}  ETA {eta:.0f} s"
         end = "\n" if final or not self.tty else ""
         print(("\r" if self.tty else "") + line + "\x1b[K" * self.tty, end=end, file=_sys.stderr, flush=True)
 
