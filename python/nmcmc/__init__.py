@@ -292,8 +292,8 @@ class _Progress:
         unit = "it/s"
         if label == "summary":  # the diagnostics of a long run, a block of parameters at a time
             stats, unit = "bulk/tail ESS, R-hat, quantiles", "parameters/s"
-        elif "loss" in p:  # a flow transport's fit
-            stats = f"held-out Fisher loss {p['loss']:.4g}"
+        elif "loss" in p or label == "fit":  # a flow transport's fit (sampling's holds its loss in accept)
+            stats, unit = f"held-out Fisher loss {p.get('loss', p.get('accept', float('nan'))):.4g}", "steps/s"
         else:
             stats = f"accept {p['accept']:.3f}"
             stats += f"  step {p['step_size']:.3g}" if "step_size" in p else f"  beta {p['beta']:.3g}  eps {p['eps']:.3g}"
