@@ -268,6 +268,8 @@ def from_function(fn, dim: int, names: _Optional[_List[str]] = None, output: str
 
 class _Progress:
     """One progress line on stderr: phase, done/total, accept, step size, rate and ETA."""
+    interval_tty = 0.25  # seconds between redraws on a terminal
+    interval_log = 10.0  # and between lines otherwise (a log file)
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and _sys.stderr is not None
@@ -283,7 +285,7 @@ class _Progress:
         now = _time.monotonic()
         done, total = p.get("iteration", p.get("step", 0)), p["total"]
         final = done >= total
-        if not final and now - self.last < (0.25 if self.tty else 10.0):
+        if not final and now - self.last < (self.interval_tty if self.tty else self.interval_log):
             return
         self.last = now
         rate = done / p["elapsed"] if p["elapsed"] > 0 else 0.0

@@ -117,6 +117,22 @@ def test_transport_flow_on_a_python_function_and_its_bad_input():
             nmcmc.sample(t, "nuts", progress=False, **kwargs)
 
 
+def test_progress_lines_say_what_each_phase_does(capsys, monkeypatch):
+    # The progress line of a run through the flow: warm-up and sampling with their accept rate and
+    # step size, each fit with its held-out Fisher loss (the binding passes it in place of an
+    # accept rate), never "accept 0.000  step 0" for a phase that has neither. Every update is
+    # printed here (a log's lines are otherwise 10 s apart).
+    monkeypatch.setattr(nmcmc._Progress, "interval_log", 0.0)
+    t = nmcmc.from_function(gaussian_energy, dim=3, dtype="float64")
+    nmcmc.sample(t, "nuts", chains=2, warmup=200, draws=100, seed=1, transport="flow", transport_layers=2,
+                 transport_rounds=2, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    fits = [l for l in lines if l.startswith("[fit]")]
+    assert fits and all("held-out Fisher loss" in l and "accept" not in l for l in fits), lines
+    assert any(l.startswith("[sampling]") and "accept" in l and "step" in l for l in lines), lines
+    assert not any("step 0 " in l for l in lines), lines
+
+
 def test_compare_takes_the_transports_options_as_sample_does(tmp_path):
     # Note [The transport's options]: compare's NUTS through the flow takes layers and rounds too.
     t = nmcmc.from_function(gaussian_energy, dim=3, names=["mu", "log_tau", "theta"], dtype="float64")
