@@ -27,7 +27,6 @@ import os as _os
 import shutil as _shutil
 import sys as _sys
 import tempfile as _tempfile
-import time as _time
 import warnings as _warnings
 from typing import List as _List, Optional as _Optional
 
@@ -41,6 +40,7 @@ import torch  # before _nmcmc: it loads the LibTorch both share
 
 from . import _nmcmc as _C
 from ._kept import KeptModule as _KeptModule
+from ._progress import _Progress
 from ._summary import summarise
 
 __version__ = _C.version()
@@ -264,44 +264,6 @@ def from_function(fn, dim: int, names: _Optional[_List[str]] = None, output: str
     except Exception as e:
         raise ValueError(f"nmcmc.from_function: TorchScript cannot compile a module around {fn!r}:\n{e}") from None
     return from_module(module, dim=dim, output=output, dtype=dtype, device=device)
-
-
-class _Progress:
-    """One progress line on stderr: phase, done/total, accept, step size, rate and ETA."""
-    interval_tty = 0.25  # seconds between redraws on a terminal
-    interval_log = 10.0  # and between lines otherwise (a log file)
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and _sys.stderr is not None
-        self.last = 0.0
-        self.tty = bool(getattr(_sys.stderr, "isatty", lambda: False)())
-
-    def __call__(self, p: dict):
-        if not self.enabled:
-            return
-        if "message" in p:
-            print(p["message"], file=_sys.stderr)
-            return
-        now = _time.monotonic()
-        done, total = p.get("iteration", p.get("step", 0)), p["total"]
-        final = done >= total
-        if not final and now - self.last < (self.interval_tty if self.tty else self.interval_log):
-            return
-        self.last = now
-        rate = done / p["elapsed"] if p["elapsed"] > 0 else 0.0
-        eta = (total - done) / rate if rate > 0 else 0.0
-        label = p.get("phase", "training")
-        unit = "it/s"
-        if label == "summary":  # the diagnostics of a long run, a block of parameters at a time
-            stats, unit = "bulk/tail ESS, R-hat, quantiles", "parameters/s"
-        elif "loss" in p or label == "fit":  # a flow transport's fit (sampling's holds its loss in accept)
-            stats, unit = f"held-out Fisher loss {p.get('loss', p.get('accept', float('nan'))):.4g}", "steps/s"
-        else:
-            stats = f"accept {p['accept']:.3f}"
-            stats += f"  step {p['step_size']:.3g}" if "step_size" in p else f"  beta {p['beta']:.3g}  eps {p['eps']:.3g}"
-        line = f"[{label}] {done}/{total} {100.0 * done / max(total, 1):3.0f}%  {stats}  {rate:.1f} {unit}  ETA {eta:.0f} s"
-        end = "\n" if final or not self.tty else ""
-        print(("\r" if self.tty else "") + line + "\x1b[K" * self.tty, end=end, file=_sys.stderr, flush=True)
 
 
 class Run:
