@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
     const double t_target = native_only ? 0.0 : time_it([&] { (void)target->energy_and_grad(z); });
     const double diff = (latent.energy_and_grad(z).grad - graph()).abs().max().item<double>();
     json out = {{"bench", "transport"}, {"target", target->spec()}, {"rows", rows}, {"layers", layers},
-                {"hidden", hidden > 0 ? hidden : std::clamp<int64_t>(2 * d, 32, 256)},
+                {"hidden", hidden > 0 ? hidden : nmcmc::default_flow_hidden(d)},
                 {"threads", threads}, {"native_us", 1e6 * t_native}, {"graph_us", 1e6 * t_graph}, {"target_us", 1e6 * t_target},
                 {"graph_over_native", t_graph / t_native}, {"max_abs_diff", diff}};
     std::cout << out.dump() << std::endl;
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     torch::Tensor x = target->sample(points, gen);
     torch::Tensor g = target->energy_and_grad(x).grad;
     json out = {{"bench", "fit"}, {"target", target->spec()}, {"points", points}, {"steps", steps}, {"layers", layers},
-                {"hidden", hidden > 0 ? hidden : std::clamp<int64_t>(2 * d, 32, 256)}, {"threads", threads}};
+                {"hidden", hidden > 0 ? hidden : nmcmc::default_flow_hidden(d)}, {"threads", threads}};
     for (bool own : {true, false}) {
       nmcmc::FlowTransport flow(nmcmc::FlowOptions().set_dim(d).set_layers(layers).set_hidden(hidden).set_mask_seed(1));
       nmcmc::FitOptions o;

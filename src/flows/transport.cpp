@@ -16,10 +16,10 @@ namespace nmcmc {
 namespace {
 const torch::TensorOptions kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
-int64_t resolved_hidden(const FlowOptions& o) {
-  return o.hidden > 0 ? o.hidden : std::clamp<int64_t>(2 * o.dim, 32, 256);
-}
+int64_t resolved_hidden(const FlowOptions& o) { return o.hidden > 0 ? o.hidden : default_flow_hidden(o.dim); }
 }  // namespace
+
+int64_t default_flow_hidden(int64_t dim) { return std::clamp<int64_t>(2 * dim, 32, 64); }
 
 FlowTransportImpl::FlowTransportImpl(const FlowOptions& options) : options_(options) {
   TORCH_CHECK(options.dim >= 1, "FlowTransport: dim must be >= 1, got ", options.dim);

@@ -341,15 +341,19 @@ FitReport fit_transport(FlowTransportImpl& flow, const torch::Tensor& x_in, cons
     if ((step + 1) % o.check_every == 0) {
       const double h = held_out();
       if (o.progress) o.progress(step + 1, o.steps, h);
-      if (std::isfinite(h) && h < best) {
+      const bool better = std::isfinite(h) && h < best;
+      const bool gain = better && h <= best * (1.0 - o.min_gain);
+      if (better) {
         best = h;
-        since_best = 0;
         best_flat.copy_(flat);
         if (best < o.tolerance) {
           report.stopped = "tolerance";
           ++step;
           break;
         }
+      }
+      if (gain) {
+        since_best = 0;
       } else if (++since_best >= o.patience) {
         report.stopped = "patience";
         ++step;

@@ -348,6 +348,35 @@ TEST(Transport, FisherFitWhitensAFunnel) {
   EXPECT_LT(z.mean(0).abs().max().item<double>(), 0.2);
 }
 
+TEST(Transport, AFitStopsWhenItsChecksNoLongerGain) {
+  // Note [Flow transport]: a held-out check counts as a gain only when it lowers the best loss by
+  // FitOptions::min_gain; smaller drops keep their parameters but count towards the patience. With
+  // min_gain 1 no check can gain, so the fit stops after exactly `patience` checks, keeping the
+  // best parameters it saw; with min_gain 0 the same fit (every drop a gain) runs on.
+  auto target = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, kF64);
+  at::Generator gen = make_generator(12);
+  torch::Tensor x = target->sample(1000, gen);
+  torch::Tensor g = target->energy_and_grad(x).grad;
+  auto fit = [&](double min_gain) {
+    FlowTransport flow(FlowOptions().set_dim(6).set_layers(4).set_mask_seed(1));
+    FitOptions fo;
+    fo.steps = 400;
+    fo.tolerance = 0.0;
+    fo.patience = 3;
+    fo.min_gain = min_gain;
+    return fit_transport(*flow, x, g, fo);
+  };
+  const FitReport never = fit(1.0), every = fit(0.0);
+  EXPECT_EQ(never.stopped, "patience");
+  EXPECT_EQ(never.steps, 3 * FitOptions().check_every);
+  EXPECT_LT(never.loss_end, never.loss_start);  // the funnel's first steps gain: their parameters are kept
+  EXPECT_GT(every.steps, never.steps);
+  EXPECT_LE(every.loss_end, never.loss_end);
+  EXPECT_EQ(default_flow_hidden(3), 32);
+  EXPECT_EQ(default_flow_hidden(20), 40);
+  EXPECT_EQ(default_flow_hidden(3075), 64);
+}
+
 TEST(Transport, DenseBaseFromTheFisherEstimateWhitensACorrelatedGaussian) {
   // scg (variances 100 and 0.1 rotated by pi/4: correlation 0.998): the base alone (no coupling
   // layers, no Adam step) must remove the correlation from points that are not even its draws - a

@@ -137,7 +137,7 @@ LatentResidual latent_residual(const TransportedTarget& latent, const torch::Ten
 struct TransportOptions {
   TransportKind kind = TransportKind::kFlow;
   int64_t layers = kDefaultTransportLayers;  // coupling layers
-  int64_t hidden = 0;            // their width (0: clamp(2 D, 32, 256))
+  int64_t hidden = 0;            // their width (0: clamp(2 D, 32, 64))
   int64_t rounds = kDefaultTransportRounds;  // fits during warm-up
   double fit_fraction = 0.5;     // of the warm-up spent in the fitting rounds
   int64_t max_points = 16000;    // the most recent states kept for fitting
@@ -166,14 +166,14 @@ struct TransportOptions {
 /// `nmcmc train` (the same but --global-moves; a config's "transport" section), and Python's
 /// keyword arguments of the same names. In JSON either the kind alone ("flow") or an object
 /// ({"kind": "flow", "layers": 4}). Unset numbers take the command's default: kDefaultTransportLayers
-/// coupling layers, conditioners of width clamp(2 D, 32, 256), and kDefaultTransportRounds fits
+/// coupling layers, conditioners of width clamp(2 D, 32, 64), and kDefaultTransportRounds fits
 /// (training's shorter warm-up: kTrainTransportRounds, services/train.hpp). The run's
 /// TransportOptions are made from it by transport_options(); what stays fixed - the fits' settings,
 /// the rounds' thresholds (TransportRules) - is not a user's choice.
 struct TransportChoice {
   TransportKind kind = TransportKind::kNone;
   std::optional<int64_t> layers;  // coupling layers (0: the affine base map only)
-  std::optional<int64_t> hidden;  // their width (0: clamp(2 D, 32, 256))
+  std::optional<int64_t> hidden;  // their width (0: clamp(2 D, 32, 64))
   std::optional<int64_t> rounds;  // fits during the warm-up
   bool global_moves = false;      // sampling: an independence move from the flow after every step
   Engine engine = Engine::kAuto;  // the flow's passes and fit (Note [Native copies])
