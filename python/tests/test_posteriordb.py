@@ -177,25 +177,31 @@ def test_training_through_the_flow_starts_its_rounds_again_where_the_chains_arri
 
 
 def test_transport_drops_transient_states_from_the_fits_pool():
-    # Note [Transient states in the pool] (services/transport.cpp): on earnings at seed 7 the base
-    # estimated from all the pool's states fits them 280-1550x worse than the base from the last two
-    # rounds' states fits theirs (above 100x: the older rounds leave the pool), and the last fit
-    # ends near the affine map's loss (it ended at 0.14 per coordinate when they stayed). The
-    # trajectory depends on the GEMM kernels and LibTorch's thread count (their sums' order): seed 7
-    # drops a round under OpenBLAS's SSE3 and AVX-512 kernels with one thread or two (seed 1, this
-    # test's seed until 2026-11-28, did so only under the SSE3 kernels; Note [OpenBLAS's kernels]).
+    # Note [Transient states in the pool] (services/transport.cpp): on earnings the base estimated
+    # from all the pool's states can fit them 100-900x worse than the base from the last two rounds'
+    # states fits theirs (above 100x: the older rounds leave the pool), and the last fit then ends
+    # near the affine map's loss (it ended at 0.14 per coordinate when they stayed). Which seeds
+    # drop a round depends on the GEMM kernels and LibTorch's thread count (their sums' order; Note
+    # [OpenBLAS's kernels]), so four seeds run: under OpenBLAS's SkylakeX, Haswell and SSE3 kernels,
+    # with one thread or two, at least one of them drops a round (measured at e407e67: seeds 1, 5
+    # and 22 on SkylakeX, 1 or 22 on Haswell, 1, 5 or 23 on SSE3), and wherever the rule was
+    # checked it acted exactly when the ratio was above 100.
     t = nmcmc.from_module(posteriordb.scripted("earnings-logearn_height"), dtype="float64")
-    r = nmcmc.sample(t, "nuts", transport="flow", seed=7, progress=False)
-    rounds = r.summary["transport"]["rounds"]
-    dropped = [x for x in rounds if "dropped_rounds" in x.get("drift", {})]
-    assert dropped, [x.get("drift") for x in rounds]
-    for x in dropped:
-        assert x["drift"]["affine_all"] > 100 * x["drift"]["affine_recent"], x["drift"]
-    for x in rounds:  # where it did not act, the ratio was at most 100
-        if "drift" in x and "dropped_rounds" not in x["drift"]:
-            assert x["drift"]["affine_all"] <= 100 * x["drift"]["affine_recent"], x["drift"]
-    assert rounds[-1]["fit"]["loss_end"] < 0.02, rounds[-1]["fit"]
-    assert r.summary["max_rhat"] < 1.01
+    dropping = []
+    for seed in (1, 5, 22, 23):
+        r = nmcmc.sample(t, "nuts", transport="flow", seed=seed, progress=False)
+        rounds = r.summary["transport"]["rounds"]
+        dropped = [x for x in rounds if "dropped_rounds" in x.get("drift", {})]
+        for x in dropped:
+            assert x["drift"]["affine_all"] > 100 * x["drift"]["affine_recent"], (seed, x["drift"])
+        for x in rounds:  # where it did not act, the ratio was at most 100
+            if "drift" in x and "dropped_rounds" not in x["drift"]:
+                assert x["drift"]["affine_all"] <= 100 * x["drift"]["affine_recent"], (seed, x["drift"])
+        if dropped:
+            dropping.append(seed)
+            assert rounds[-1]["fit"]["loss_end"] < 0.02, (seed, rounds[-1]["fit"])
+            assert r.summary["max_rhat"] < 1.01, seed
+    assert dropping, "no seed dropped a round"
 
 
 def test_the_worst_mixing_quantity_skips_constants():
