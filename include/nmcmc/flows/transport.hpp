@@ -35,12 +35,12 @@
 // The conditioners' width is clamp(2 D, 32, 64) (default_flow_hidden). A fit sees a pool of a few
 // hundred to a few thousand warm-up states, whatever D is, and each coupling layer holds about
 // 3 D h weights: at h = 256 and D = 175 about 1.6 million weights for some 1,000 states, whose
-// held-out loss stopped falling after ~150 steps while patience ran 250 more, so that the fits
-// were most of NUTS-through-the-flow's all-in time on the larger posteriors. Measured (BENCHMARKS,
-// "The flow's size"; NUTS through the flow, 4 x (1,000 + 1,000), Ice Lake Xeon): radon_mn (D = 175)
-// all-in seconds to 10,000 effective draws 355 -> 81, irt_2pl (144) 313 -> 68, ESS per sampling
-// gradient 0.102 -> 0.074 and 0.072 -> 0.085 (single runs); the posteriors of D <= 32 keep
-// width 2 D as before.
+// held-out loss stopped falling after 100-200 steps while a patience of eight checks ran 200 more,
+// so that the fits were most of NUTS-through-the-flow's all-in time on the larger posteriors.
+// Measured (BENCHMARKS, "The flow's size"; NUTS through the flow, 4 x (1,000 + 1,000), Ice Lake
+// Xeon): radon_mn (D = 175) all-in seconds to 10,000 effective draws 355 -> 77, irt_2pl (144)
+// 313 -> 59, ESS per sampling gradient 0.102 -> 0.074 and 0.072 -> 0.085 (single runs); the
+// posteriors of D <= 32 keep width 2 D.
 // The base (mu, L) starts at the points' mean and the Cholesky factor of the low-rank-plus-
 // diagonal Fisher estimate from the points and their gradients (kernels/adaptation.hpp's
 // fisher_low_rank, as `--metric fisher-lowrank`), diagonal (sqrt(Var x / Var g)) above
