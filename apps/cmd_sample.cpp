@@ -98,6 +98,10 @@ Command add_sample_command(CLI::App& app) {
   add_enum_option(cmd, "--gemm", a->options.gemm,
                   "where the learned sampler's float32 GEMMs run (default: the model's model.gemm; auto: oneDNN "
                   "with one thread, LibTorch's BLAS otherwise)");
+  cmd->add_option("--persistence", a->options.persistence,
+                  "the learned sampler's base draw carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, as "
+                  "generalised HMC carries its momentum (0: a fresh draw each step; docs/commands.md)")
+      ->capture_default_str();
   add_enum_option(cmd, "--engine", a->options.engine,
                   "nmcmc's own copies of LibTorch paths (a TorchScript module's evaluator, the learned step, the "
                   "flow's passes): auto takes each where it pays, native wherever it applies, libtorch never "

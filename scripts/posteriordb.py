@@ -515,7 +515,8 @@ def one(nmcmc, p, ref, row, args, t0):
         fixed_grads += sum(p.get("grads", 0) for p in tr.get("probes", []))  # their seconds are in tr["seconds"]
         fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
         run = nmcmc.sample(sampler="learned", model=model, chains=args.chains, warmup=args.warmup,
-                           draws=args.draws, seed=args.seed, progress=args.progress)
+                           draws=args.draws, seed=args.seed, persistence=args.persistence, progress=args.progress)
+        row["persistence"] = run.config.get("persistence", 0.0)
     s = run.summary
     chains = s["chains"]
     sampling_grads = s["grads_per_step"] * s["draws"] * chains
@@ -614,6 +615,8 @@ def main() -> int:
                    help="NUTS: each chain adapts its own step size, as Stan (Note [A step size per chain]; default: one for all)")
     c.add_argument("--draws", type=int, default=1000)
     c.add_argument("--steps", type=int, default=None, help="learned: training steps (default: nmcmc train's)")
+    c.add_argument("--persistence", type=float, default=None,
+                   help="learned: its base draw's persistence in sampling (default: nmcmc sample's, 0)")
     c.add_argument("--ess", type=float, default=None,
                    help="learned: train.ess_goal, stop training once it no longer pays for this many effective draws")
     c.add_argument("--dtype", default="float64")

@@ -332,7 +332,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: _Optional[str] = None,
            transport_layers: _Optional[int] = None, transport_rounds: _Optional[int] = None,
            global_moves: _Optional[bool] = None, warm_start=None, engine: _Optional[str] = None,
-           progress: bool = True) -> Run:
+           persistence: _Optional[float] = None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
@@ -344,7 +344,9 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     init_x: explicit starting points [n, D] (rows cycled over the chains).
     matmul: the learned sampler's GEMMs, "auto" | "native" | "bfloat16" (default: its model's
     model.matmul); exact in either. gemm: where its float32 GEMMs run, "auto" | "onednn" |
-    "libtorch" (default: its model's model.gemm).
+    "libtorch" (default: its model's model.gemm). persistence: the learned sampler's base draw
+    carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, in [0, 1) (0, the default: a fresh
+    draw each step; exact for any value; docs/commands.md, Persistent noise).
     transport: "flow" samples the target pulled back through a normalizing flow fitted during
     warm-up from the chains' draws and gradients (transport_layers coupling layers, fitted
     transport_rounds times; None: `nmcmc sample`'s defaults, 8 and 6; docs/transport.md); "auto"
@@ -386,7 +388,8 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     given = {"jitter": (jitter, float), "leapfrog": (leapfrog, int), "max_depth": (max_depth, int),
              "chains": (chains, int), "warmup": (warmup, int), "draws": (draws, int), "seed": (seed, int),
              "init": (init, str), "device": (device, str), "formats": (formats, str),
-             "step_size_per_chain": (step_size_per_chain, bool), "engine": (engine, str)}
+             "step_size_per_chain": (step_size_per_chain, bool), "engine": (engine, str),
+             "persistence": (persistence, float)}
     for key, (value, kind) in given.items():
         if value is not None:
             options[key] = kind(value)

@@ -248,6 +248,15 @@ def test_train_save_load_sample_and_compare(tmp_path):
     run = nmcmc.sample(t, "learned", model=again, chains=4, warmup=20, draws=100, seed=5, progress=False)
     assert run.draws.shape == (100, 4, 3)
     assert 0.0 < run.summary["accept_rate"] <= 1.0
+    assert run.config["persistence"] == 0.0
+    # Note [Persistent noise]: the base draw carried from step to step: other draws, recorded
+    carried = nmcmc.sample(t, "learned", model=again, chains=4, warmup=20, draws=100, seed=5, persistence=0.7,
+                           progress=False)
+    assert carried.config["persistence"] == 0.7 and not torch.equal(carried.draws, run.draws)
+    with pytest.raises(ValueError, match=r"--persistence must be in \[0, 1\)"):
+        nmcmc.sample(t, "learned", model=again, persistence=1.0, progress=False)
+    with pytest.raises(ValueError, match="--persistence goes with --sampler learned"):
+        nmcmc.sample(t, "nuts", persistence=0.5, progress=False)
     # A model trained on a function target is not the built-in icg's.
     with pytest.raises(ValueError, match="was trained on"):
         nmcmc.sample(nmcmc.target("icg", dim=3), "learned", model=again, progress=False)

@@ -361,6 +361,13 @@ LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose(Target& target, const t
   return propose_from(target, x, grad, z0, create_graph);
 }
 
+LearnedSamplerImpl::Proposed LearnedSamplerImpl::propose_given(Target& target, const torch::Tensor& x,
+                                                               const torch::Tensor& grad, const torch::Tensor& z0) {
+  torch::NoGradGuard no_grad;
+  if (native_step_applies(x)) return propose_native(target, x, grad, z0);
+  return propose_from(target, x, grad, z0, /*create_graph=*/false);
+}
+
 bool LearnedSamplerImpl::native_step_applies(const torch::Tensor& x) const {
   if (options_.engine == Engine::kLibTorch) return false;
   const bool pays = options_.engine == Engine::kNative || x.size(0) * flops_per_step() <= options_.native_max_flops;
@@ -523,6 +530,31 @@ int64_t LearnedSamplerImpl::flops_per_step() const {
     total += 2 * options_.dim * per;
   }
   return total;
+}
+
+void LearnedProposal::set_persistence(double rho) {
+  if (!(rho >= 0.0 && rho < 1.0)) throw UsageError("persistence must be in [0, 1), got " + std::to_string(rho));
+  rho_ = rho;
+  z_ = pending_z0_ = pending_rev_ = torch::Tensor();
+}
+
+ProposalResult LearnedProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {
+  if (rho_ == 0.0) return ModelProposal::propose(target, state, gen);
+  // Note [Persistent noise]: z0 = rho z + sqrt(1 - rho^2) xi, from the carried z (a fresh draw at first)
+  torch::NoGradGuard no_grad;
+  torch::Tensor z0 = randn(state.x.sizes(), gen, state.x.options());
+  if (z_.defined() && z_.sizes() == state.x.sizes()) z0 = rho_ * z_ + std::sqrt(1.0 - rho_ * rho_) * z0;
+  Proposed p = sampler_->propose_given(target, state.x, state.grad, z0);
+  pending_z0_ = z0;
+  pending_rev_ = p.z0_rev.to(z0.dtype());
+  return as_proposal_result(p);
+}
+
+void LearnedProposal::observe(const StepInfo& info) {
+  if (rho_ == 0.0 || !pending_z0_.defined()) return;
+  // accepted: the reverse move's base draw, negated (the move goes on); rejected: the draw, negated
+  z_ = -torch::where(info.accepted.unsqueeze(1), pending_rev_, pending_z0_);
+  pending_z0_ = pending_rev_ = torch::Tensor();
 }
 
 }  // namespace nmcmc

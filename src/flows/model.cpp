@@ -14,6 +14,7 @@ void set_flow_densities(Proposed& p, const torch::Tensor& z0, const FlowPass& fw
   p.log_det_rev = rev.log_det;
   p.log_q_fwd = flow_log_density(z0, fwd.log_det, d_log_eps);
   p.log_q_rev = flow_log_density(rev.z, rev.log_det, d_log_eps);
+  p.z0_rev = rev.z;
 }
 
 ProposalResult ModelProposal::propose(Target& target, const ChainState& state, at::Generator& gen) {

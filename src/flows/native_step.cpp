@@ -282,6 +282,7 @@ Proposed NativeLearnedStep::propose(Target& target, const torch::Tensor& x, cons
   p.log_q_rev = log_q_rev;
   p.log_det = det_f;
   p.log_det_rev = det_r;
+  p.z0_rev = tensor_of(z, c, d, z0.options());
   return p;
 }
 

@@ -207,6 +207,8 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --target torchscript", 64, "give the module file"},
            {"sample --sampler learned --matmul bf16", 64, "--matmul"},
            {"sample --target icg --matmul native", 64, "--matmul goes with --sampler learned"},
+           {"sample --target icg --persistence 0.5", 64, "--persistence goes with --sampler learned"},
+           {"sample --sampler learned --model /nonexistent.pt --persistence 1", 64, "--persistence must be in [0, 1)"},
            {"sample --transport teleport", 64, "transport"},
            {"sample --global-moves", 64, "go with --transport flow"},
            {"sample --transport-layers 2", 64, "go with --transport flow"},

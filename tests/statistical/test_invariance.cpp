@@ -268,6 +268,31 @@ TEST(InvariancePower, LearnedWithoutLogDetOrReverseFails) {
   }
 }
 
+// Note [Persistent noise]: the base draw carried from step to step (negated after the MH decision,
+// refreshed by rho) keeps the target invariant for every variant; the 10 steps from exact draws
+// carry it over 9 decisions. Without the negation after a rejection it does not.
+TEST(Invariance, LearnedWithPersistentNoise) {
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    for (auto [spec, eps, rho] : {std::tuple{kGauss6, 0.4, 0.9}, std::tuple{kFunnel3, 0.2, 0.6}}) {
+      auto proposal = std::make_shared<LearnedProposal>(perturbed_sampler(spec["name"] == "funnel" ? 20 : 6, v, eps, 7));
+      proposal->set_persistence(rho);
+      auto r = invariance(spec, proposal, 109);
+      std::cout << "  persistence " << rho << " " << variant_name(v) << " " << spec.dump() << ": " << r.describe() << "\n";
+      EXPECT_TRUE(r.passes()) << variant_name(v) << " " << spec.dump() << ": " << r.describe();
+    }
+  }
+}
+
+TEST(InvariancePower, PersistentNoiseWithoutTheFlipOnRejectionFails) {
+  for (Variant v : {Variant::kFull, Variant::kLangevin}) {
+    auto broken = std::make_shared<test_support::PersistenceWithoutFlip>(perturbed_sampler(6, v, 0.4, 7), 0.9);
+    auto r = invariance(kGauss6, broken, 109);
+    std::cout << "  without the flip " << variant_name(v) << ": " << r.describe() << "\n";
+    EXPECT_TRUE(r.moves()) << r.describe();
+    EXPECT_FALSE(r.distribution_passes()) << variant_name(v) << ": " << r.describe();
+  }
+}
+
 // ---- the convolutional image sampler (#5) on a 1x4x4 Gaussian "image" ----
 
 namespace {

@@ -2,6 +2,8 @@
 
 #include "nmcmc/core/random.hpp"
 
+#include <cmath>
+
 namespace nmcmc::test_support {
 
 ProposalResult AlteredRatio::propose(Target& target, const ChainState& state, at::Generator& gen) {
@@ -46,6 +48,20 @@ ProposalResult BrokenFlow::propose(Target& target, const ChainState& state, at::
     }
   }
   return as_proposal_result(p);
+}
+
+ProposalResult PersistenceWithoutFlip::propose(Target& target, const ChainState& state, at::Generator& gen) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor z0 = randn(state.x.sizes(), gen, state.x.options());
+  if (z_.defined()) z0 = rho_ * z_ + std::sqrt(1.0 - rho_ * rho_) * z0;
+  Proposed p = sampler_->propose_given(target, state.x, state.grad, z0);
+  pending_z0_ = z0;
+  pending_rev_ = p.z0_rev;
+  return as_proposal_result(p);
+}
+
+void PersistenceWithoutFlip::observe(const StepInfo& info) {
+  z_ = torch::where(info.accepted.unsqueeze(1), -pending_rev_, pending_z0_);  // the defect: + pending_z0_
 }
 
 NutsRules nuts_without_progressive_bias() {

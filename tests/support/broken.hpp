@@ -57,6 +57,23 @@ class BrokenFlow : public Proposal {
   FlowDefect defect_;
 };
 
+/// The learned proposal with persistent noise (Note [Persistent noise]) whose base draw is not
+/// negated after a rejection: the rejected draw is tried again (after its refresh) instead of the
+/// reversed one, as GHMC without the momentum flip on rejection.
+class PersistenceWithoutFlip : public Proposal {
+ public:
+  PersistenceWithoutFlip(LearnedSampler sampler, double rho) : sampler_(std::move(sampler)), rho_(rho) {}
+  std::string name() const override { return "persistence-without-flip"; }
+  bool uses_grad() const override { return sampler_->needs_grad(); }
+  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
+  void observe(const StepInfo& info) override;
+
+ private:
+  LearnedSampler sampler_;
+  double rho_;
+  torch::Tensor z_, pending_z0_, pending_rev_;
+};
+
 /// NUTS rules that are not exact: the new subtree always taken when valid (no progressive
 /// bias), the halves inside a subtree chosen 50:50 whatever their weights, the top-level U-turn
 /// check of the merged trajectory skipped (only the seam's checks kept).

@@ -1,8 +1,11 @@
 // The learned proposal's native sampling pass (Note [The learned step's native pass]) against
 // the LibTorch pass it replaces: every variant it covers, every preconditioner, every
-// activation; the copy follows the parameters; propose() takes it exactly where it applies.
+// activation; the copy follows the parameters; propose() takes it exactly where it applies. And
+// the reverse move's base draw both passes return, which makes a move an involution (Note
+// [Persistent noise]), and the persistent proposal built on it.
 #include <gtest/gtest.h>
 
+#include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/targets/targets.hpp"
@@ -27,7 +30,7 @@ double proposal_diff(const Proposed& a, const Proposed& b) {
   double worst = 0;
   for (auto [x, y] : {std::pair{a.x_new, b.x_new}, {a.energy_new, b.energy_new}, {a.grad_new, b.grad_new},
                       {a.log_q_fwd, b.log_q_fwd}, {a.log_q_rev, b.log_q_rev}, {a.log_det, b.log_det},
-                      {a.log_det_rev, b.log_det_rev}}) {
+                      {a.log_det_rev, b.log_det_rev}, {a.z0_rev, b.z0_rev}}) {
     worst = std::max(worst, rel_diff(x, y));
   }
   return worst;
@@ -169,3 +172,62 @@ TEST(NativeStep, ProposeTakesItExactlyWhereItApplies) {
   }
   EXPECT_FALSE(s->native_step_applies(small));  // autograd on: training builds graphs
 }
+
+TEST(PersistentNoise, TheReverseDrawMakesTheMoveAnInvolution) {
+  // (x, z0) -> (x', z0') and back: from x' with z0' the proposal lands on x again, with z0 as its
+  // reverse draw and the two densities swapped. Every variant, with and without a preconditioner,
+  // by the LibTorch pass and (where it applies) the native one.
+  auto t = make_target({{"name", "funnel"}, {"dim", 6}, {"sigma", 1.5}}, kF64);
+  at::Generator gen = make_generator(12);
+  torch::Tensor x = t->sample(8, gen), z0 = torch::randn({8, 6}, gen, kF64);
+  torch::NoGradGuard no_grad;
+  int checked = 0;
+  for (Variant v : {Variant::kFull, Variant::kLangevin, Variant::kNoGrad}) {
+    for (Precondition kind : {Precondition::kNone, Precondition::kDense, Precondition::kLowRank}) {
+      auto s = sampler_for(6, v, kind, Activation::kElu, kind != Precondition::kNone, 40 + checked++);
+      const bool grads = v == Variant::kLangevin;
+      const torch::Tensor g = grads ? t->energy_and_grad(x).grad : torch::Tensor();
+      Proposed there = s->propose_given(*t, x, g, z0);
+      ASSERT_TRUE(there.z0_rev.defined());
+      Proposed back = s->propose_given(*t, there.x_new, grads ? there.grad_new : torch::Tensor(), there.z0_rev);
+      const std::string what = variant_name(v) + " " + enum_name(kind);
+      EXPECT_GT((there.x_new - x).abs().max().item<double>(), 1e-2) << what;
+      EXPECT_LT(rel_diff(back.x_new, x), 1e-9) << what;
+      EXPECT_LT(rel_diff(back.z0_rev, z0), 1e-9) << what;
+      EXPECT_LT(rel_diff(back.log_q_fwd, there.log_q_rev), 1e-9) << what;
+      EXPECT_LT(rel_diff(back.log_q_rev, there.log_q_fwd), 1e-9) << what;
+    }
+  }
+}
+
+TEST(PersistentNoise, TheCarriedDrawIsNegatedAndRefreshed) {
+  // Note [Persistent noise]: with rho the next base draw is rho (-z0') + sqrt(1 - rho^2) xi where
+  // the move was accepted, rho (-z0) + ... where it was rejected; rho = 0 is the paper's sampler.
+  auto t = make_target({{"name", "funnel"}, {"dim", 5}, {"sigma", 1.0}}, kF64);
+  auto sampler = sampler_for(5, Variant::kLangevin, Precondition::kNone, Activation::kElu, false, 3);
+  LearnedProposal proposal(sampler);
+  EXPECT_THROW(proposal.set_persistence(1.0), UsageError);
+  EXPECT_THROW(proposal.set_persistence(-0.1), UsageError);
+  const double rho = 0.8;
+  proposal.set_persistence(rho);
+  MetropolisHastings kernel(std::make_shared<LearnedProposal>(proposal));
+  auto& carried = dynamic_cast<LearnedProposal&>(kernel.proposal());
+  at::Generator g0 = make_generator(5);
+  ChainState state = kernel.init(*t, t->sample(64, g0));
+  at::Generator gen = make_generator(6), twin = make_generator(6);
+  auto [next, info] = kernel.step(*t, state, gen);  // the first step draws z0 afresh
+  torch::NoGradGuard no_grad;
+  torch::Tensor z0 = randn(state.x.sizes(), twin, state.x.options());
+  Proposed first = sampler->propose_given(*t, state.x, state.grad, z0);
+  EXPECT_TRUE(torch::equal(next.x, torch::where(info.accepted.unsqueeze(1), first.x_new, state.x)));
+  const int64_t accepted = info.accepted.sum().item<int64_t>();
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, 64);  // both branches are checked
+  (void)rand({64}, twin, kF64);  // the MH decision's uniforms
+  torch::Tensor carried_z = -torch::where(info.accepted.unsqueeze(1), first.z0_rev, z0);
+  torch::Tensor z1 = rho * carried_z + std::sqrt(1.0 - rho * rho) * randn(state.x.sizes(), twin, state.x.options());
+  Proposed second = sampler->propose_given(*t, next.x, next.grad, z1);
+  ProposalResult r = carried.propose(*t, next, gen);
+  EXPECT_LT(rel_diff(r.proposed.x, second.x_new), 1e-12);
+}
+

@@ -46,6 +46,25 @@
 // whenever the wide ones dominate the variances, and the chains could not move.
 // Its inverse is the same form with t -> -t, log|det L| = sum s + sum t, and every product costs
 // O(D k); s and t are learned when learn_precondition (Q stays fixed).
+//
+// Note [Persistent noise]
+// The proposal is a map of the base draw: x' = g(x, z0), and its reverse move's base draw z0' (the
+// z0' with g(x', z0') = x, which the reverse density computes anyway) makes (x, z0) -> (x', z0') an
+// involution of the space of (x, z0) under pi(x) N(z0). Metropolis-Hastings with a fresh z0 each
+// step is that involution accepted with the usual ratio, then z0 redrawn. With persistence rho > 0
+// (LearnedProposal::set_persistence, `nmcmc sample --persistence`) z0 is carried instead, as
+// generalised HMC (Horowitz 1991) carries its momentum: after the MH decision it is negated (z0 ->
+// -z0' where the move was accepted, -z0 where it was rejected), and each step starts from
+//   z0 <- rho z0 + sqrt(1 - rho^2) xi,   xi ~ N(0, I).
+// Each of the three maps leaves pi(x) N(z0) invariant (the involution with its MH test, the negation,
+// the autoregressive refresh), so the chain in x is exact for any rho in [0, 1); it is no longer
+// reversible. With zero networks the proposal is MALA and -z0' = z0 - (eps/2)(dU(x) + dU(x')), one
+// leapfrog step's momentum: the sampler is then Horowitz's one-step GHMC, whose moves keep their
+// direction over about 1 / (1 - rho) accepted steps instead of diffusing. Rejections reverse the
+// direction. The learned networks make -z0' only roughly the continued direction; what it buys is
+// measured, not assumed (BENCHMARKS.md, "Persistent noise"). Training is unchanged (the entropy of
+// one step with a fresh z0); the first step of every chain draws z0 afresh, and a change of the
+// chain batch's size starts afresh too.
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
@@ -243,6 +262,8 @@ class LearnedSamplerImpl : public torch::nn::Module, public ProposalModel {
   /// variant, model.matmul auto (or native for a float64 model: the pass runs in float64), and
   /// model.engine not libtorch; Note [Native copies]).
   bool native_step_applies(const torch::Tensor& x) const;
+  /// propose() from a given base draw z0 [C, D] without an autograd graph (the native pass where it applies).
+  Proposed propose_given(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0);
   /// propose_from(target, x, grad, z0, false) by the native pass (the same kernel; the values
   /// agree to rounding). The variant must be langevin or no-grad and x on the CPU.
   Proposed propose_native(Target& target, const torch::Tensor& x, const torch::Tensor& grad, const torch::Tensor& z0);
@@ -328,9 +349,18 @@ class LearnedProposal : public ModelProposal {
  public:
   explicit LearnedProposal(LearnedSampler sampler) : ModelProposal(sampler.ptr(), "learned"), sampler_(std::move(sampler)) {}
   LearnedSampler& sampler() { return sampler_; }
+  /// Note [Persistent noise]: the base draw's persistence rho in [0, 1) (0, the default: a fresh
+  /// draw each step, the paper's sampler). UsageError outside.
+  void set_persistence(double rho);
+  double persistence() const { return rho_; }
+  ProposalResult propose(Target& target, const ChainState& state, at::Generator& gen) override;
+  void observe(const StepInfo& info) override;
 
  private:
   LearnedSampler sampler_;
+  double rho_ = 0.0;
+  torch::Tensor z_;                         // [C, D] the carried base draw (undefined: none yet)
+  torch::Tensor pending_z0_, pending_rev_;  // [C, D] the last proposal's base draw and its reverse move's
 };
 
 }  // namespace nmcmc

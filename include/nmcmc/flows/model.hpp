@@ -20,6 +20,7 @@ struct Proposed {
   torch::Tensor log_q_rev;    // [C] log q(x|x')
   torch::Tensor log_det;      // [C] log|dz/dz0| of the forward pass (log_q_fwd holds its negative)
   torch::Tensor log_det_rev;  // [C] the same of the reverse pass (log_q_rev holds its negative)
+  torch::Tensor z0_rev;       // [C, D] the reverse move's base draw (flow models; undefined otherwise)
 };
 
 /// Result of a pass through a flow. z [C, D]; log_det [C] float64 (sum of the S terms).

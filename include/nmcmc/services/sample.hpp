@@ -47,6 +47,8 @@ struct SampleOptions {
   std::optional<MatmulOption> matmul;  // the learned sampler's GEMMs' precision; unset: the checkpoint's
                                        // model.matmul
   std::optional<GemmBackend> gemm;     // where they run; unset: the checkpoint's model.gemm
+  double persistence = 0;              // the learned sampler's base draw carried from step to step
+                                       // (Note [Persistent noise], flows/learned.hpp); 0: fresh draws
   std::optional<Engine> engine;        // Note [Native copies]: every native copy the run meets (a
                                        // TorchScript target's evaluator, the learned step, the flow's
                                        // passes and fit); unset: each its own default (auto)
@@ -64,7 +66,7 @@ struct SampleOptions {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
                                                 no_adapt, step_size_per_chain, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
-                                                dtype, device, matmul, gemm, engine, output, formats, transport,
+                                                dtype, device, matmul, gemm, persistence, engine, output, formats, transport,
                                                 warm_start)
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.
