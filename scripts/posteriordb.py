@@ -565,6 +565,7 @@ def one(nmcmc, p, ref, row, args, t0):
         print(f"     {p:42s} its spread widened x{f}: {'caught' if row['widened_caught'] else 'NOT CAUGHT'} "
               f"(sd x{check_wide[2]:.3f}, {check_wide[4]:.1f} se)", flush=True)
     row.update({"seconds": time.time() - t0, "max_rhat": s["max_rhat"], "min_ess_bulk": s["min_ess_bulk"],
+                "min_ess_tail": s.get("min_ess_tail"),
                 "ess_bulk_per_grad": s.get("ess_bulk_per_grad"), "divergences": s["divergences"],
                 "density_failures": s.get("density_failures", 0), "worst_mean_mcse": z, "worst_sd_ratio": sd,
                 "worst_sd_se": zs})
