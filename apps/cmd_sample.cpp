@@ -100,8 +100,8 @@ Command add_sample_command(CLI::App& app) {
                   "with one thread, LibTorch's BLAS otherwise)");
   cmd->add_option("--persistence", a->options.persistence,
                   "the learned sampler's base draw carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, as "
-                  "generalised HMC carries its momentum (0: a fresh draw each step; docs/commands.md)")
-      ->capture_default_str();
+                  "generalised HMC carries its momentum (default 0.6; 0: a fresh draw each step, the paper's "
+                  "sampler; docs/commands.md)");
   add_enum_option(cmd, "--engine", a->options.engine,
                   "nmcmc's own copies of LibTorch paths (a TorchScript module's evaluator, the learned step, the "
                   "flow's passes): auto takes each where it pays, native wherever it applies, libtorch never "

@@ -617,7 +617,7 @@ def main() -> int:
     c.add_argument("--draws", type=int, default=1000)
     c.add_argument("--steps", type=int, default=None, help="learned: training steps (default: nmcmc train's)")
     c.add_argument("--persistence", type=float, default=None,
-                   help="learned: its base draw's persistence in sampling (default: nmcmc sample's, 0)")
+                   help="learned: its base draw's persistence in sampling (default: nmcmc sample's, 0.6)")
     c.add_argument("--ess", type=float, default=None,
                    help="learned: train.ess_goal, stop training once it no longer pays for this many effective draws")
     c.add_argument("--dtype", default="float64")

@@ -345,8 +345,8 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     matmul: the learned sampler's GEMMs, "auto" | "native" | "bfloat16" (default: its model's
     model.matmul); exact in either. gemm: where its float32 GEMMs run, "auto" | "onednn" |
     "libtorch" (default: its model's model.gemm). persistence: the learned sampler's base draw
-    carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, in [0, 1) (0, the default: a fresh
-    draw each step; exact for any value; docs/commands.md, Persistent noise).
+    carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, in [0, 1) (default 0.6; 0: a fresh
+    draw each step, the paper's sampler; exact for any value; docs/commands.md).
     transport: "flow" samples the target pulled back through a normalizing flow fitted during
     warm-up from the chains' draws and gradients (transport_layers coupling layers, fitted
     transport_rounds times; None: `nmcmc sample`'s defaults, 8 and 6; docs/transport.md); "auto"

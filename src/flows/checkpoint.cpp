@@ -135,7 +135,9 @@ LearnedRun load_learned_run(const std::string& model_path, const std::optional<j
   if (!dtype_given) options = options.dtype(meta.value("dtype", "float32") == "float64" ? torch::kFloat64 : torch::kFloat32);
   sampler->to(options.device(), options.dtype().toScalarType());
   sampler->eval();
-  return {std::make_shared<LearnedProposal>(sampler), other_data ? given : trained_on, meta, options, transport, other_data};
+  auto proposal = std::make_shared<LearnedProposal>(sampler);
+  proposal->set_persistence(kDefaultPersistence);  // Note [Persistent noise]
+  return {proposal, other_data ? given : trained_on, meta, options, transport, other_data};
 }
 
 }  // namespace nmcmc

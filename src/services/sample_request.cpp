@@ -66,9 +66,9 @@ const SampleRule kSampleRules[] = {
      "--model goes with --sampler learned"},
     {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.matmul; },
      "--matmul goes with --sampler learned (its networks' GEMMs)"},
-    {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.persistence != 0; },
+    {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.persistence; },
      "--persistence goes with --sampler learned (its base draw)"},
-    {[](const SampleOptions& a, const SampleRequest&) { return !(a.persistence >= 0 && a.persistence < 1); },
+    {[](const SampleOptions& a, const SampleRequest&) { return a.persistence && !(*a.persistence >= 0 && *a.persistence < 1); },
      "--persistence must be in [0, 1)"},
     {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.gemm; },
      "--gemm goes with --sampler learned (its networks' GEMMs)"},
@@ -122,7 +122,7 @@ Made make_kernel(const SampleRequest& request, torch::TensorOptions options) {
   }
   LearnedRun lr = load_learned_run(*a.model, request.target.is_null() ? std::nullopt : std::optional<json>(request.target),
                                    options, a.dtype.has_value(), a.matmul, a.gemm, a.engine);
-  if (a.persistence > 0) std::dynamic_pointer_cast<LearnedProposal>(lr.proposal)->set_persistence(a.persistence);
+  if (a.persistence) std::dynamic_pointer_cast<LearnedProposal>(lr.proposal)->set_persistence(*a.persistence);
   m.kernel = std::make_unique<MetropolisHastings>(lr.proposal);
   m.target_spec = lr.target_spec;
   m.model_meta = lr.meta;
@@ -185,7 +185,7 @@ json record_config(const SampleRequest& request, const Target& target, MetricAda
                  {"nmcmc_version", NMCMC_VERSION}};
   const bool nuts = a.sampler == SamplerKind::kNuts;
   if (nuts) config["max_depth"] = a.max_depth;
-  if (is_learned(a)) config["persistence"] = a.persistence;  // Note [Persistent noise]
+  if (is_learned(a)) config["persistence"] = a.persistence.value_or(kDefaultPersistence);  // Note [Persistent noise]
   if (auto* module = dynamic_cast<const TorchScriptTarget*>(&target)) {
     config["engine"] = {{"kind", module->engine()}, {"note", module->engine_note()}};  // Note [Native engine]
   }

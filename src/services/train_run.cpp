@@ -531,7 +531,9 @@ class TrainRun {
     torch::Tensor start = trainer_->chains();
     if (!start.defined()) start = t.sample(kChains, gen);
     start = start.narrow(0, 0, std::min<int64_t>(kChains, start.size(0)));
-    MetropolisHastings kernel(std::make_shared<LearnedProposal>(sampler_));
+    auto proposal = std::make_shared<LearnedProposal>(sampler_);
+    proposal->set_persistence(kDefaultPersistence);  // as `nmcmc sample` will run it (Note [Persistent noise])
+    MetropolisHastings kernel(proposal);
     RunOptions o;
     o.set_chains(start.size(0)).set_warmup(0).set_draws(draws).set_adapt_step(false).set_init_x(start.to(t.options()));
     const int64_t g0 = t.grad_evals();

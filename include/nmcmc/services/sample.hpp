@@ -47,8 +47,9 @@ struct SampleOptions {
   std::optional<MatmulOption> matmul;  // the learned sampler's GEMMs' precision; unset: the checkpoint's
                                        // model.matmul
   std::optional<GemmBackend> gemm;     // where they run; unset: the checkpoint's model.gemm
-  double persistence = 0;              // the learned sampler's base draw carried from step to step
-                                       // (Note [Persistent noise], flows/learned.hpp); 0: fresh draws
+  std::optional<double> persistence;   // the learned sampler's base draw carried from step to step
+                                       // (Note [Persistent noise], flows/learned.hpp); unset:
+                                       // kDefaultPersistence; 0: fresh draws, the paper's sampler
   std::optional<Engine> engine;        // Note [Native copies]: every native copy the run meets (a
                                        // TorchScript target's evaluator, the learned step, the flow's
                                        // passes and fit); unset: each its own default (auto)
