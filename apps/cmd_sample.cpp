@@ -102,6 +102,10 @@ Command add_sample_command(CLI::App& app) {
                   "the learned sampler's base draw carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, as "
                   "generalised HMC carries its momentum (default 0.6; 0: a fresh draw each step, the paper's "
                   "sampler; docs/commands.md)");
+  cmd->add_option("--thin", a->options.thin,
+                  "keep every N-th step as a draw; the draw's figures count every step behind it (default 1; the "
+                  "learned sampler: about half the steps per effective draw its training's mixing check measured, "
+                  "at most 50; docs/commands.md)");
   add_enum_option(cmd, "--engine", a->options.engine,
                   "nmcmc's own copies of LibTorch paths (a TorchScript module's evaluator, the learned step, the "
                   "flow's passes): auto takes each where it pays, native wherever it applies, libtorch never "

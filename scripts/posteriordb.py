@@ -515,8 +515,10 @@ def one(nmcmc, p, ref, row, args, t0):
         fixed_grads += sum(p.get("grads", 0) for p in tr.get("probes", []))  # their seconds are in tr["seconds"]
         fixed_seconds += pre.get("seconds", 0.0) + tr["seconds"] + check.get("seconds", 0.0)
         run = nmcmc.sample(sampler="learned", model=model, chains=args.chains, warmup=args.warmup,
-                           draws=args.draws, seed=args.seed, persistence=args.persistence, progress=args.progress)
+                           draws=args.draws, seed=args.seed, persistence=args.persistence, thin=args.thin,
+                           progress=args.progress)
         row["persistence"] = run.config.get("persistence", 0.0)
+        row["thin"] = run.summary.get("thin", 1)  # Note [The learned sampler's thinning]
     s = run.summary
     chains = s["chains"]
     sampling_grads = s["grads_per_step"] * s["draws"] * chains
@@ -618,6 +620,8 @@ def main() -> int:
     c.add_argument("--steps", type=int, default=None, help="learned: training steps (default: nmcmc train's)")
     c.add_argument("--persistence", type=float, default=None,
                    help="learned: its base draw's persistence in sampling (default: nmcmc sample's, 0.6)")
+    c.add_argument("--thin", type=int, default=None,
+                   help="learned: one draw kept in this many steps (default: nmcmc sample's, from its training's check)")
     c.add_argument("--ess", type=float, default=None,
                    help="learned: train.ess_goal, stop training once it no longer pays for this many effective draws")
     c.add_argument("--dtype", default="float64")

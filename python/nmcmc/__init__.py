@@ -332,7 +332,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
            matmul: _Optional[str] = None, gemm: _Optional[str] = None, transport: _Optional[str] = None,
            transport_layers: _Optional[int] = None, transport_rounds: _Optional[int] = None,
            global_moves: _Optional[bool] = None, warm_start=None, engine: _Optional[str] = None,
-           persistence: _Optional[float] = None, progress: bool = True) -> Run:
+           persistence: _Optional[float] = None, thin: _Optional[int] = None, progress: bool = True) -> Run:
     """Samples `target` with rwm | mala | hmc | nuts | learned (with `model`) exactly as
     `nmcmc sample` does: warm-up (step size by dual averaging, the metric over Stan's windows:
     metric="unit" | "diag" | "dense" | "fisher-diag" | "fisher-lowrank", diag by default for NUTS), then `draws` per chain.
@@ -347,6 +347,8 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
     "libtorch" (default: its model's model.gemm). persistence: the learned sampler's base draw
     carried from step to step, z0 <- rho z0 + sqrt(1 - rho^2) xi, in [0, 1) (default 0.6; 0: a fresh
     draw each step, the paper's sampler; exact for any value; docs/commands.md).
+    thin: keep every thin-th step as a draw (default 1; the learned sampler: about half the steps per
+    effective draw its training's mixing check measured, at most 50; run.summary["thin"] says which).
     transport: "flow" samples the target pulled back through a normalizing flow fitted during
     warm-up from the chains' draws and gradients (transport_layers coupling layers, fitted
     transport_rounds times; None: `nmcmc sample`'s defaults, 8 and 6; docs/transport.md); "auto"
@@ -389,7 +391,7 @@ def sample(target=None, sampler: _Optional[str] = None, *, chains: _Optional[int
              "chains": (chains, int), "warmup": (warmup, int), "draws": (draws, int), "seed": (seed, int),
              "init": (init, str), "device": (device, str), "formats": (formats, str),
              "step_size_per_chain": (step_size_per_chain, bool), "engine": (engine, str),
-             "persistence": (persistence, float)}
+             "persistence": (persistence, float), "thin": (thin, int)}
     for key, (value, kind) in given.items():
         if value is not None:
             options[key] = kind(value)

@@ -258,6 +258,16 @@ def test_train_save_load_sample_and_compare(tmp_path):
         nmcmc.sample(t, "learned", model=again, persistence=1.0, progress=False)
     with pytest.raises(ValueError, match="--persistence goes with --sampler learned"):
         nmcmc.sample(t, "nuts", persistence=0.5, progress=False)
+    # Note [The learned sampler's thinning]: one draw kept in about half the steps per effective draw
+    # of the training's mixing check (at most 50), unless thin= is given
+    check = model.training["check"]
+    tau = check["chains"] * check["draws"] / check["min_ess_bulk"]
+    assert run.config["thin"] == run.summary["thin"] == min(50, max(1, math.ceil(tau / 2)))
+    two = nmcmc.sample(t, "learned", model=again, chains=4, warmup=20, draws=100, seed=5, thin=2, progress=False)
+    assert two.draws.shape == (100, 4, 3) and two.summary["thin"] == 2 and two.config["thin"] == 2
+    assert nmcmc.sample(t, "mala", chains=2, warmup=20, draws=10, progress=False).summary["thin"] == 1
+    with pytest.raises(ValueError, match="--thin must be at least 1"):
+        nmcmc.sample(t, "learned", model=again, thin=0, progress=False)
     # A model trained on a function target is not the built-in icg's.
     with pytest.raises(ValueError, match="was trained on"):
         nmcmc.sample(nmcmc.target("icg", dim=3), "learned", model=again, progress=False)

@@ -86,7 +86,8 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   if (r.draws.size(0) == 0) throw UsageError("no draws to summarise (the run stopped before its first draw)");
   const int64_t s = r.draws.size(0), c = r.draws.size(1), d = r.draws.size(2);
   const double steps = static_cast<double>(s * c);
-  // Per chain and step; for NUTS the exact mean over chains of each chain's own count.
+  // Per chain and draw (a thinned draw: every step behind it); for NUTS the exact mean over chains
+  // of each chain's own count.
   const double grads_per_step = r.n_grad_chain.defined() ? r.n_grad_chain.to(torch::kFloat64).mean().item<double>()
                                                          : static_cast<double>(r.grads_sampling) / static_cast<double>(s);
   StanSummary st = blocked_stan_summary(r.draws, block_bytes, progress);
@@ -98,6 +99,7 @@ json summarise(const SampleResult& r, Target& target, int64_t block_bytes, const
   j["seed"] = r.seed;
   j["complete"] = r.complete;
   j["draws_planned"] = r.draws_planned;
+  j["thin"] = r.thin;  // steps per draw (Note [Thinning], kernels/run.cpp): the per-draw figures count them all
   j["step_size"] = r.step_size;  // where the chains have their own: their mean, each in step_sizes
   if (r.step_size_chain.defined()) {
     const torch::Tensor e = r.step_size_chain.to(torch::kFloat64).contiguous();

@@ -279,6 +279,7 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
       // else from where NUTS's chains ended; never from a box its flow has not seen (a trained flow
       // may reject every proposal from there). Its step size is learned: warm-up is burn-in only.
       RunOptions lo(base);
+      lo.set_thin(learned_default_thin(learned->meta.value("check", json())));  // Note [The learned sampler's thinning]
       torch::Tensor buffer = load_buffer(*model);
       // Note [Learned proposal in a flow's latent space]: a model trained in a flow's latent space
       // runs there (its buffer is in z) and its draws are mapped to x.
@@ -294,7 +295,8 @@ json compare(const CompareOptions& o, const std::function<void(const std::string
       } else if (nuts_last.defined()) {
         lo.set_init_x(latent ? latent->to_latent(nuts_last) : nuts_last);
       }
-      tell(fmt::format("   (the learned sampler starts from {}{})", start, latent ? ", in its flow's latent space" : ""));
+      tell(fmt::format("   (the learned sampler starts from {}{}; one draw kept in {} steps)", start,
+                       latent ? ", in its flow's latent space" : "", lo.thin));
       run("learned", kernel, lo, latent.get());
       json& l = results["samplers"]["learned"];
       l["start"] = start;

@@ -1,6 +1,9 @@
 // The sampling request behind `nmcmc sample` and the Python package's nmcmc.sample.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "nmcmc/core/errors.hpp"
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/core/tensor_options.hpp"
@@ -70,6 +73,8 @@ const SampleRule kSampleRules[] = {
      "--persistence goes with --sampler learned (its base draw)"},
     {[](const SampleOptions& a, const SampleRequest&) { return a.persistence && !(*a.persistence >= 0 && *a.persistence < 1); },
      "--persistence must be in [0, 1)"},
+    {[](const SampleOptions& a, const SampleRequest&) { return a.thin && *a.thin < 1; },
+     "--thin must be at least 1"},
     {[](const SampleOptions& a, const SampleRequest&) { return !is_learned(a) && a.gemm; },
      "--gemm goes with --sampler learned (its networks' GEMMs)"},
     {[](const SampleOptions& a, const SampleRequest& r) { return !is_learned(a) && r.target.is_null(); },
@@ -149,6 +154,7 @@ std::string set_starting_points(const SampleRequest& request, Target& target, co
                      " holds no buffer (it was trained on exact samples); use --init exact, uniform or zero");
   }
   run.set_chains(a.chains).set_warmup(a.warmup).set_draws(a.draws).set_init(init == "buffer" ? "uniform" : init);
+  run.set_thin(a.thin.value_or(1));  // the learned sampler's default: prepare
   if (request.init_x.defined()) run.set_init_x(request.init_x);
   else if (init == "buffer") run.set_init_x(buffer);
   else if (warm_start && a.init == "auto") run.set_init_x(warm_start->positions.to(options));
@@ -255,7 +261,11 @@ Prepared prepare(const SampleRequest& request) {
   Prepared prep;
   prep.config = record_config(request, *target, metric, init, warm_start ? &*warm_start : nullptr, options);
   const json& meta = made.model_meta;
-  if (is_learned(a)) prep.config["model"] = {{"file", *a.model}, {"options", meta["model"]}, {"trained_steps", meta["step"]}};
+  if (is_learned(a)) {
+    prep.config["model"] = {{"file", *a.model}, {"options", meta["model"]}, {"trained_steps", meta["step"]}};
+    if (!a.thin) run.set_thin(learned_default_thin(meta.value("check", json())));  // Note [The learned sampler's thinning]
+  }
+  prep.config["thin"] = run.thin;
   if (made.other_data) prep.config["model"]["trained_on"] = meta["target"];
   if (latent) prep.config["model"]["transport"] = meta["transport"];
   prep.kernel = std::move(made.kernel);
@@ -270,6 +280,15 @@ Prepared prepare(const SampleRequest& request) {
   return prep;
 }
 }  // namespace
+
+int64_t learned_default_thin(const json& check) {
+  if (!check.is_object()) return 1;
+  const double ess = check.value("min_ess_bulk", 0.0);
+  const double draws = check.value("chains", 0.0) * check.value("draws", 0.0);
+  if (!(ess > 0) || !(draws > 0)) return 1;
+  const double half_tau = 0.5 * draws / ess;  // half the steps per effective draw
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(half_tau)), 1, kMaxLearnedThin);
+}
 
 SampleOptions sample_options_from_json(const json& j) { return options_from_json<SampleOptions>(j, "sample options"); }
 

@@ -209,6 +209,7 @@ TEST(Cli, BadInputGetsOneClearLineAndExitCode) {
            {"sample --target icg --matmul native", 64, "--matmul goes with --sampler learned"},
            {"sample --target icg --persistence 0.5", 64, "--persistence goes with --sampler learned"},
            {"sample --sampler learned --model /nonexistent.pt --persistence 1", 64, "--persistence must be in [0, 1)"},
+           {"sample --target icg --thin 0", 64, "--thin must be at least 1"},
            {"sample --transport teleport", 64, "transport"},
            {"sample --global-moves", 64, "go with --transport flow"},
            {"sample --transport-layers 2", 64, "go with --transport flow"},

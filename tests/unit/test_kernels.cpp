@@ -360,6 +360,62 @@ TEST(Sampling, StopKeepsWhatWasDrawn) {
   EXPECT_FALSE(w.draws.defined());
 }
 
+// Note [Thinning]: thin k keeps the state after every k-th step, and each kept draw's figures cover the
+// k steps behind it: the same seed unthinned gives the same chains, every k-th of them kept.
+TEST(Sampling, ThinningKeepsEveryKthStepAndCountsEveryStep) {
+  auto t = make_target({{"name", "icg"}, {"dim", 3}}, kF64);
+  auto mala = [] { return std::make_unique<MetropolisHastings>(std::make_shared<Mala>(0.0)); };
+  auto nuts = [] { return std::make_unique<Nuts>(); };
+  for (int which = 0; which < 2; ++which) {
+    const std::string name = which == 0 ? "mala" : "nuts";
+    RunOptions o;
+    o.set_chains(3).set_warmup(40).set_draws(60).set_adapt_mass(true);
+    std::unique_ptr<Kernel> k1 = which == 0 ? std::unique_ptr<Kernel>(mala()) : std::unique_ptr<Kernel>(nuts());
+    std::unique_ptr<Kernel> k3 = which == 0 ? std::unique_ptr<Kernel>(mala()) : std::unique_ptr<Kernel>(nuts());
+    SampleResult every = run_sampler(*t, *k1, o, 4);
+    o.set_draws(20).set_thin(3);
+    SampleResult thinned = run_sampler(*t, *k3, o, 4);
+    using torch::indexing::Slice;
+    using torch::indexing::None;
+    EXPECT_TRUE(torch::equal(thinned.draws, every.draws.index({Slice(2, None, 3)}))) << name;
+    EXPECT_TRUE(torch::equal(thinned.lp, every.lp.index({Slice(2, None, 3)}))) << name;
+    EXPECT_TRUE(torch::allclose(thinned.accept_stat, every.accept_stat.reshape({20, 3, 3}).mean(1), 1e-12, 0)) << name;
+    EXPECT_TRUE(torch::equal(thinned.divergent, every.divergent.reshape({20, 3, 3}).any(1))) << name;
+    EXPECT_TRUE(torch::equal(thinned.n_grad, every.n_grad.reshape({20, 3}).sum(1))) << name;
+    EXPECT_EQ(thinned.grads_sampling, every.grads_sampling) << name;
+    if (which == 1) {
+      EXPECT_TRUE(torch::equal(thinned.n_grad_chain, every.n_grad_chain.reshape({20, 3, 3}).sum(1))) << name;
+      EXPECT_TRUE(torch::equal(thinned.tree_depth, std::get<0>(every.tree_depth.reshape({20, 3, 3}).max(1)))) << name;
+    }
+    const json s = summarise(thinned, *t), e = summarise(every, *t);
+    EXPECT_EQ(s["thin"], 3) << name;
+    EXPECT_EQ(s["draws"], 20) << name;
+    EXPECT_NEAR(s["grads_per_step"].get<double>(), 3 * e["grads_per_step"].get<double>(), 1e-9) << name;
+  }
+  // Stopped in the middle of a draw's steps: the draws before it are kept, the block is not.
+  int calls = 0;
+  RunOptions o;
+  o.set_chains(2).set_warmup(10).set_draws(100).set_thin(3);
+  o.should_stop = [&] { return ++calls > 10 + 7; };  // 10 warm-up polls, then 7 steps: 2 draws
+  MetropolisHastings k(std::make_shared<Mala>(0.0));
+  SampleResult r = run_sampler(*t, k, o, 1);
+  EXPECT_FALSE(r.complete);
+  EXPECT_EQ(r.draws.size(0), 2);
+  o.set_thin(0);
+  EXPECT_THROW(run_sampler(*t, k, o, 1), UsageError);
+}
+
+// Note [The learned sampler's thinning]: about half the steps per effective draw of the training's check.
+TEST(Sampling, TheLearnedSamplersThinFollowsItsMixingCheck) {
+  EXPECT_EQ(learned_default_thin(json()), 1);
+  EXPECT_EQ(learned_default_thin(json{{"passes", true}}), 1);  // a check without its ESS
+  // irt_2pl's check: 64 x 200 draws, least bulk-ESS 594 -> 21.5 steps per effective draw -> 11
+  EXPECT_EQ(learned_default_thin(json{{"chains", 64}, {"draws", 200}, {"min_ess_bulk", 594.0}}), 11);
+  EXPECT_EQ(learned_default_thin(json{{"chains", 64}, {"draws", 200}, {"min_ess_bulk", 12800.0}}), 1);
+  EXPECT_EQ(learned_default_thin(json{{"chains", 64}, {"draws", 200}, {"min_ess_bulk", 3.0}}), kMaxLearnedThin);
+  EXPECT_EQ(learned_default_thin(json{{"chains", 64}, {"draws", 200}, {"min_ess_bulk", 0.0}}), 1);
+}
+
 // Note [Warm starts]: a run records where it ended; the next run of the same model starts there, with
 // its step size and metric, and refuses another model or a malformed record.
 TEST(WarmStart, TheNextRunStartsWhereTheLastEndedWithItsAdaptation) {

@@ -59,6 +59,8 @@ struct RunOptions {
   int64_t chains = 4;
   int64_t warmup = 1000;
   int64_t draws = 1000;
+  /// Note [Thinning]: each kept draw is the last of `thin` steps (sampling only; warm-up is in steps).
+  int64_t thin = 1;
   /// Step-size adaptation (dual averaging). Unset: on exactly when the proposal has a tunable
   /// step size (a learned proposal's step size is learned, so its warm-up is burn-in only).
   /// Set to true for a proposal without one: run_sampler refuses with a UsageError.
@@ -95,6 +97,7 @@ struct RunOptions {
   RunOptions& set_chains(int64_t c) { chains = c; return *this; }
   RunOptions& set_warmup(int64_t w) { warmup = w; return *this; }
   RunOptions& set_draws(int64_t d) { draws = d; return *this; }
+  RunOptions& set_thin(int64_t t) { thin = t; return *this; }
   RunOptions& set_target_accept(double a) { target_accept = a; return *this; }
   RunOptions& set_adapt_step(bool b) { adapt_step = b; return *this; }
   RunOptions& set_metric(MetricAdapt m) { metric = m; return *this; }
@@ -117,11 +120,12 @@ using ProgressFn = std::function<void(const Progress&)>;
 struct SampleResult {
   torch::Tensor draws;        // [S, C, D] float64 (undefined unless keep_draws)
   torch::Tensor lp;           // [S, C] float64 (-U)
-  torch::Tensor accept_stat;  // [S, C] float64
-  torch::Tensor divergent;    // [S, C] bool
-  torch::Tensor n_grad;       // [S] int64, gradient evaluations per chain per step (NUTS: the most of any chain)
+  // Per draw; a thinned draw's figures cover every step behind it (Note [Thinning], kernels/run.cpp).
+  torch::Tensor accept_stat;  // [S, C] float64 (thinned: the mean over the draw's steps)
+  torch::Tensor divergent;    // [S, C] bool (thinned: any of the draw's steps)
+  torch::Tensor n_grad;       // [S] int64, gradient evaluations per chain per draw (NUTS: the most of any chain)
   torch::Tensor n_grad_chain; // [S, C] int64, each chain's own count (kernels whose chains differ: NUTS)
-  torch::Tensor tree_depth;   // [S, C] int64 (NUTS)
+  torch::Tensor tree_depth;   // [S, C] int64 (NUTS; thinned: the deepest of the draw's steps)
   torch::Tensor energy;       // [S, C] float64 Hamiltonian (NUTS)
   int64_t max_tree_depth = 0; // NUTS: the depth limit (hits are reported)
   double step_size = 0;
@@ -142,6 +146,7 @@ struct SampleResult {
   uint64_t seed = 0;
   bool complete = true;       // false: stopped early (should_stop); the tensors hold what was drawn
   int64_t draws_planned = 0;  // the draws per chain that were asked for
+  int64_t thin = 1;           // Note [Thinning]: steps per kept draw
 };
 
 /// Bytes of RAM a run needs beyond the target itself (the kernel's per-chain state and the

@@ -38,6 +38,8 @@ struct SampleOptions {
   int64_t leapfrog = 10;               // HMC: leapfrog steps
   int64_t max_depth = 10;              // NUTS: maximum tree depth
   int64_t chains = 4, warmup = 1000, draws = 1000;
+  std::optional<int64_t> thin;         // steps per kept draw (Note [Thinning], kernels/run.cpp); unset:
+                                       // 1, the learned sampler: learned_default_thin
   uint64_t seed = 1;
   std::string init = "auto";           // auto | uniform | exact | zero | buffer (the learned sampler's
                                        // own chains from its checkpoint); auto: buffer when the model
@@ -66,9 +68,26 @@ struct SampleOptions {
   nlohmann::json warm_start;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SampleOptions, sampler, model, metric, adapt_mass, step_size, target_accept,
-                                                no_adapt, step_size_per_chain, jitter, leapfrog, max_depth, chains, warmup, draws, seed, init,
+                                                no_adapt, step_size_per_chain, jitter, leapfrog, max_depth, chains, warmup, draws, thin, seed, init,
                                                 dtype, device, matmul, gemm, persistence, engine, output, formats, transport,
                                                 warm_start)
+
+// Note [The learned sampler's thinning]
+// A learned step costs one gradient and moves a little; NUTS spends tens of gradients on a draw. A
+// user asking for 1,000 draws of a trained model would otherwise get 1,000 steps - a few thousand
+// gradients in all, far too short a chain for R-hat and the ESS to say anything on a posterior
+// with a slow direction (irt_2pl's learned chains ended at R-hat 1.017 after 4 x 1,000 steps at
+// 0.06 effective draws per gradient: about 60 effective draws a chain). Unless --thin is given,
+// the learned sampler keeps every k-th step, k about half the steps per effective draw that its
+// training's mixing check measured (its chains x draws over its least bulk-ESS, the slowest
+// quantity's), at most kMaxLearnedThin: each kept draw then costs about half an effective draw's
+// gradients, the chains are long enough to be judged, and about 92 % of the effective draws per
+// gradient are kept (Note [Thinning]). A model without a check (trained before it existed, or
+// for 0 steps) samples every step.
+constexpr int64_t kMaxLearnedThin = 50;
+/// The learned sampler's thin where --thin is not given, from its training's mixing check (the
+/// checkpoint's "check" record; null or without ESS: 1).
+int64_t learned_default_thin(const nlohmann::json& check);
 
 /// SampleOptions from JSON: UsageError naming an unknown key or a value of the wrong type.
 SampleOptions sample_options_from_json(const nlohmann::json& j);
