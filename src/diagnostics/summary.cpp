@@ -244,20 +244,24 @@ std::string format_summary(const json& j, int64_t rows) {
   }
   const double steps = j["draws"].get<double>() * j["chains"].get<double>();
   line("");
-  line(fmt::format("chains {}  draws/chain {}  accept {:.3f}  step size {:.4g}  divergences {}  grads/step {:.1f}",
-                   j["chains"].get<int64_t>(), j["draws"].get<int64_t>(), j["accept_rate"].get<double>(),
-                   j["step_size"].get<double>(), j["divergences"].get<int64_t>(), j["grads_per_step"].get<double>()));
+  const int64_t thin = j.value("thin", int64_t{1});  // Note [Thinning]: a draw's figures cover its steps
+  line(fmt::format("chains {}  draws/chain {}{}  accept {:.3f}  step size {:.4g}  divergences {}  grads/{} {:.1f}",
+                   j["chains"].get<int64_t>(), j["draws"].get<int64_t>(),
+                   thin > 1 ? fmt::format(" (one in {} steps)", thin) : std::string(), j["accept_rate"].get<double>(),
+                   j["step_size"].get<double>(), j["divergences"].get<int64_t>(), thin > 1 ? "draw" : "step",
+                   j["grads_per_step"].get<double>()));
   if (j["divergences"].get<int64_t>() > 0) {
     // As Stan warns: a divergent trajectory met curvature its step size could not follow, and the
     // chains under-visit such regions. Funnel-3 through the flow, 20,000 draws per chain: at 0.8
     // 4.2 % diverged and x1's sd came out 2.4 % low, at 0.95 0.68 % and 1.4 % low (-3.1 MCSE), at
     // 0.99 0.28 % and right.
-    line(fmt::format("warning: {} of {:.0f} transitions diverged ({:.2g} %): the draws may miss where the density "
+    line(fmt::format("warning: {} of {:.0f} {} ({:.2g} %): the draws may miss where the density "
                      "curves sharply (a funnel's neck); a higher --target-accept (0.9 to 0.99) takes smaller steps there",
-                     j["divergences"].get<int64_t>(), steps, 100.0 * j["divergences"].get<double>() / steps));
+                     j["divergences"].get<int64_t>(), steps, thin > 1 ? "draws had a divergent step" : "transitions diverged",
+                     100.0 * j["divergences"].get<double>() / steps));
   }
-  line(fmt::format("min bulk-ESS {:.0f} of {:.0f} draws ({:.4f}/MH step, {:.4g}/grad, {:.1f}/s)  min tail-ESS {:.0f}  max R-hat {:.3f}",
-                   j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(),
+  line(fmt::format("min bulk-ESS {:.0f} of {:.0f} draws ({:.4f}/{}, {:.4g}/grad, {:.1f}/s)  min tail-ESS {:.0f}  max R-hat {:.3f}",
+                   j["min_ess_bulk"].get<double>(), steps, j["ess_bulk_per_step"].get<double>(), thin > 1 ? "draw" : "MH step",
                    j["ess_bulk_per_grad"].is_number() ? j["ess_bulk_per_grad"].get<double>() : std::nan(""),
                    j["ess_bulk_per_second"].get<double>(), j["min_ess_tail"].get<double>(), j["max_rhat"].get<double>()));
   convergence_warnings(j, line);
@@ -280,11 +284,13 @@ std::string format_summary(const json& j, int64_t rows) {
   }
   if (j.contains("paper_ess")) {
     const auto& p = j["paper_ess"];
-    std::string s = fmt::format("paper ESS (true moments): min {:.4f}/MH step", p["ess_per_step_min"].get<double>());
+    const char* per = thin > 1 ? "draw" : "step";  // a thinned draw is `thin` MH steps
+    std::string s = fmt::format("paper ESS (true moments): min {:.4f}/{}{}", p["ess_per_step_min"].get<double>(),
+                                thin > 1 ? "" : "MH ", per);
     if (p.contains("ess_per_grad_min")) s += fmt::format(", {:.4g}/grad", p["ess_per_grad_min"].get<double>());
     const std::string first = params.empty() ? "x.1" : params[0]["name"].get<std::string>();
-    s += fmt::format("; {} {:.4f}/step", first, p["ess_per_step_x1"].get<double>());
-    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; the others min {:.4f}/step", p["ess_per_step_rest_min"].get<double>());
+    s += fmt::format("; {} {:.4f}/{}", first, p["ess_per_step_x1"].get<double>(), per);
+    if (p.contains("ess_per_step_rest_min")) s += fmt::format("; the others min {:.4f}/{}", p["ess_per_step_rest_min"].get<double>(), per);
     line(s);
   }
   if (j.contains("tree_depth_hits")) {

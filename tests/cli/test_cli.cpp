@@ -15,6 +15,7 @@
 #include "nmcmc/io/stan_csv.hpp"
 #include "nmcmc/process/blas_kernels.hpp"
 #include "nmcmc/process/environment.hpp"
+#include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 
 namespace fs = std::filesystem;
@@ -517,7 +518,12 @@ TEST(Cli, TrainResumeAndSampleWithTheLearnedSampler) {
 
   CliRun s = run("sample --sampler learned --model " + dir + "a.pt --chains 4 --warmup 10 --draws 30 --quiet --output " + dir + "run");
   ASSERT_EQ(s.code, 0) << s.out;
-  EXPECT_EQ(nmcmc::read_stan_csv(dir + "run/chain_1.csv").values.select(1, 3).eq(8).all().item<bool>(), true);  // 4N grads
+  // 4N grads a step, every step of a thinned draw counted (Note [Thinning]); the learned sampler's
+  // own thin from its training's check (Note [The learned sampler's thinning])
+  const nlohmann::json sj = nlohmann::json::parse(std::ifstream(dir + "run/summary.json"));
+  const int64_t thin = sj.at("thin").get<int64_t>();
+  EXPECT_EQ(thin, nmcmc::learned_default_thin(nmcmc::load_model(dir + "a.pt").second.value("check", nlohmann::json())));
+  EXPECT_EQ(nmcmc::read_stan_csv(dir + "run/chain_1.csv").values.select(1, 3).eq(8 * thin).all().item<bool>(), true);
   // the networks' precision can be chosen at sampling time; either is exact (tests/unit)
   for (const char* m : {"native", "bfloat16", "auto"}) {
     CliRun sm = run("sample --sampler learned --model " + dir + "a.pt --matmul " + m + " --chains 4 --warmup 10 --draws 30 --quiet");
