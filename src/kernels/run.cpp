@@ -1,3 +1,7 @@
+// The run loop: one process's chains (LocalRun: starting points, warm-up, sampling, thinning), the
+// phased warm-up of a transport (run_in_phases) and the sharded run over a communicator. Over 600
+// lines because LocalRun is one class whose phases share its state; the phased and sharded runs
+// are the parts that could go to files of their own.
 #include "nmcmc/kernels/run.hpp"
 
 #include <fmt/format.h>
