@@ -149,13 +149,14 @@ void report_stop(const TrainResult& result, const TrainConfig& config) {
                              last.value("step", int64_t{0}));
   }
   // Note [A long warm-up shortens training], Note [A plateau that does not mix]: the checks that
-  // failed at a stop and let training go on, by the rule that would have stopped it
-  auto failed_at = [&](const char* stop) {
+  // failed at a stop and let training go on, by the rule that would have stopped it (records
+  // written before Note [An extension that does not pay]: every failed one extended)
+  auto extended_at = [&](const char* stop) {
     return static_cast<int64_t>(std::count_if(result.time_extensions.begin(), result.time_extensions.end(), [&](const auto& c) {
-      return !c.value("passes", true) && c.value("stop", std::string("time")) == stop;
+      return c.value("extends", !c.value("passes", true)) && c.value("stop", std::string("time")) == stop;
     }));
   };
-  const int64_t extended = failed_at("time"), plateaus = failed_at("plateau");
+  const int64_t extended = extended_at("time"), plateaus = extended_at("plateau");
   if (plateaus > 0) {
     std::cout << fmt::format("training went on past {} plateau(s) of the proposal entropy: the sampler did not mix there "
                              "yet (Note [A plateau that does not mix])\n",
@@ -165,6 +166,17 @@ void report_stop(const TrainResult& result, const TrainConfig& config) {
     std::cout << fmt::format("the time budget was extended {} time(s): at its end the sampler did not mix yet (Note [A "
                              "long warm-up shortens training])\n",
                              extended);
+  }
+  // Note [An extension that does not pay]: the check failed at the stop and had not improved
+  const nlohmann::json& check = result.check;
+  if (check.is_object() && check.value("extends", true) == false && !check.value("passes", true) &&
+      !result.time_extensions.empty()) {
+    const nlohmann::json& before = result.time_extensions.back();
+    std::cout << fmt::format("training was not extended again: its mixing check did not improve on the previous one "
+                             "(min bulk-ESS {:.0f} -> {:.0f}, max R-hat {:.3g} -> {:.3g}; Note [An extension that does "
+                             "not pay])\n",
+                             before.value("min_ess_bulk", 0.0), check.value("min_ess_bulk", 0.0),
+                             before.value("max_rhat", 0.0), check.value("max_rhat", 0.0));
   }
   if (result.stopped == "time") {
     const bool shortened = result.preconditioner.is_object() && result.preconditioner.contains("train_time_limit");

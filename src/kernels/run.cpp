@@ -1,7 +1,6 @@
-// The run loop: one process's chains (LocalRun: starting points, warm-up, sampling, thinning), the
-// phased warm-up of a transport (run_in_phases) and the sharded run over a communicator. Over 600
-// lines because LocalRun is one class whose phases share its state; the phased and sharded runs
-// are the parts that could go to files of their own.
+// The run loop of one process's chains (LocalRun: starting points, warm-up, sampling, thinning).
+// The phased warm-up of a transport is in run_phases.cpp, the run sharded over a communicator in
+// run_sharded.cpp; both call run_local (local_run.hpp).
 #include "nmcmc/kernels/run.hpp"
 
 #include <fmt/format.h>
@@ -25,6 +24,7 @@
 #include "nmcmc/kernels/baselines.hpp"
 #include "draw_storage.hpp"
 #include "transformed_draws.hpp"
+#include "local_run.hpp"
 #include "starting_points.hpp"
 
 namespace nmcmc {
@@ -454,177 +454,10 @@ class LocalRun {
   double writing_ = 0;
 };
 
+}  // namespace
 
 SampleResult run_local(Target& target, Kernel& kernel, const RunOptions& o, uint64_t seed, const ProgressFn& progress) {
   return LocalRun(target, kernel, o, seed, progress).run();
-}
-}  // namespace
-
-namespace {
-/// A phase's run options: the run's, with the phase's length, metric and starting points.
-RunOptions phase_options(const RunOptions& o, const WarmupPhase& ph) {
-  RunOptions po = o;
-  po.warmup = ph.iterations;
-  po.metric = ph.metric;
-  po.init_x = ph.init_x;
-  if (!ph.sampling) {
-    po.draws = ph.draws;
-    po.thin = 1;
-    po.sink = nullptr;
-  }
-  return po;
-}
-
-/// A result that ends in warm-up: its figures with every phase's counts, and no draws.
-SampleResult ended_in_warmup(SampleResult r, int64_t grads, int64_t energies, double seconds) {
-  r.draws = torch::Tensor();
-  r.grads_warmup = grads;
-  r.grads_sampling = 0;
-  r.energies_warmup = energies;
-  r.energies_sampling = 0;
-  r.seconds_warmup = seconds;
-  r.seconds_sampling = 0;
-  return r;
-}
-}  // namespace
-
-SampleResult run_mapped(TransformedTarget& latent, Kernel& kernel, const RunOptions& options, uint64_t seed,
-                        const ProgressFn& progress) {
-  RunOptions fo = options;
-  std::unique_ptr<TransformedSink> sink;
-  if (options.sink) {
-    sink = std::make_unique<TransformedSink>(options.sink, latent);
-    fo.sink = sink.get();
-  }
-  SampleResult res = run_local(latent, kernel, fo, seed, progress);  // one process (run_sampler's without a communicator)
-  map_to_inner(res, latent);
-  return res;
-}
-
-SampleResult run_in_phases(Target& target, Kernel& kernel, const RunOptions& o, PhaseAdapter& adapter, uint64_t seed,
-                           const ProgressFn& progress) {
-  const Clock::time_point t_start = Clock::now();
-  int64_t grads = 0, energies = 0;  // per chain, every phase before the last
-  WarmupPhase ph = adapter.first();
-  // Progress over the whole warm-up: every report of a phase before the last is warm-up.
-  const ProgressFn phase_progress = [&](const Progress& p) {
-    if (!progress) return;
-    Progress q = p;
-    if (!ph.sampling || p.phase == "warmup") {
-      // a phase's draws after its warm-up (not the last phase's) go on from its warm-up's iterations
-      const int64_t in_phase = ph.sampling || p.phase == "warmup" ? p.iteration : ph.iterations + p.iteration;
-      q.phase = "warmup";
-      q.iteration = adapter.iterations_before() + in_phase;
-      q.total = adapter.iterations_planned();
-      q.elapsed = seconds_since(t_start);
-    }
-    progress(q);
-  };
-  for (;;) {
-    if (ph.target == nullptr || ph.target->dim() != target.dim()) {
-      throw std::logic_error("run_in_phases: a phase's target must be the run's target pulled back");
-    }
-    const RunOptions po = phase_options(o, ph);
-    if (ph.sampling) {
-      const double before = seconds_since(t_start);
-      SampleResult res = run_mapped(*ph.target, kernel, po, ph.seed, phase_progress);
-      res.grads_warmup += grads;
-      res.energies_warmup += energies;
-      res.seconds_warmup += before;
-      return res;
-    }
-    StepRecord steps;
-    RunOptions recorded = po;
-    recorded.steps = &steps;
-    PhaseEnd end;
-    end.result = run_local(*ph.target, kernel, recorded, ph.seed, phase_progress);
-    grads += end.result.grads_warmup + end.result.grads_sampling;
-    energies += end.result.energies_warmup + end.result.energies_sampling;
-    if (!end.result.complete) return ended_in_warmup(std::move(end.result), grads, energies, seconds_since(t_start));
-    if (!steps.x.empty()) {
-      end.x = torch::cat(steps.x);
-      end.grad = torch::cat(steps.grad);
-    }
-    std::optional<WarmupPhase> next = adapter.next(end);
-    if (!next) return ended_in_warmup(std::move(end.result), grads, energies, seconds_since(t_start));
-    ph = std::move(*next);
-  }
-}
-
-SampleResult run_sampler(Target& target, Kernel& kernel, const RunOptions& options, uint64_t seed,
-                         const ProgressFn& progress, parallel::Communicator* communicator) {
-  parallel::Communicator& comm = communicator != nullptr ? *communicator : *parallel::single_process();
-  const int world = comm.world_size(), rank = comm.rank();
-  if (world == 1) return run_local(target, kernel, options, seed, progress);  // the gather of one run is itself
-  if (options.chains < world) {
-    throw UsageError(fmt::format("{} chains cannot be shared by {} processes: give at least one chain each",
-                                 options.chains, world));
-  }
-  auto [begin, end] = parallel::block_of(options.chains, rank, world);
-  // This rank's chains are the run `chains = end - begin, seed = seed + rank`, with their own
-  // warm-up and adaptation (as Stan's chains): Note [Data parallelism].
-  RunOptions run = options;
-  run.chains = end - begin;
-  const uint64_t my_seed = seed + static_cast<uint64_t>(rank);
-  if (run.init_x.defined()) {  // given or buffer starting points: the rows the whole run gives these chains
-    torch::Tensor rows = torch::arange(begin, end, torch::kInt64).remainder(run.init_x.size(0));
-    run.init_x = run.init_x.index_select(0, rows.to(run.init_x.device()));
-  }
-  SampleResult mine = run_local(target, kernel, run, my_seed, rank == 0 ? progress : nullptr);
-
-  // Runs stopped early (Ctrl-C reaches the ranks at slightly different draws) keep the draws all have.
-  const int64_t have = mine.draws.defined() ? mine.draws.size(0) : 0;
-  const double c = static_cast<double>(run.chains);
-  std::vector<double> t = parallel::all_reduce_doubles(
-      comm, {mine.complete ? 0.0 : 1.0, mine.seconds_warmup, mine.seconds_sampling, mine.grads_warmup * c,
-             mine.grads_sampling * c, mine.energies_warmup * c, mine.energies_sampling * c,
-             static_cast<double>(mine.batch_grads_sampling)});
-  const int64_t common = comm.all_gather_rows(torch::tensor({have}, torch::kInt64)).min().item<int64_t>();
-  const double total = static_cast<double>(options.chains);
-  SampleResult r;
-  r.complete = t[0] == 0;
-  r.seed = seed;
-  r.draws_planned = mine.draws_planned;
-  r.thin = mine.thin;
-  r.names = mine.names;
-  r.max_tree_depth = mine.max_tree_depth;
-  r.metric = mine.metric;
-  r.metric_rank = mine.metric_rank;
-  r.chains_restarted =
-      comm.all_gather_rows(torch::tensor({mine.chains_restarted}, torch::kInt64)).sum().item<int64_t>();
-  r.chains_redrawn = comm.all_gather_rows(torch::tensor({mine.chains_redrawn}, torch::kInt64)).sum().item<int64_t>();
-  r.seconds_warmup = t[1] / world;  // the ranks run side by side: their mean wall time
-  r.seconds_sampling = t[2] / world;
-  r.grads_warmup = std::llround(t[3] / total);
-  r.grads_sampling = std::llround(t[4] / total);
-  r.energies_warmup = std::llround(t[5] / total);
-  r.energies_sampling = std::llround(t[6] / total);
-  r.batch_grads_sampling = std::llround(t[7] / world);
-  if (common == 0) return r;  // stopped before any rank drew
-  auto first = [&](const torch::Tensor& x) { return x.defined() ? x.narrow(0, 0, common) : x; };
-  // [S, c, ...] per rank -> [S, C, ...]: the chains (dim 1) in rank order.
-  if (mine.draws.defined()) r.draws = parallel::all_gather_along(comm, first(mine.draws).to(torch::kFloat64), 1);
-  r.lp = parallel::all_gather_along(comm, first(mine.lp), 1);
-  r.accept_stat = parallel::all_gather_along(comm, first(mine.accept_stat), 1);
-  r.divergent = parallel::all_gather_along(comm, first(mine.divergent), 1);
-  r.tree_depth = parallel::all_gather_along(comm, first(mine.tree_depth), 1);
-  r.energy = parallel::all_gather_along(comm, first(mine.energy), 1);
-  torch::Tensor per_chain = mine.n_grad_chain.defined()
-                                ? first(mine.n_grad_chain)
-                                : first(mine.n_grad).unsqueeze(1).expand({common, run.chains}).contiguous();
-  r.n_grad_chain = parallel::all_gather_along(comm, per_chain, 1);
-  r.n_grad = std::get<0>(r.n_grad_chain.max(1));
-  const torch::Tensor my_steps = mine.step_size_chain.defined() ? mine.step_size_chain.reshape({1, run.chains})
-                                                                : torch::full({1, run.chains}, mine.step_size, torch::kFloat64);
-  r.step_size_chain = parallel::all_gather_along(comm, my_steps, 1).squeeze(0);
-  r.step_size = r.step_size_chain.mean().item<double>();
-  if (mine.inv_mass.defined()) {
-    std::vector<int64_t> reps(mine.inv_mass.dim() + 1, 1);
-    reps[0] = run.chains;
-    r.inv_mass_chain = comm.all_gather_rows(mine.inv_mass.unsqueeze(0).repeat(reps));
-    r.inv_mass = mine.inv_mass;  // rank 0's (each chain's own is in inv_mass_chain)
-  }
-  return r;
 }
 
 }  // namespace nmcmc

@@ -100,6 +100,15 @@ bool previous_networks_fit(json& check, const json& previous_meta) {
   return check.value("passes", false) && ratio >= kFitsEss;
 }
 
+bool extension_gained(const json* previous, const json& now) {
+  if (!previous) return true;
+  const double ess0 = previous->value("min_ess_bulk", 0.0), ess1 = now.value("min_ess_bulk", 0.0);
+  const double excess0 = previous->value("max_rhat", INFINITY) - 1, excess1 = now.value("max_rhat", INFINITY) - 1;
+  const bool more_ess = ess1 >= (1 + kExtensionGain) * ess0 && ess1 > ess0;
+  const bool less_rhat = std::isfinite(excess1) && (!std::isfinite(excess0) || excess1 <= (1 - kExtensionGain) * excess0);
+  return more_ess || less_rhat;
+}
+
 bool CostWatch::stops(int64_t step, double spent, json probe) {
   spent_probes_ += probe.value("grads", 0.0);
   const double total = spent + spent_probes_;

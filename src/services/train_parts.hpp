@@ -38,6 +38,11 @@ bool previous_networks_fit(nlohmann::json& check, const nlohmann::json& previous
 /// flow's) are mapped back to the target's own coordinates first.
 nlohmann::json slowest_parameter(const torch::Tensor& draws, const Target& target, const TransportedTarget* latent);
 
+/// Note [An extension that does not pay] (train_run.cpp): whether the mixing check `now` improved
+/// on `previous` (the check at the last stop; null: none, which counts as a gain) by kExtensionGain.
+constexpr double kExtensionGain = 0.1;
+bool extension_gained(const nlohmann::json* previous, const nlohmann::json& now);
+
 /// Note [Training stops when it no longer pays] (train_from.cpp): the probes' projections and the
 /// stopping rule.
 class CostWatch {
