@@ -13,31 +13,6 @@ a Stan program's gradient runs chain by chain, so the gain from more chains is t
 share of a step. With --suite large it trains on POSTERIOR itself (no PREVIOUS; the large suite's
 references), samples with the default thin (Note [The learned sampler's thinning]) and 1,000
 warm-up steps, as `posteriordb.py check` does, and skips NUTS (its table has the best NUTS).
-"""Does the learned sampler gain per second from more chains? (issue #65)
-
-    bench/learned_chains.py [POSTERIOR] [PREVIOUS]      (default nes1976-nes from nes1972-nes)
-
-Trains the learned sampler on PREVIOUS (train's defaults, float64, seed 1), trains from it on
-POSTERIOR (`from_model=`, Note [Training from a previous model]), then samples POSTERIOR with 4,
-16, 64 and 256 chains (100 burn-in steps, 1,000 draws each) and prints min bulk-ESS per sampling
-second, R-hat and the moment checks against posteriordb's reference; last, NUTS with a dense
-metric (4 chains, 1,000 + 1,000) for scale. The learned step's networks run batched over chains;
-a Stan program's gradient runs chain by chain, so the gain from more chains is the networks'
-share of a step.
-"""Does the learned sampler gain per second from more chains? (issue #65, #64)
-
-    bench/learned_chains.py [POSTERIOR] [PREVIOUS]      (default nes1976-nes from nes1972-nes)
-    bench/learned_chains.py --suite large POSTERIOR [--chains 4 16 64] [--draws N]
-
-Trains the learned sampler on PREVIOUS (train's defaults, float64, seed 1), trains from it on
-POSTERIOR (`from_model=`, Note [Training from a previous model]), then samples POSTERIOR with 4,
-16, 64 and 256 chains (100 burn-in steps, 1,000 draws each) and prints min bulk-ESS per sampling
-second, R-hat and the moment checks against posteriordb's reference; last, NUTS with a dense
-metric (4 chains, 1,000 + 1,000) for scale. The learned step's networks run batched over chains;
-a Stan program's gradient runs chain by chain, so the gain from more chains is the networks'
-share of a step. With --suite large it trains on POSTERIOR itself (no PREVIOUS; the large suite's
-references), samples with the default thin (Note [The learned sampler's thinning]) and 1,000
-warm-up steps, as `posteriordb.py check` does, and skips NUTS (its table has the best NUTS).
 """
 import os
 import sys
