@@ -405,7 +405,7 @@ class TrainRun {
         if (cost_.stops(s.step, spent_grads(s), mixing_check(kProbeDraws, SeedStream::kCostProbe, s.step))) why = "cost";
         result_.probes = cost_.log();
       }
-      if ((why == "plateau" && patience == usual_patience || why == "time") && !distributed_ && extensions < 3) {
+      if (((why == "plateau" && patience == usual_patience) || why == "time") && !distributed_ && extensions < 3) {
         // Note [A plateau that does not mix], Note [A long warm-up shortens training], Note [An
         // extension that does not pay]
         json check = mixing_check();

@@ -1,5 +1,6 @@
 // The command line as a user meets it: help, bad input with exit codes, a tiny end-to-end run.
 // Over 500 lines: one test per command and behaviour (signals, resume, launch), each independent.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -452,13 +453,22 @@ TEST(Cli, TrainChecksThatItsSamplerMixes) {
   EXPECT_EQ(good_sample.code, 0) << good_sample.out;
   EXPECT_EQ(good_sample.out.find("did not mix"), std::string::npos) << good_sample.out;
   // Note [A long warm-up shortens training]: where the time limit comes before the sampler mixes,
-  // training goes on for another max_seconds, three times at most (here 0.3 s each: far too short
-  // for icg without a preconditioner on any machine).
+  // training goes on for another max_seconds (here 0.3 s each: far too short for icg without a
+  // preconditioner on any machine), three times at most, and (Note [An extension that does not
+  // pay]) only while the check improves: the first failed check always extends; how many more do
+  // depends on how many steps a machine makes in 0.3 s, so the test holds the report to the rule.
   CliRun starved = run("train --target icg --set model.precondition=none --set model.learn_precondition=false "
                        "--set train.max_seconds=0.3 -q -o " + dir + "starved.pt");
   EXPECT_EQ(starved.code, 0) << starved.out;
-  EXPECT_NE(starved.out.find("the time budget was extended 3 time(s)"), std::string::npos) << starved.out;
-  EXPECT_NE(starved.out.find("(train.max_seconds, extended 3 time(s))"), std::string::npos) << starved.out;
+  int extended = 0;
+  for (int n = 1; n <= 3; ++n) {
+    if (starved.out.find(fmt::format("(train.max_seconds, extended {} time(s))", n)) != std::string::npos) extended = n;
+  }
+  ASSERT_GE(extended, 1) << starved.out;
+  EXPECT_NE(starved.out.find(fmt::format("the time budget was extended {} time(s)", extended)), std::string::npos) << starved.out;
+  // fewer than three: the last check did not improve, and the report says so
+  EXPECT_EQ(extended < 3, starved.out.find("training was not extended again") != std::string::npos) << starved.out;
+  EXPECT_NE(starved.out.find("WARNING: the trained sampler does not mix"), std::string::npos) << starved.out;
 }
 
 // Note [Training from a previous model]: a short warm-up from the old model's adaptation, then
