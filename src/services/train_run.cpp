@@ -30,9 +30,10 @@
 // sampler that mixes at its plateau stops as before, with the same draws.
 //
 // Note [An extension that does not pay]
-// Extending training helps a sampler that is still learning, not one whose training has settled: on
-// the large suite (3c79da3) the checks at the stops of German credit (min bulk-ESS 121, 106, 119),
-// GLMM_Poisson (184, 191, 184) and accel_gp (150, 144, 145) did not move over three extensions,
+// Extending training helps a sampler that is still learning, not one whose training has settled:
+// on the large suite (BENCHMARKS.md, "The learned sampler, thinned") the checks at the stops of
+// German credit (min bulk-ESS 121, 106, 119), GLMM_Poisson (184, 191, 184) and accel_gp (150,
+// 144, 145) did not move over three extensions,
 // about half of their training's seconds, while sat's R-hat fell at each (2.40, 2.17, 1.95). So a
 // failed check extends training only where it is the first, or where it improved on the previous
 // stop's check: min bulk-ESS up by kExtensionGain (10 %) or more, or max R-hat's excess over 1 down
