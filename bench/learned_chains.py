@@ -39,7 +39,7 @@ def print_phases(rec: dict) -> None:
         if "affine_seconds" in part:  # auto's affine warm-up, which chose the flow
             print(f"  {path} (affine): {part['affine_seconds']:.1f} s, {part['affine_grads']:.3g} gradients", flush=True)
         for key, sub in part.items():
-            if key not in ("rounds",):
+            if key != "rounds":
                 walk(sub, f"{path}.{key}")
     walk(rec.get("preconditioner"), "preconditioner")
     for c in [rec.get("check")] + list(rec.get("time_extensions") or []):
