@@ -169,17 +169,17 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   // unset: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
   // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients).
   ro.draws = o.precondition.draws_for(kind == Precondition::kLowRank);
-  ro.metric = kind == Precondition::kDense ? MetricAdapt::kDense : MetricAdapt::kDiag;
+  ro.metric = o.precondition.metric.value_or(kind == Precondition::kDense ? MetricAdapt::kDense : MetricAdapt::kDiag);
   ro.target_accept = default_target_accept(o.precondition.sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;
   if (start) {  // Note [Warm starts]: the metric is estimated again over the short warm-up's windows
-    start->apply(*kernel, target.options(), /*dense=*/ro.metric == MetricAdapt::kDense);
+    start->apply(*kernel, target.options(), /*dense=*/is_full_rank_metric(ro.metric));
     if (start->positions.defined()) ro.init_x = start->positions.to(target.options());
   }
   const ProgressFn adapter = precondition_progress(progress, ro.warmup, ro.draws);
   SampleResult r = run_sampler(target, *kernel, ro, seed_of(o.seed, SeedStream::kPreconditioner), adapter);
-  json record = {{"sampler", o.precondition.sampler}, {"kind", kind},  {"chains", ro.chains}, {"dtype", "float64"},
+  json record = {{"sampler", o.precondition.sampler}, {"kind", kind},  {"chains", ro.chains}, {"metric", ro.metric}, {"dtype", "float64"},
                  {"warmup", ro.warmup},  {"draws", ro.draws},           {"step_size", r.step_size},
                  {"grads", (r.grads_warmup + r.grads_sampling) * ro.chains},
                  {"seconds", r.seconds_warmup + r.seconds_sampling}};

@@ -36,6 +36,13 @@ void take(const json& j, const char* key, std::optional<T>& field, T unset) {
   const T x = v.is_null() ? unset : v.get<T>();
   field = x == unset ? std::nullopt : std::optional<T>(x);
 }
+/// An optional field without such a value: null leaves it unset.
+template <typename T>
+void take_or_null(const json& j, const char* key, std::optional<T>& field) {
+  if (!j.contains(key)) return;
+  const json& v = j.at(key);
+  field = v.is_null() ? std::nullopt : std::optional<T>(v.get<T>());
+}
 }  // namespace
 
 void to_json(json& j, const TrainOptions& o) {
@@ -47,7 +54,7 @@ void to_json(json& j, const TrainOptions& o) {
            {"buffer_init_scale", o.buffer_init_scale}, {"stop_grad", o.stop_grad}, {"seed", o.seed},
            {"checkpoint_every", o.checkpoint_every}, {"log_every", o.log_every}, {"shards", o.shards},
            {"precondition_sampler", p.sampler}, {"precondition_warmup", p.warmup}, {"precondition_draws", p.draws},
-           {"precondition_chains", p.chains}, {"precondition_refit", p.refit}, {"eps_from_warmup", p.eps_from_warmup},
+           {"precondition_chains", p.chains}, {"precondition_metric", p.metric}, {"precondition_refit", p.refit}, {"eps_from_warmup", p.eps_from_warmup},
            {"beta_from_warmup", p.beta_from_warmup},
            {"steps", b.steps}, {"patience", b.patience}, {"min_gain", b.min_gain}, {"max_seconds", b.max_seconds},
            {"from_warmup", b.from_warmup}, {"from_patience", b.from_patience}, {"ess_goal", b.ess_goal},
@@ -81,6 +88,7 @@ void from_json(const json& j, TrainOptions& o) {
   take(j, "precondition_warmup", p.warmup);
   take(j, "precondition_draws", p.draws, int64_t{0});
   take(j, "precondition_chains", p.chains);
+  take_or_null(j, "precondition_metric", p.metric);
   take(j, "precondition_refit", p.refit);
   take(j, "eps_from_warmup", p.eps_from_warmup);
   take(j, "beta_from_warmup", p.beta_from_warmup);
@@ -120,6 +128,7 @@ TrainOptions TrainOptions::from_json(const json& j) {
   if (p.warmup < 20 || (p.draws && *p.draws < 0) || p.chains < 1) {
     throw UsageError("train: need precondition_warmup >= 20, precondition_draws >= 0 (0: auto) and precondition_chains >= 1");
   }
+  if (p.metric == MetricAdapt::kUnit) throw UsageError("train: precondition_metric must be diag, dense, fisher-diag or fisher-lowrank");
   if (b.from_warmup < 20 || b.from_patience < 0) throw UsageError("train: need from_warmup >= 20 and from_patience >= 0");
   if ((b.ess_goal && (!(*b.ess_goal >= 0) || !std::isfinite(*b.ess_goal))) || b.probe_every < 1) {
     throw UsageError("train: need a finite ess_goal >= 0 (0: off) and probe_every >= 1");

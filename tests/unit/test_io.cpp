@@ -110,6 +110,16 @@ TEST(Config, TrainOptionsComeInPartsWithUnsetValues) {
   EXPECT_TRUE(j["ess_goal"].is_null());
   EXPECT_FALSE(j.contains("budget") || j.contains("precondition"));
   EXPECT_EQ(TrainOptions::from_json(j).to_json(), j);
+  // The warm-up's metric: unset (null) is the preconditioner's own; a name sets it; unit and
+  // unknown names are refused.
+  EXPECT_FALSE(o.precondition.metric);
+  EXPECT_TRUE(j["precondition_metric"].is_null());
+  const TrainOptions f = TrainOptions::from_json({{"precondition_metric", "fisher-lowrank"}});
+  EXPECT_EQ(f.precondition.metric, std::optional<MetricAdapt>(MetricAdapt::kFisherLowRank));
+  EXPECT_EQ(f.to_json()["precondition_metric"], "fisher-lowrank");
+  EXPECT_FALSE(TrainOptions::from_json({{"precondition_metric", nullptr}}).precondition.metric);
+  EXPECT_THROW(TrainOptions::from_json({{"precondition_metric", "unit"}}), UsageError);
+  EXPECT_THROW(TrainOptions::from_json({{"precondition_metric", "lowrank"}}), UsageError);
   EXPECT_THROW(TrainOptions::from_json({{"patience", -3}}), UsageError);
   EXPECT_THROW(TrainOptions::from_json({{"max_seconds", -1.0}}), UsageError);
 }

@@ -566,31 +566,37 @@ TEST(Preconditioner, LowRankWarmUpRefitsWithItsFirstFitAsTheMetric) {
 }
 
 TEST(Preconditioner, TrainServiceWarmsUpSetsLAndRecordsTheCost) {
-  // The train service's warm-up (NUTS with a dense metric over Stan's windows) sets L close to the
-  // target's covariance (icg: variances 1e-2 .. 1e2, so L = I would be off by up to 10x in scale),
-  // eps from its step size, and records its gradient cost in the checkpoint.
-  TrainConfig c = parse_train_config({{"target", {{"name", "icg"}, {"dim", 10}}},
-                                      {"model", {{"hidden", 16}, {"precondition", "dense"}}},
-                                      {"train",
-                                       {{"steps", 2},
-                                        {"batch", 32},
-                                        {"precondition_warmup", 150},
-                                        {"precondition_draws", 20},
-                                        {"precondition_chains", 8},
-                                        {"seed", 5}}}});
-  const std::string dir = ::testing::TempDir();
-  TrainResult r = train(c, torch::kCPU, dir + "pc_train.pt", dir + "pc_train.csv", false);
-  ASSERT_TRUE(r.preconditioner.is_object());
-  EXPECT_GT(r.preconditioner["grads"].get<int64_t>(), 8 * 170);
-  auto [s, meta] = load_model(dir + "pc_train.pt");
-  EXPECT_EQ(meta["preconditioner"], r.preconditioner);
-  torch::Tensor sd = s->precondition_matrix().to(torch::kFloat64).pow(2).sum(1).sqrt();  // row norms: the sds
-  torch::Tensor true_sd = torch::logspace(-2, 2, 10, 10.0, kF64).sqrt();
-  torch::Tensor ratio = sd / true_sd;
-  EXPECT_GT(ratio.min().item<double>(), 0.5) << ratio;
-  EXPECT_LT(ratio.max().item<double>(), 2.0) << ratio;
-  // eps starts at the warm-up step size (two Adam steps move it by about 2 lr).
-  EXPECT_NEAR(std::log(s->eps().item<double>()), std::log(r.preconditioner["step_size"].get<double>()), 0.01);
+  // The train service's warm-up (NUTS over Stan's windows, with a dense metric by default or the
+  // metric train.precondition_metric names) sets L close to the target's covariance (icg:
+  // variances 1e-2 .. 1e2, so L = I would be off by up to 10x in scale), eps from its step size,
+  // and records its gradient cost and metric in the checkpoint.
+  for (const char* metric : {"", "fisher-lowrank", "fisher-diag"}) {
+    SCOPED_TRACE(metric);
+    nlohmann::json train_section = {{"steps", 2},
+                                    {"batch", 32},
+                                    {"precondition_warmup", 150},
+                                    {"precondition_draws", 20},
+                                    {"precondition_chains", 8},
+                                    {"seed", 5}};
+    if (*metric) train_section["precondition_metric"] = metric;
+    TrainConfig c = parse_train_config({{"target", {{"name", "icg"}, {"dim", 10}}},
+                                        {"model", {{"hidden", 16}, {"precondition", "dense"}}},
+                                        {"train", train_section}});
+    const std::string dir = ::testing::TempDir() + "pc_train" + metric;
+    TrainResult r = train(c, torch::kCPU, dir + ".pt", dir + ".csv", false);
+    ASSERT_TRUE(r.preconditioner.is_object());
+    EXPECT_EQ(r.preconditioner["metric"], *metric ? metric : "dense");
+    EXPECT_GT(r.preconditioner["grads"].get<int64_t>(), 8 * 170);
+    auto [s, meta] = load_model(dir + ".pt");
+    EXPECT_EQ(meta["preconditioner"], r.preconditioner);
+    torch::Tensor sd = s->precondition_matrix().to(torch::kFloat64).pow(2).sum(1).sqrt();  // row norms: the sds
+    torch::Tensor true_sd = torch::logspace(-2, 2, 10, 10.0, kF64).sqrt();
+    torch::Tensor ratio = sd / true_sd;
+    EXPECT_GT(ratio.min().item<double>(), 0.5) << ratio;
+    EXPECT_LT(ratio.max().item<double>(), 2.0) << ratio;
+    // eps starts at the warm-up step size (two Adam steps move it by about 2 lr).
+    EXPECT_NEAR(std::log(s->eps().item<double>()), std::log(r.preconditioner["step_size"].get<double>()), 0.01);
+  }
 }
 
 // Note [Training budget]: the defaults size the networks to the posterior (model.hidden 0); a

@@ -35,6 +35,11 @@ struct PreconditionWarmup {
   std::optional<int64_t> draws;               // draws after it (for m, L and the buffer); unset: 100
                                               // (400 for lowrank, whose factors need them)
   int64_t chains = 16;
+  /// The metric its windows adapt (kernels/metric.hpp). Unset: the one the preconditioner's form
+  /// reads directly (dense for a dense preconditioner, diag otherwise). fisher-lowrank and
+  /// fisher-diag adapt from draws and gradients (Note [Metrics from draws and gradients]); the
+  /// preconditioner then takes their dense (or diagonal) equivalent as it takes a dense estimate.
+  std::optional<MetricAdapt> metric;
   bool refit = true;             // lowrank: a second stage that samples with the first fit as the metric
                                  // and refits from its draws
   bool eps_from_warmup = true;   // start eps at the warm-up's adapted step size
@@ -70,7 +75,7 @@ struct TrainBudget {
 /// A config's "train" section: the optimisation, the preconditioner's warm-up and the budget.
 /// In JSON one flat object (configs/*.json, `--set train.KEY=VALUE`): the warm-up's keys are
 /// precondition_sampler, precondition_warmup, precondition_draws, precondition_chains,
-/// precondition_refit, eps_from_warmup and beta_from_warmup; the budget's steps, patience,
+/// precondition_metric, precondition_refit, eps_from_warmup and beta_from_warmup; the budget's steps, patience,
 /// min_gain, max_seconds, from_warmup, from_patience, ess_goal and probe_every. An unset value is
 /// null there; 0 (-1 for warmup_steps) reads as unset too, as "off" is written on a command line.
 struct TrainOptions {
