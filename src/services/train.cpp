@@ -169,7 +169,7 @@ json warm_up_preconditioner(Target& model_target, LearnedSampler& sampler, Train
   // unset: 100 draws; 400 for lowrank (its factors' variances come from autocorrelated draws: on a
   // 1200-d target with 8 wide directions 400 doubled the ESS for 8 % more gradients).
   ro.draws = o.precondition.draws_for(kind == Precondition::kLowRank);
-  ro.metric = o.precondition.metric.value_or(kind == Precondition::kDense ? MetricAdapt::kDense : MetricAdapt::kDiag);
+  ro.metric = o.precondition.metric_for(kind, target.dim());
   ro.target_accept = default_target_accept(o.precondition.sampler);
   ro.draws_in_memory_limit = 0;
   ro.should_stop = should_stop;

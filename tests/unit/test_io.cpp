@@ -118,6 +118,14 @@ TEST(Config, TrainOptionsComeInPartsWithUnsetValues) {
   EXPECT_EQ(f.precondition.metric, std::optional<MetricAdapt>(MetricAdapt::kFisherLowRank));
   EXPECT_EQ(f.to_json()["precondition_metric"], "fisher-lowrank");
   EXPECT_FALSE(TrainOptions::from_json({{"precondition_metric", nullptr}}).precondition.metric);
+  // Note [The warm-up's metric]: unset, a dense preconditioner's warm-up adapts dense up to
+  // kFisherWarmupMinDim dimensions and fisher-lowrank above; diag and lowrank adapt diag.
+  const PreconditionWarmup w;
+  EXPECT_EQ(w.metric_for(Precondition::kDense, kFisherWarmupMinDim), MetricAdapt::kDense);
+  EXPECT_EQ(w.metric_for(Precondition::kDense, kFisherWarmupMinDim + 1), MetricAdapt::kFisherLowRank);
+  EXPECT_EQ(w.metric_for(Precondition::kDiag, 1000), MetricAdapt::kDiag);
+  EXPECT_EQ(w.metric_for(Precondition::kLowRank, 1000), MetricAdapt::kDiag);
+  EXPECT_EQ(f.precondition.metric_for(Precondition::kDense, 10), MetricAdapt::kFisherLowRank);
   EXPECT_THROW(TrainOptions::from_json({{"precondition_metric", "unit"}}), UsageError);
   EXPECT_THROW(TrainOptions::from_json({{"precondition_metric", "lowrank"}}), UsageError);
   EXPECT_THROW(TrainOptions::from_json({{"patience", -3}}), UsageError);

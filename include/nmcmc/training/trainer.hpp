@@ -29,15 +29,18 @@ namespace nmcmc {
 /// The warm-up that sets the affine preconditioner (model.precondition diag | dense | lowrank; Note
 /// [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
 /// regularised covariance gives L and whose draws give m and the first bootstrap buffer.
+/// Above this many dimensions a dense preconditioner's warm-up adapts fisher-lowrank (Note [The
+/// warm-up's metric], training/trainer.cpp).
+constexpr int64_t kFisherWarmupMinDim = 200;
+
 struct PreconditionWarmup {
   SamplerKind sampler = SamplerKind::kNuts;  // nuts | hmc | mala
   int64_t warmup = 500;                       // adaptation iterations
   std::optional<int64_t> draws;               // draws after it (for m, L and the buffer); unset: 100
                                               // (400 for lowrank, whose factors need them)
   int64_t chains = 16;
-  /// The metric its windows adapt (kernels/metric.hpp). Unset: the one the preconditioner's form
-  /// reads directly (dense for a dense preconditioner, diag otherwise). fisher-lowrank and
-  /// fisher-diag adapt from draws and gradients (Note [Metrics from draws and gradients]); the
+  /// The metric its windows adapt (kernels/metric.hpp); unset: metric_for's rule. fisher-lowrank
+  /// and fisher-diag adapt from draws and gradients (Note [Metrics from draws and gradients]); the
   /// preconditioner then takes their dense (or diagonal) equivalent as it takes a dense estimate.
   std::optional<MetricAdapt> metric;
   bool refit = true;             // lowrank: a second stage that samples with the first fit as the metric
@@ -47,6 +50,11 @@ struct PreconditionWarmup {
   /// Its draws for a preconditioner of this kind: `draws`, or where it is unset (or 0, as JSON
   /// reads it) the default.
   int64_t draws_for(bool lowrank) const { return draws.value_or(0) > 0 ? *draws : lowrank ? 400 : 100; }
+  /// Its metric for a preconditioner of this form and dimension (Note [The warm-up's metric]):
+  /// `metric`, or where it is unset the form's own (diag for diag and lowrank, whose second stage
+  /// refits along the wide directions), and for a dense one fisher-lowrank above
+  /// kFisherWarmupMinDim dimensions, dense below.
+  MetricAdapt metric_for(Precondition kind, int64_t dim) const;
 };
 
 /// When training stops (Note [Training budget], services/train.hpp): after `steps`, or before them
