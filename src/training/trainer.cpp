@@ -105,15 +105,16 @@ void from_json(const json& j, TrainOptions& o) {
 // Note [The warm-up's metric]
 // A dense preconditioner's warm-up adapted the dense metric over Stan's windows; above a few
 // hundred dimensions those windows' dense estimates are noisy and NUTS with them takes long
-// trajectories (radon_all, 391 parameters: NUTS dense all-in 1,168 s against fisher-lowrank's 530 s,
-// and `train`'s 16-chain warm-up with the dense metric ran for most of an hour). fisher-lowrank
-// (Note [Metrics from draws and gradients]) adapts from draws and gradients and leaves a dense
-// equivalent, which the preconditioner takes as it took the dense estimate. Measured with `train`'s
-// defaults otherwise (bench/learned_chains.py --option precondition_metric=..., BENCHMARKS.md,
-// "The preconditioner's warm-up metric"): on radon_all it warmed up in 518 s and 6.7e5 gradients
-// and the sampler passed its moment checks; below 200 dimensions it saved 10-13 % of the warm-up's
-// gradients (irt_2pl 144, radon_mn 175) with no measured change in the sampler, so the
-// dense metric stays there. The lowrank form (above 500) keeps its diagonal first stage and refit.
+// trajectories (radon_all, 391 parameters: NUTS dense all-in 1,168 s against fisher-lowrank's
+// 530 s). fisher-lowrank (Note [Metrics from draws and gradients]) adapts from draws and gradients
+// and leaves a dense equivalent, which the preconditioner takes as it took the dense estimate.
+// Measured with `train`'s defaults otherwise (BENCHMARKS.md, "The preconditioner's warm-up
+// metric"): on radon_all the 16-chain warm-up took 6.7e5 gradients against the dense metric's
+// 1.08e6 (518 s against about 990 s; the dense one left training 22.5 s of its budget, Note [A
+// long warm-up shortens training]), and the sampler passed its moment checks; below 200
+// dimensions it saved 10-13 % of the warm-up's gradients (irt_2pl 144, radon_mn 175) with no
+// measured change in the sampler, so the dense metric stays there. The lowrank form (above 500)
+// keeps its diagonal first stage and refit.
 MetricAdapt PreconditionWarmup::metric_for(Precondition kind, int64_t dim) const {
   if (metric) return *metric;
   if (kind != Precondition::kDense) return MetricAdapt::kDiag;
