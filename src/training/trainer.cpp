@@ -112,8 +112,8 @@ void from_json(const json& j, TrainOptions& o) {
 // metric"): on radon_all the 16-chain warm-up took 6.7e5 gradients against the dense metric's
 // 1.08e6 (518 s against about 990 s; the dense one left training 22.5 s of its budget, Note [A
 // long warm-up shortens training]), and the sampler passed its moment checks; below 200
-// dimensions it saved 10-13 % of the warm-up's gradients (irt_2pl 144, radon_mn 175) with no
-// measured change in the sampler, so the dense metric stays there. The lowrank form (above 500)
+// dimensions it saved 5-13 % of the warm-up's gradients (German credit 51, irt_2pl 144, radon_mn
+// 175) with no measured change in the sampler, so the dense metric stays there. The lowrank form (above 500)
 // keeps its diagonal first stage and refit.
 MetricAdapt PreconditionWarmup::metric_for(Precondition kind, int64_t dim) const {
   if (metric) return *metric;

@@ -26,13 +26,13 @@
 
 namespace nmcmc {
 
-/// The warm-up that sets the affine preconditioner (model.precondition diag | dense | lowrank; Note
-/// [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
-/// regularised covariance gives L and whose draws give m and the first bootstrap buffer.
 /// Above this many dimensions a dense preconditioner's warm-up adapts fisher-lowrank (Note [The
 /// warm-up's metric], training/trainer.cpp).
 constexpr int64_t kFisherWarmupMinDim = 200;
 
+/// The warm-up that sets the affine preconditioner (model.precondition diag | dense | lowrank; Note
+/// [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
+/// regularised covariance gives L and whose draws give m and the first bootstrap buffer.
 struct PreconditionWarmup {
   SamplerKind sampler = SamplerKind::kNuts;  // nuts | hmc | mala
   int64_t warmup = 500;                       // adaptation iterations
