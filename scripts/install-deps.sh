@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages nmcmc needs, if any is missing. Safe to run again.
 set -euo pipefail
-packages=(build-essential cmake ccache libtorch-dev libopenblas0-pthread libcli11-dev nlohmann-json3-dev
+packages=(build-essential cmake ninja-build ccache libtorch-dev libopenblas0-pthread libcli11-dev nlohmann-json3-dev
           libfmt-dev libgtest-dev libstb-dev zlib1g-dev dataset-fashion-mnist
           pybind11-dev python3-dev python3-torch python3-pytest python3-numpy
           pkg-config libnetcdf-dev libgloo-dev libdnnl-dev python3-xarray python3-netcdf4 python3-pandas python3-matplotlib

@@ -14,12 +14,12 @@ using json = nlohmann::json;
 namespace {
 constexpr int kEbmCheckpointVersion = 1;
 
-json stats_to_json(const EbmStats& s) {
+json ebm_stats_to_json(const EbmStats& s) {
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   return {s.iteration, num(s.accept), num(s.mcmc_accept), num(s.entropy), num(s.jump), num(s.energy_diff), num(s.eps),
           num(s.beta), s.lr, s.updates, s.grads_sampling, s.grads_training, s.seconds, s.elapsed};
 }
-EbmStats stats_from_json(const json& j) {
+EbmStats ebm_stats_from_json(const json& j) {
   auto num = [](const json& v) { return v.is_number() ? v.get<double>() : NAN; };
   EbmStats s;
   s.iteration = j.at(0);
@@ -85,7 +85,7 @@ void EbmTrainer::save(const std::string& path) const {
   meta["elapsed"] = elapsed_;
   meta["world_size"] = world;
   json rows = json::array();
-  for (const auto& s : log_) rows.push_back(stats_to_json(s));
+  for (const auto& s : log_) rows.push_back(ebm_stats_to_json(s));
   meta["log"] = rows;
   write_checkpoint(path, ar, meta);
 }
@@ -147,7 +147,7 @@ void EbmTrainer::load(const std::string& path) {
   grads_training_ = meta.at("grads_training");
   elapsed_ = meta.at("elapsed");
   log_.clear();
-  for (const auto& row : meta.at("log")) log_.push_back(stats_from_json(row));
+  for (const auto& row : meta.at("log")) log_.push_back(ebm_stats_from_json(row));
 }
 
 json read_ebm_checkpoint_meta(const std::string& path) {

@@ -10,12 +10,12 @@
 #include "nmcmc/targets/targets.hpp"
 #include "broken.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 constexpr int64_t kChains = 20000;
 constexpr int64_t kSteps = 10;
 constexpr int kProjections = 20;

@@ -11,12 +11,12 @@
 #include "nmcmc/services/transport.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 constexpr int64_t kChains = 20000;
 constexpr int64_t kSteps = 4;
 constexpr int kProjections = 20;

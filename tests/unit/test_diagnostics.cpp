@@ -6,10 +6,10 @@
 
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/diagnostics/ess.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 /// AR(1) chains x_t = phi x_{t-1} + sqrt(1 - phi^2) e_t started in stationarity: [S, C, 1].
 torch::Tensor ar1(double phi, int64_t steps, int64_t chains, uint64_t seed) {

@@ -19,13 +19,13 @@
 #include "nmcmc/images/ebm.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "nmcmc_images_" + name; }
 

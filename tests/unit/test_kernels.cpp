@@ -11,12 +11,12 @@
 #include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 /// The metrics the integrator tests run under: unit, diagonal and dense (D = 3).
 std::vector<std::pair<std::string, Metric>> metrics3() {

@@ -14,12 +14,12 @@
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/trainer.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 /// The shared perturbed sampler with this file's sizes (width 16, eps 0.3).
 LearnedSampler random_sampler(int64_t dim, Variant variant, int64_t steps, uint64_t seed, double scale = 0.3) {

@@ -10,11 +10,11 @@
 #include "nmcmc/flows/learned.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 /// max |a - b| / (1 + |b|) over the entries (both undefined: 0).
 double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {

@@ -10,12 +10,12 @@
 #include "nmcmc/kernels/nuts.hpp"
 #include "nmcmc/kernels/run.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 /// A random low-rank metric in D = 7 with K = 3.
 Metric random_low_rank(uint64_t seed) {

@@ -14,12 +14,12 @@
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "broken.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 /// U(x) = 0 (a flat "density"): every leaf has the same weight and the trajectory never turns.
 class Flat : public Target {

@@ -14,12 +14,12 @@
 #include "nmcmc/parallel/communicator.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/training/trainer.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 namespace fs = std::filesystem;
 
 namespace {
-constexpr auto kF64 = torch::kFloat64;
 
 parallel::DistOptions rank_options(int rank, int world, int port, double timeout_s = 30) {
   parallel::DistOptions o;
@@ -63,7 +63,7 @@ void expect_same(const std::vector<torch::Tensor>& a, const std::vector<torch::T
 LearnedSampler seeded_model(int64_t dim, Variant v) {
   torch::manual_seed(11);  // the same initial weights every time
   LearnedSampler s(LearnedOptions().set_dim(dim).set_variant(v).set_hidden(16).set_steps(2).set_eps(0.3));
-  s->to(kF64);
+  s->to(torch::kFloat64);
   return s;
 }
 

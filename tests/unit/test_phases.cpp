@@ -14,11 +14,11 @@
 #include "nmcmc/kernels/run.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 constexpr int64_t kChains = 4;
 
 /// N(mean, diag(sd^2)) in three dimensions, far from the starting box.

@@ -11,13 +11,13 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "nmcmc/targets/torchscript.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 std::string save(const std::string& name, const std::string& forward_source,
                  const std::function<void(torch::jit::Module&)>& extra = nullptr) {

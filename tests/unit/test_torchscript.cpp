@@ -11,13 +11,13 @@
 #include "nmcmc/core/random.hpp"
 #include "nmcmc/services/sample.hpp"
 #include "nmcmc/targets/torchscript.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 std::string temp_path(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / "nmcmc_test_torchscript";

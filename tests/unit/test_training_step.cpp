@@ -22,11 +22,11 @@
 #include "nmcmc/training/objective.hpp"
 #include "nmcmc/training/proposal_trainer.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
   std::vector<torch::Tensor> g;

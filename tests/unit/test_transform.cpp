@@ -13,11 +13,11 @@
 #include "nmcmc/kernels/integrator.hpp"
 #include "nmcmc/kernels/metric.hpp"
 #include "nmcmc/targets/targets.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 constexpr int64_t kD = 4;
 
 /// A transform that has only its forward and inverse passes: every other operation is the

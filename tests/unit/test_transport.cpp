@@ -14,12 +14,12 @@
 #include "nmcmc/services/transport.hpp"
 #include "nmcmc/targets/targets.hpp"
 #include "stats.hpp"
+#include "tensor_options.hpp"
 
 using namespace nmcmc;
 using json = nlohmann::json;
 
 namespace {
-const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
 
 FlowTransport perturbed_flow(int64_t d, int64_t layers, double scale, uint64_t seed) {
   FlowTransport flow(FlowOptions().set_dim(d).set_layers(layers).set_hidden(16).set_mask_seed(seed));
