@@ -103,18 +103,20 @@ void from_json(const json& j, TrainOptions& o) {
 }
 
 // Note [The warm-up's metric]
-// A dense preconditioner's warm-up adapted the dense metric over Stan's windows; above a few
-// hundred dimensions those windows' dense estimates are noisy and NUTS with them takes long
-// trajectories (radon_all, 391 parameters: NUTS dense all-in 1,168 s against fisher-lowrank's
-// 530 s). fisher-lowrank (Note [Metrics from draws and gradients]) adapts from draws and gradients
-// and leaves a dense equivalent, which the preconditioner takes as it took the dense estimate.
-// Measured with `train`'s defaults otherwise (BENCHMARKS.md, "The preconditioner's warm-up
-// metric"): on radon_all the 16-chain warm-up took 6.7e5 gradients against the dense metric's
-// 1.08e6 (518 s against about 990 s; the dense one left training 22.5 s of its budget, Note [A
-// long warm-up shortens training]), and the sampler passed its moment checks; below 200
-// dimensions it saved 5-13 % of the warm-up's gradients (German credit 51, irt_2pl 144, radon_mn
-// 175) with no measured change in the sampler, so the dense metric stays there. The lowrank form (above 500)
-// keeps its diagonal first stage and refit.
+// A dense preconditioner's warm-up adapted the dense metric over Stan's windows. Beyond a few
+// dozen dimensions those windows' dense estimates are noisy and NUTS with them takes long
+// trajectories, or does not mix at all: on election88_full (90 parameters) NUTS dense ends 4 x
+// 1,000 draws at R-hat 1.58 (min bulk-ESS 7) where fisher-lowrank reaches 1.02 (245), and on
+// radon_all (391) NUTS dense takes 1,168 s all-in against fisher-lowrank's 530 s. fisher-lowrank
+// (Note [Metrics from draws and gradients]) adapts from draws and gradients and leaves a dense
+// equivalent, which the preconditioner takes as it took the dense estimate. Measured with
+// `train`'s defaults otherwise (BENCHMARKS.md, "The preconditioner's warm-up metric"), it took
+// fewer warm-up gradients on every posterior tried: 5 % on German credit (51), 10 % on irt_2pl
+// (144), 13 % on radon_mn (175), 38 % on radon_all (391, where the dense warm-up left training
+// 22.5 s of its budget, Note [A long warm-up shortens training]), with the same flow and model on
+// the first two and passing samplers on the last two. Above 50 dimensions it is the default; below,
+// where a dense estimate from 16 x 500 draws is sound and the small posteriors' figures were
+// measured, dense stays. The lowrank form (above 500) keeps its diagonal first stage and refit.
 MetricAdapt PreconditionWarmup::metric_for(Precondition kind, int64_t dim) const {
   if (metric) return *metric;
   if (kind != Precondition::kDense) return MetricAdapt::kDiag;

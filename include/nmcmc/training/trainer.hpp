@@ -28,7 +28,7 @@ namespace nmcmc {
 
 /// Above this many dimensions a dense preconditioner's warm-up adapts fisher-lowrank (Note [The
 /// warm-up's metric], training/trainer.cpp).
-constexpr int64_t kFisherWarmupMinDim = 200;
+constexpr int64_t kFisherWarmupMinDim = 50;
 
 /// The warm-up that sets the affine preconditioner (model.precondition diag | dense | lowrank; Note
 /// [Affine preconditioner]): a baseline sampler with Stan's windowed metric adaptation, whose
