@@ -113,24 +113,21 @@ void seed_buffer_from(Trainer& trainer, const torch::Tensor& draws, const torch:
   trainer.seed_buffer(draws.narrow(0, draws.size(0) - want, want).reshape({-1, draws.size(2)}).flip(0).to(options));
 }
 
-namespace {
-
-/// A warm-up run's progress (run_sampler's) as training's phase "precondition": its step counts
-/// the warm-up's iterations and then the draws'. Empty without `progress`.
 ProgressFn precondition_progress(const TrainProgressFn& progress, int64_t warmup, int64_t draws) {
   if (!progress) return nullptr;
-  return [progress, warmup, draws](const Progress& p) {
+  auto planned = std::make_shared<int64_t>(warmup);
+  return [progress, planned, draws](const Progress& p) {
+    if (p.phase == "warmup" && p.total > 0) *planned = p.total;
     TrainProgress tp;
     tp.phase = "precondition";
-    tp.stats.step = p.phase == "warmup" ? p.iteration : warmup + p.iteration;
+    tp.stats.step = p.phase == "warmup" ? p.iteration : *planned + p.iteration;
     tp.stats.accept = p.accept;
     tp.stats.eps = p.step_size;
-    tp.total = warmup + draws;
+    tp.total = *planned + draws;
     tp.elapsed = p.elapsed;
     progress(tp);
   };
 }
-}  // namespace
 
 namespace {
 /// What in_float64 builds, kept alive while it is used.

@@ -788,6 +788,33 @@ TEST(Preconditioner, TransportAutoKeepsTheAffineMapOnAGaussianAndFitsAFlowOnAFun
   EXPECT_FALSE(f.preconditioner.contains("arrival"));  // the affine warm-up's end, where it is needed
 }
 
+// A warm-up's progress as training's "precondition" phase: the total is the warm-up's own plan
+// where it reports one (a transported warm-up whose rounds start again, Note [Far out twice], runs
+// more iterations than `warmup`), so no report passes its total.
+TEST(Preconditioner, WarmupProgressFollowsTheWarmupsPlan) {
+  std::vector<TrainProgress> seen;
+  const ProgressFn f = precondition_progress([&](const TrainProgress& t) { seen.push_back(t); }, 500, 100);
+  auto report = [&](const char* phase, int64_t iteration, int64_t total) {
+    Progress p;
+    p.phase = phase;
+    p.iteration = iteration;
+    p.total = total;
+    f(p);
+  };
+  report("warmup", 10, 500);
+  report("warmup", 620, 700);  // the rounds started again: 200 iterations more
+  report("sampling", 100, 100);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].stats.step, 10);
+  EXPECT_EQ(seen[0].total, 600);
+  EXPECT_EQ(seen[1].stats.step, 620);
+  EXPECT_EQ(seen[1].total, 800);
+  EXPECT_EQ(seen[2].stats.step, 800);
+  EXPECT_EQ(seen[2].total, 800);
+  for (const TrainProgress& t : seen) EXPECT_EQ(t.phase, "precondition");
+  EXPECT_FALSE(precondition_progress(nullptr, 500, 100));
+}
+
 namespace {
 /// N(0, I) in 2-d whose density exists only on the lattice (Z / 4)^2 (NaN elsewhere), with exact
 /// draws on the lattice: the training's starting states are finite and every proposal (a

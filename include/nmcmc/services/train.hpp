@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nmcmc/io/config.hpp"
+#include "nmcmc/kernels/run.hpp"
 #include "nmcmc/kernels/warm_start.hpp"
 #include "nmcmc/services/transport.hpp"
 #include "nmcmc/training/trainer.hpp"
@@ -73,6 +74,12 @@ struct TrainProgress {
   double elapsed = 0;
 };
 using TrainProgressFn = std::function<void(const TrainProgress&)>;
+
+/// A warm-up run's progress (run_sampler's) as training's phase "precondition": its step counts
+/// the warm-up's iterations and then the draws'. The warm-up's own plan is the total where it
+/// reports one (a transported warm-up whose fitting rounds start again plans more iterations than
+/// `warmup`). Empty without `progress`.
+ProgressFn precondition_progress(const TrainProgressFn& progress, int64_t warmup, int64_t draws);
 
 struct TrainResult {
   int64_t steps = 0;
