@@ -2,7 +2,7 @@
 """The learned sampler against the dimension: memory and seconds of warm-up, training and sampling
 for D = 10 ... 3,000, `nmcmc train`'s defaults as a user runs them (issue #64).
 
-    bench/d_scan.py OUT [--dims 10 30 100 300 1000 3000] [--target icg] [--draws 1000]
+    bench/d_scan.py OUT [--dims 10 30 100 300 1000 3000] [--target icg] [--draws 1000] [--ess N]
 
 For each D: `nmcmc train --target TARGET --dim D` then `nmcmc sample --sampler learned` (4 chains x
 DRAWS), each a process of its own under GNU time, whose maximum resident set size is the peak
@@ -37,12 +37,13 @@ def timed(cmd, log):
     return time.time() - t0, int(peak.group(1)) / 1024 if peak else float("nan")
 
 
-def one(out, target, dim, draws, seed):
+def one(out, target, dim, draws, seed, ess=None):
     d = os.path.join(out, f"{target}_{dim}")
     os.makedirs(d, exist_ok=True)
     model = os.path.join(d, "model.pt")
     train_s, train_mib = timed([CLI, "train", "--target", target, "--dim", str(dim), "--output", model,
-                                "--seed", str(seed), "--quiet"], os.path.join(d, "train.log"))
+                                "--seed", str(seed), "--quiet"] + ([] if ess is None else ["--ess", str(ess)]),
+                               os.path.join(d, "train.log"))
     run = os.path.join(d, "run")
     # --init exact: the chains start in the typical set, as from a posterior's training buffer (a
     # target with an exact sampler trains on exact draws and keeps no buffer: its chains would start
@@ -111,15 +112,17 @@ def main():
     ap.add_argument("--target", default="icg")
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ess", type=float, default=None, help="nmcmc train --ess (default: train's own; 0: off)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     commit = os.environ.get("NMCMC_COMMIT") or subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
                                                                capture_output=True, text=True).stdout.strip()
-    header = f"{time.strftime('%Y-%m-%d')} commit {commit}, {cpu}, {os.cpu_count()} vCPUs; target {args.target}"
+    header = (f"{time.strftime('%Y-%m-%d')} commit {commit}, {cpu}, {os.cpu_count()} vCPUs; target {args.target}"
+              + ("" if args.ess is None else f"; train --ess {args.ess:g}"))
     rows = []
     for dim in args.dims:
-        rows.append(one(args.out, args.target, dim, args.draws, args.seed))
+        rows.append(one(args.out, args.target, dim, args.draws, args.seed, args.ess))
         r = rows[-1]
         print(f"D={dim}: train {r['train_process_seconds']:.0f} s ({r['train_peak_mib']:.0f} MiB), sample "
               f"{r['sample_process_seconds']:.0f} s ({r['sample_peak_mib']:.0f} MiB), R-hat {r['max_rhat']:.3f}", flush=True)

@@ -504,9 +504,9 @@ def train(target=None, *, config=None, steps: _Optional[int] = None, batch: _Opt
     map to the new data with a short warm-up, and train until the entropy stops improving
     (model.training["from"]; steps=0: re-adapt the map only and check that it still mixes;
     docs/commands.md, Training from a previous model).
-    ess: the effective draws wanted (train.ess_goal): training stops once the projected all-in cost
-    to reach them stops falling (model.training["probes"]; Note [Training stops when it no longer
-    pays]); 0: off.
+    ess: the effective draws wanted (train.ess_goal; 10,000 in the defaults without a config):
+    training stops once the projected all-in cost to reach them stops falling
+    (model.training["probes"]; Note [Training stops when it no longer pays]); 0: off.
     engine: nmcmc's own copies of LibTorch paths in training and in the model ("auto", "native",
     "libtorch"; the config's "engine": docs/commands.md, Native copies)."""
     cfg = _load_config(config)

@@ -388,11 +388,12 @@ def test_training_budget_stops_early_and_says_why(tmp_path):
     # its plateau's check is the final check (run once)
     assert m.training["time_extensions"] == [] and m.training["check"]["passes"] and m.training["check"]["at_step"] == 6
     m = nmcmc.train(t, steps=100000, batch=32, model={"hidden": 16, "precondition": "none", "learn_precondition": False},
-                    options={"patience": 0, "max_seconds": 0.5}, progress=False, output=str(tmp_path / "t.pt"))
+                    options={"patience": 0, "max_seconds": 0.5}, ess=0, progress=False, output=str(tmp_path / "t.pt"))
     assert m.training["stopped"] == "time" and 0 < m.training["steps"] < 100000
     # the defaults for your own target are the one definition both front ends use
     d = json.loads(nmcmc._C.default_train_config())
     assert d["train"]["batch"] == 64 and d["train"]["patience"] > 0 and d["train"]["max_seconds"] > 0
+    assert d["train"]["ess_goal"] == 10000  # training stops once it no longer pays for 10,000 draws
     with pytest.raises(ValueError, match="patience"):
         nmcmc.train(t, steps=10, options={"patience": -1}, progress=False)
 

@@ -103,7 +103,7 @@ int64_t default_hidden(int64_t dim) { return std::clamp<int64_t>(4 * dim, 64, 25
 
 json default_train_config() {
   return {{"model", {{"variant", "langevin"}, {"precondition", "auto"}, {"learn_precondition", true}, {"hidden", 0}}},
-          {"train", {{"rho", 0.3}, {"batch", 64}, {"steps", 3000}, {"patience", 200}, {"min_gain", 0.01}, {"max_seconds", 90}}},
+          {"train", {{"rho", 0.3}, {"batch", 64}, {"steps", 3000}, {"patience", 200}, {"min_gain", 0.01}, {"max_seconds", 90}, {"ess_goal", 10000}}},
           {"transport", {{"kind", "auto"}}}};
 }
 

@@ -27,9 +27,9 @@
 // `--transport` beside --from must agree with the previous model's (UsageError otherwise).
 //
 // Note [Training stops when it no longer pays]
-// A user wants some number of effective draws (train.ess_goal; `nmcmc train --ess`; off unless
-// given: on four posteriordb posteriors it stopped first once, BENCHMARKS "Training's cost rule"),
-// and the training is worth its cost only while it shortens the way to them. Every
+// A user wants some number of effective draws (train.ess_goal; `nmcmc train --ess`; 10,000 in
+// the defaults for your own posterior, Note [Training budget]; off where a config file's train
+// section does not set it, and with --ess 0; BENCHMARKS "Training's cost rule"), and the training is worth its cost only while it shortens the way to them. Every
 // train.probe_every steps (200) a probe runs the sampler as trained so far: 64 of
 // the training's chains x 50 draws, as the mixing check runs (its own random stream). Its min
 // bulk-ESS per gradient projects the all-in cost: the gradients spent so far (warm-up, training,
