@@ -266,9 +266,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--steps", a->steps, "override train.steps");
   cmd->add_option("--batch", a->batch, "override train.batch");
   cmd->add_option("--ess", a->ess,
-                  "the effective draws you want (train.ess_goal; default 10000 without --config; 0: off): training stops once "
-                  "the projected all-in "
-                  "cost to reach them stops falling (Note [Training stops when it no longer pays])");
+                  "the effective draws you want (train.ess_goal; default 10000 without --config; 0: off): training "
+                  "stops once the projected all-in cost to reach them stops falling (Note [Training stops when it no "
+                  "longer pays])");
   cmd->add_option("--lr", a->lr, "override train.lr");
   cmd->add_option("--min-lr", a->min_lr, "override train.min_lr");
   cmd->add_option("--seed", a->seed, "override train.seed (a non-negative integer)")->check(cli::seed_validator());

@@ -44,8 +44,9 @@ TrainConfig parse_train_config(const nlohmann::json& j);
 /// (5,000 steps at batch 8,192): batch 64, at most 3,000 steps, stopping when the proposal
 /// entropy has gained less than 0.01 nats per dimension over 200 steps, after at most 90 s of
 /// training steps, or once more steps no longer pay for 10,000 effective draws (ess_goal: Note
-/// [Training stops when it no longer pays], services/train_from.cpp). The preconditioner's warm-up runs in float64 whatever the model's dtype (a
-/// float32 warm-up ended at step sizes 50x smaller on correlated regressions; issue #35). The
+/// [Training stops when it no longer pays], services/train_from.cpp). The preconditioner's
+/// warm-up runs in float64 whatever the model's dtype (a float32 warm-up ended at step sizes 50x
+/// smaller on correlated regressions; issue #35). The
 /// networks' width is sized to the posterior (model.hidden 0: default_hidden(D) = clamp(4 D, 64,
 /// 256)) instead of the paper's 256: on posteriordb's arK (D = 7) width 64 trained to its plateau
 /// in 10.4 s instead of 43.6 s, and sampled at 0.555 bulk-ESS per gradient instead of 0.491 and
